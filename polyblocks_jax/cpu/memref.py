@@ -1,0 +1,53 @@
+"""MLIR memref descriptors as ctypes structures, and 64-byte aligned host arrays.
+
+A ranked memref crosses the C interface as {allocated, aligned, offset, sizes[r],
+strides[r]}. One structure class per rank is made once and reused.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+from polyblocks_jax.dtypes import TensorSpec
+
+ALIGNMENT = 64
+
+
+@functools.cache
+def descriptor_class(rank: int) -> type[ctypes.Structure]:
+    fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p), ("offset", ctypes.c_int64)]
+    if rank:
+        fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
+    return type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(strides))
+
+
+class DescriptorFactory:
+    """Builds descriptors of one static spec; only the data pointer changes per call."""
+
+    def __init__(self, spec: TensorSpec) -> None:
+        self.cls = descriptor_class(spec.rank)
+        self.sizes = spec.shape
+        self.strides = contiguous_strides(spec.shape)
+
+    def __call__(self, address: int) -> ctypes.Structure:
+        if self.sizes:
+            return self.cls(address, address, 0, self.sizes, self.strides)
+        return self.cls(address, address, 0)
+
+
+def aligned_empty(spec: TensorSpec) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts on a 64-byte boundary."""
+    nbytes = spec.size * spec.dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start:start + nbytes].view(spec.dtype.numpy).reshape(spec.shape)

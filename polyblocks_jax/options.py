@@ -1,0 +1,72 @@
+"""Compiler options: one frozen object, settable from ``POLYBLOCKS_FLAGS``.
+
+Every optimization is a boolean field that ``no-<name>`` switches off, so each can
+be measured on its own. Fields that change generated code are part of the cache key;
+``dump_dir`` only changes what is written beside it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+
+from polyblocks_jax.errors import PolyblocksError
+
+FLAGS_ENV = "POLYBLOCKS_FLAGS"
+DUMP_ENV = "POLYBLOCKS_DUMP"
+
+# Fields that do not influence generated code, hence stay out of the cache key.
+_NOT_IN_KEY = frozenset({"dump_dir"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    fusion: bool = True          # fuse elementwise producers into their consumers
+    opt_level: int = 3           # LLVM optimization level of the target's code generator
+    dump_dir: str | None = None  # write the module after every stage, and stage timings
+
+    def __post_init__(self) -> None:
+        if self.opt_level not in (0, 1, 2, 3):
+            raise PolyblocksError(f"opt_level must be 0..3, got {self.opt_level}")
+
+    @classmethod
+    def from_flags(cls, flags: str, **overrides) -> "Options":
+        """Parse ``"no-fusion,opt-level=2"``: names with ``-`` or ``_``, commas or spaces."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, object] = {}
+        for token in flags.replace(",", " ").split():
+            name, _, raw = token.partition("=")
+            name = name.replace("-", "_")
+            if not raw and name.startswith("no_") and name[3:] in fields:
+                name, raw = name[3:], "false"
+            if name not in fields:
+                raise PolyblocksError(f"unknown option {token!r} in {FLAGS_ENV}; known: "
+                                      + ", ".join(sorted(fields)))
+            values[name] = _parse_value(fields[name], raw or "true", token)
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def from_env(cls) -> "Options":
+        return cls.from_flags(os.environ.get(FLAGS_ENV, ""), dump_dir=os.environ.get(DUMP_ENV) or None)
+
+    def replace(self, **changes) -> "Options":
+        return dataclasses.replace(self, **changes)
+
+    def cache_key(self) -> str:
+        items = sorted((k, v) for k, v in dataclasses.asdict(self).items() if k not in _NOT_IN_KEY)
+        return hashlib.sha256(repr(items).encode()).hexdigest()[:16]
+
+
+def _parse_value(field: dataclasses.Field, raw: str, token: str) -> object:
+    kind = field.type if isinstance(field.type, str) else field.type.__name__
+    if kind == "bool":
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise PolyblocksError(f"option {token!r} takes true or false")
+        return raw.lower() in ("true", "1")
+    if kind == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise PolyblocksError(f"option {token!r} takes an integer") from None
+    return raw

@@ -1,0 +1,74 @@
+"""Running a named list of stages, with dumps and per-stage timings.
+
+A stage is an upstream pass-pipeline string (or a Python function for the few
+rewrites upstream lacks). ``POLYBLOCKS_DUMP=dir`` writes the module after every stage
+as ``NN-<stage>.mlir`` and the times as ``timings.txt``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Callable, Sequence
+
+from mlir import ir, passmanager
+
+from polyblocks_jax.errors import CompilationError
+from polyblocks_jax.options import Options
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    name: str
+    passes: str | Callable[[ir.Module, Options], None]  # pipeline on builtin.module, or a rewrite
+
+
+def run_stages(module: ir.Module, stages: Sequence[Stage], options: Options,
+               label: str = "program") -> dict[str, float]:
+    """Run ``stages`` in order on ``module`` in place; returns seconds per stage."""
+    timings: dict[str, float] = {}
+    dump = _Dumper(options.dump_dir, label)
+    dump.write("input", module)
+    for stage in stages:
+        start = time.perf_counter()
+        _run_stage(stage, module, options)
+        timings[stage.name] = time.perf_counter() - start
+        dump.write(stage.name, module)
+    dump.timings(timings)
+    return timings
+
+
+def _run_stage(stage: Stage, module: ir.Module, options: Options) -> None:
+    before = None
+    try:
+        if callable(stage.passes):
+            stage.passes(module, options)
+        else:
+            before = str(module) if options.dump_dir else None
+            pm = passmanager.PassManager.parse(f"builtin.module({stage.passes})", module.context)
+            pm.run(module.operation)
+    except CompilationError:
+        raise
+    except Exception as e:  # MLIRError and friends: report which stage and how to reproduce
+        hint = f"\nreproduce: mlir-opt --pass-pipeline='builtin.module({stage.passes})'" \
+            if isinstance(stage.passes, str) else ""
+        raise CompilationError(stage.name, f"{e}{hint}", before) from None
+
+
+class _Dumper:
+    def __init__(self, directory: str | None, label: str) -> None:
+        self.dir = os.path.join(directory, label) if directory else None
+        self.count = 0
+        if self.dir:
+            os.makedirs(self.dir, exist_ok=True)
+
+    def write(self, stage: str, module: ir.Module) -> None:
+        if self.dir:
+            with open(os.path.join(self.dir, f"{self.count:02d}-{stage}.mlir"), "w") as f:
+                f.write(str(module))
+            self.count += 1
+
+    def timings(self, timings: dict[str, float]) -> None:
+        if self.dir:
+            with open(os.path.join(self.dir, "timings.txt"), "w") as f:
+                f.writelines(f"{name}\t{secs * 1e3:.2f} ms\n" for name, secs in timings.items())

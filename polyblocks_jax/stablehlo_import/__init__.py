@@ -1,0 +1,32 @@
+"""StableHLO (read with jaxlib's MLIR) -> linalg on tensors (upstream MLIR).
+
+``import_program`` is the stage's one entry point. Converters live one module per
+op family; importing them here fills the converter table.
+"""
+from __future__ import annotations
+
+from mlir import ir
+
+from polyblocks_jax.errors import CompilationError
+from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.stablehlo_import.importer import ImportedProgram, Importer
+from polyblocks_jax.stablehlo_import.registry import CONVERTERS, FAMILY
+# Op families: each registers its converters on import.
+from polyblocks_jax.stablehlo_import import (  # noqa: F401
+    bit_ops, calls, constants, control_flow, convolution, custom_call, dot, elementwise,
+    indexing, reduce, shape_ops, sort, windows)
+
+__all__ = ["import_program", "ImportedProgram", "CONVERTERS", "FAMILY"]
+
+
+def import_program(program, context: ir.Context) -> ImportedProgram:
+    """Convert ``program`` (text, VHLO bytes or jax Lowered) into a module owned by ``context``."""
+    source = reader.program_source(program)
+    jctx = reader.new_context()
+    jmodule = reader.parse(source, jctx)
+    with jctx, context, ir.Location.unknown(context):
+        imported = Importer(jmodule).import_main()
+    if not imported.module.operation.verify():
+        raise CompilationError("import", "the imported module does not verify",
+                               str(imported.module))
+    return imported

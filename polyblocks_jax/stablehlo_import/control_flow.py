@@ -1,0 +1,1 @@
+"""Placeholder: filled in by the control_flow op family."""

@@ -1,0 +1,122 @@
+"""Walks a StableHLO module (jaxlib objects) and builds an upstream ``func.func``.
+
+Values cross from one library to the other only through the map kept here: each
+jaxlib SSA value is paired with the upstream value its converter produced.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from jaxlib.mlir import ir as jir
+from mlir import ir
+from mlir.dialects import func
+
+from polyblocks_jax.dtypes import TensorSpec
+from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
+from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.stablehlo_import.registry import CONVERTERS
+from polyblocks_jax.stablehlo_import.types import element_type, tensor_type
+
+_TERMINATORS = ("func.return", "stablehlo.return")
+
+
+@dataclasses.dataclass
+class OpView:
+    """What a converter sees of one StableHLO op."""
+    op: jir.Operation               # jaxlib op, for attributes and regions only
+    name: str
+    location: str
+    operands: list[ir.Value]        # upstream values
+    operand_specs: list[TensorSpec]
+    result_specs: list[TensorSpec]
+    scalar: bool                    # inside a reduction body: values are scalars, not tensors
+
+    def attr(self, name: str) -> jir.Attribute | None:
+        return self.op.attributes[name] if name in self.op.attributes else None
+
+    def unsupported(self, reason: str) -> UnsupportedError:
+        return UnsupportedError(self.name, reason, self.location)
+
+    def result_type(self, index: int = 0) -> ir.Type:
+        spec = self.result_specs[index]
+        return element_type(spec.dtype) if self.scalar else tensor_type(spec)
+
+
+@dataclasses.dataclass
+class ImportedProgram:
+    module: ir.Module           # upstream module holding func.func @main on tensors
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+
+class Importer:
+    """Converts one StableHLO module; call sites of private functions are inlined."""
+
+    def __init__(self, jmodule: jir.Module) -> None:
+        self.functions = {
+            jir.StringAttr(op.attributes["sym_name"]).value: op.operation
+            for op in jmodule.body.operations if op.operation.name == "func.func"}
+        self._scalar_depth = 0
+
+    def import_main(self) -> ImportedProgram:
+        main = self.functions.get("main")
+        if main is None:
+            raise InvalidProgramError("the module has no func.func @main")
+        block = main.regions[0].blocks[0]
+        inputs = [reader.tensor_spec(a.type, "func.func @main argument", "main") for a in block.arguments]
+        ftype = jir.FunctionType(jir.TypeAttr(main.attributes["function_type"]).value)
+        outputs = [reader.tensor_spec(t, "func.func @main result", "main") for t in ftype.results]
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            fn = func.FuncOp("main", ir.FunctionType.get(
+                [tensor_type(s) for s in inputs], [tensor_type(s) for s in outputs]))
+            fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+            entry = fn.add_entry_block()
+            with ir.InsertionPoint(entry):
+                func.ReturnOp(self.import_block(block, list(entry.arguments)))
+        return ImportedProgram(module, inputs, outputs)
+
+    def inline_call(self, callee: str, args: Sequence[ir.Value]) -> list[ir.Value]:
+        fn = self.functions.get(callee)
+        if fn is None:
+            raise InvalidProgramError(f"call to unknown function @{callee}")
+        return self.import_block(fn.regions[0].blocks[0], list(args))
+
+    def import_block(self, block: jir.Block, args: Sequence[ir.Value], scalar: bool = False) -> list[ir.Value]:
+        """Convert ``block``'s ops after binding its arguments; returns the terminator's operands.
+
+        ``scalar`` imports a reduction or comparator body: its rank-0 tensors become scalars.
+        """
+        values: dict[jir.Value, ir.Value] = dict(zip(block.arguments, args))
+        self._scalar_depth += scalar
+        try:
+            for op in block.operations:
+                op = op.operation
+                operands = [values[v] for v in op.operands]
+                if op.name in _TERMINATORS:
+                    return operands
+                results = self._convert(op, operands)
+                values.update(zip(op.results, results))
+        finally:
+            self._scalar_depth -= scalar
+        raise InvalidProgramError("block without terminator")
+
+    @property
+    def scalar(self) -> bool:
+        return self._scalar_depth > 0
+
+    def _convert(self, op: jir.Operation, operands: list[ir.Value]) -> Sequence[ir.Value]:
+        loc = reader.location(op)
+        converter = CONVERTERS.get(op.name)
+        if converter is None:
+            raise UnsupportedError(op.name, "no converter for this op", loc)
+        view = OpView(op, op.name, loc, operands,
+                      [reader.tensor_spec(v.type, op.name, loc) for v in op.operands],
+                      [reader.tensor_spec(r.type, op.name, loc) for r in op.results],
+                      self.scalar)
+        with ir.Location.name(f"{op.name} {loc}"):
+            results = list(converter(self, view))
+        if len(results) != len(op.results):
+            raise AssertionError(f"converter of {op.name} returned {len(results)} values")
+        return results

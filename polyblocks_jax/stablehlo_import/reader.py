@@ -1,0 +1,139 @@
+"""Reading StableHLO with jaxlib's MLIR.
+
+This is the only module that parses programs with jaxlib's bindings; it hands the
+importer jaxlib objects plus plain Python values read from them (shapes, dtype
+names, integer lists, numpy arrays). No upstream ``mlir`` object is created here.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+from jaxlib.mlir import ir as jir
+from jaxlib.mlir.dialects import chlo, sdy, stablehlo
+# JAX's own context factory registers func/arith/... through this registry; the public
+# dialect modules only register stablehlo, chlo and sdy, so we use it the same way.
+from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+
+from polyblocks_jax import dtypes
+from polyblocks_jax.dtypes import TensorSpec
+from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
+
+
+def new_context() -> jir.Context:
+    """A jaxlib MLIR context that knows every dialect JAX emits."""
+    ctx = jir.Context()
+    registry = jir.DialectRegistry()
+    _jax_mlir_ext.register_dialects(registry)
+    ctx.append_dialect_registry(registry)
+    ctx.load_all_available_dialects()
+    stablehlo.register_dialect(ctx)
+    chlo.register_dialect(ctx)
+    sdy.register_dialect(ctx)
+    return ctx
+
+
+def program_source(program) -> str | bytes:
+    """Text or bytes of ``program``: StableHLO text, a VHLO artifact, or a ``jax.stages.Lowered``."""
+    if isinstance(program, (str, bytes, bytearray, memoryview)):
+        return bytes(program) if not isinstance(program, str) else program
+    if hasattr(program, "as_text"):
+        return program.as_text(debug_info=True)
+    raise InvalidProgramError(
+        f"cannot compile a {type(program).__name__}: pass StableHLO text, "
+        "VHLO portable-artifact bytes or a jax.stages.Lowered")
+
+
+def parse(source: str | bytes, ctx: jir.Context) -> jir.Module:
+    """Parse StableHLO text, MLIR bytecode or a VHLO portable artifact in ``ctx``."""
+    with ctx:
+        if isinstance(source, bytes):
+            try:
+                return stablehlo.deserialize_portable_artifact(ctx, source)
+            except Exception:  # not an artifact: maybe plain bytecode or text; try below
+                pass
+        try:
+            module = jir.Module.parse(source)
+        except Exception as e:
+            raise InvalidProgramError(f"malformed StableHLO module: {_first_line(e)}") from None
+        if not module.operation.verify():
+            raise InvalidProgramError("StableHLO module does not verify")
+        return module
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text if len(text) < 2000 else text[:2000] + " ..."
+
+
+def location(op: jir.Operation) -> str:
+    """The most useful part of an op's location: the innermost file:line:col, if any."""
+    text = str(op.location)
+    files = re.findall(r'"([^"]+\.\w+)":(\d+):(\d+)', text)
+    names = re.findall(r'loc\("([^"]+)"', text)
+    where = f"{files[0][0]}:{files[0][1]}:{files[0][2]}" if files else ""
+    name = names[0] if names else ""
+    return " ".join(p for p in (name, where) if p) or text
+
+
+def tensor_spec(type_: jir.Type, op_name: str, loc: str) -> TensorSpec:
+    """Shape and dtype of a ranked, static tensor type; UnsupportedError otherwise."""
+    if not isinstance(type_, jir.RankedTensorType):
+        raise UnsupportedError(op_name, f"type {type_} is not a ranked tensor", loc)
+    t = jir.RankedTensorType(type_)
+    if not t.has_static_shape:
+        raise UnsupportedError(op_name, f"dynamic shape in {type_}", loc)
+    dt = dtypes.dtype(str(t.element_type))
+    if dt is None:
+        raise UnsupportedError(op_name, f"dtype {t.element_type} in {type_}", loc)
+    return TensorSpec(tuple(t.shape), dt)
+
+
+def i64_list(attr: jir.Attribute | None) -> list[int]:
+    """An integer list from a dense i64 array or dense elements attribute (None gives [])."""
+    if attr is None:
+        return []
+    if isinstance(attr, jir.DenseI64ArrayAttr):
+        return list(jir.DenseI64ArrayAttr(attr))
+    if isinstance(attr, jir.DenseBoolArrayAttr):
+        return [int(b) for b in jir.DenseBoolArrayAttr(attr)]
+    if isinstance(attr, jir.DenseIntElementsAttr):
+        return [int(v) for v in np.array(jir.DenseIntElementsAttr(attr)).reshape(-1)]
+    return [int(jir.IntegerAttr(a).value) for a in jir.ArrayAttr(attr)]
+
+
+def enum_name(attr: jir.Attribute) -> str:
+    """``#stablehlo<comparison_direction LT>`` -> ``"LT"``."""
+    return str(attr).rstrip(">").split()[-1]
+
+
+def dense_values(attr: jir.Attribute, spec: TensorSpec) -> np.ndarray:
+    """The elements of a dense constant as a numpy array of ``spec``'s dtype and shape."""
+    dense = jir.DenseElementsAttr(attr)
+    try:
+        if spec.dtype.is_bool:
+            raise TypeError("i1 payloads are bit-packed in the raw buffer")
+        flat = np.frombuffer(bytes(memoryview(dense)), dtype=spec.dtype.numpy)
+    except (TypeError, BufferError):
+        flat = _parse_dense_text(str(attr), spec)  # no buffer view for i1 and bf16
+    if dense.is_splat:
+        return np.full(spec.shape, flat[0], dtype=spec.dtype.numpy)
+    return flat[:spec.size].reshape(spec.shape).copy()
+
+
+def _parse_dense_text(text: str, spec: TensorSpec) -> np.ndarray:
+    """Elements from the printed ``dense<...>`` form: a hex blob or a nested literal list."""
+    body = text[text.index("<") + 1:text.rindex(":")].rstrip().removesuffix(">")
+    if body.startswith('"0x'):
+        return np.frombuffer(bytes.fromhex(body[3:-1]), dtype=spec.dtype.numpy)
+    tokens = re.findall(r"0x[0-9A-Fa-f]+|true|false|[-+]?(?:inf|nan|[\d.]+(?:[eE][-+]?\d+)?)", body)
+    bits = np.dtype(f"u{spec.dtype.itemsize}")
+    out = np.empty(len(tokens), dtype=spec.dtype.numpy)
+    for i, tok in enumerate(tokens):
+        if tok.startswith("0x") and spec.dtype.is_float:  # a float printed as its bit pattern
+            out[i] = np.array(int(tok, 16), dtype=bits).view(spec.dtype.numpy)
+        elif tok in ("true", "false"):
+            out[i] = tok == "true"
+        else:
+            out[i] = float(tok) if spec.dtype.is_float else int(tok, 0)
+    return out

@@ -1,0 +1,1 @@
+"""Placeholder: filled in by the shape_ops op family."""

@@ -1,0 +1,83 @@
+"""Shared test helpers: compile with polyblocks, run with XLA CPU, compare.
+
+Tolerances are stated here per dtype, once, for every numeric test.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import ml_dtypes
+import numpy as np
+
+import polyblocks_jax as pb
+
+jax.config.update("jax_enable_x64", True)  # f64 and i64 programs must stay 64-bit
+
+# (rtol, atol) per result dtype: exact for integers and bools; a few ulps for floats,
+# since transcendental functions use different approximations than XLA's.
+TOLERANCES: dict[np.dtype, tuple[float, float]] = {
+    np.dtype(np.float64): (1e-12, 1e-14),
+    np.dtype(np.float32): (2e-6, 1e-6),
+    np.dtype(np.float16): (2e-3, 1e-3),
+    np.dtype(ml_dtypes.bfloat16): (1.6e-2, 1e-2),
+}
+
+
+def tolerance(dtype) -> tuple[float, float]:
+    return TOLERANCES.get(np.dtype(dtype), (0.0, 0.0))
+
+
+def xla_cpu(fn: Callable, *args) -> list[np.ndarray]:
+    """Results of ``jax.jit(fn)`` on XLA's CPU backend, as a flat list of numpy arrays."""
+    cpu = jax.devices("cpu")[0]
+    out = jax.jit(fn)(*[jax.device_put(a, cpu) for a in args])  # runs where the data is
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(out)]
+
+
+def polyblocks(fn: Callable, *args, options: pb.Options | None = None) -> list[np.ndarray]:
+    """Results of ``fn`` compiled by polyblocks_jax.compile from its lowering."""
+    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
+    return list(pb.compile(lowered, options)(*[np.asarray(a) for a in args]))
+
+
+def assert_close(test, actual: Sequence[np.ndarray], expected: Sequence[np.ndarray],
+                 rtol: float | None = None, atol: float | None = None, msg: str = "") -> None:
+    test.assertEqual(len(actual), len(expected), msg)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        test.assertEqual(a.dtype, e.dtype, f"{msg} result {i} dtype")
+        test.assertEqual(a.shape, e.shape, f"{msg} result {i} shape")
+        r, t = tolerance(e.dtype)
+        r, t = (r if rtol is None else rtol), (t if atol is None else atol)
+        if e.dtype.kind == "f" or e.dtype == ml_dtypes.bfloat16:
+            np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), rtol=r, atol=t,
+                                       equal_nan=True, err_msg=f"{msg} result {i}")
+        else:
+            np.testing.assert_array_equal(a, e, err_msg=f"{msg} result {i}")
+
+
+def check_against_xla(test, fn: Callable, *args, rtol: float | None = None,
+                      atol: float | None = None, options: pb.Options | None = None) -> None:
+    """Run ``fn`` on XLA CPU and through polyblocks on the same inputs; compare."""
+    assert_close(test, polyblocks(fn, *args, options=options), xla_cpu(fn, *args),
+                 rtol=rtol, atol=atol, msg=getattr(fn, "__name__", "fn"))
+
+
+def random_array(rng: np.random.Generator, shape: Sequence[int], dtype, edge: bool = True) -> np.ndarray:
+    """Random values of ``dtype``; with ``edge`` some entries are NaN, +-inf, -0.0 or int limits."""
+    dtype = np.dtype(dtype)
+    shape = tuple(shape)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        x = rng.integers(max(info.min, -100), min(info.max, 100), size=shape, endpoint=True).astype(dtype)
+        specials = [info.min, info.max, 0, -1 if dtype.kind == "i" else 1]
+    else:
+        x = rng.standard_normal(shape).astype(np.float32).astype(dtype)
+        specials = [np.nan, np.inf, -np.inf, -0.0, 0.0]
+    if edge and x.size >= 8:
+        flat = x.reshape(-1)
+        idx = rng.choice(flat.size, size=len(specials), replace=False)
+        flat[idx] = np.array(specials).astype(dtype)
+    return x
