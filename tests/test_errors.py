@@ -1,0 +1,91 @@
+"""Bad input gets a clear polyblocks_jax exception naming the op and where it came from."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+
+import polyblocks_jax as pb
+from polyblocks_jax.stablehlo_import import reader
+
+CHOLESKY = """
+module @m {
+  func.func public @main(%arg0: tensor<4x4xf32>) -> tensor<4x4xf32> {
+    %0 = "stablehlo.cholesky"(%arg0) {lower = true} : (tensor<4x4xf32>) -> tensor<4x4xf32> loc(#loc1)
+    return %0 : tensor<4x4xf32>
+  }
+}
+#loc1 = loc("jit(f)/cholesky"("model.py":12:7))
+"""
+
+
+class UnsupportedInputTest(absltest.TestCase):
+    def test_op_without_converter_names_op_and_location(self):
+        with self.assertRaises(pb.UnsupportedError) as cm:
+            pb.compile(CHOLESKY)
+        self.assertEqual(cm.exception.op, "stablehlo.cholesky")
+        self.assertIn("model.py:12:7", str(cm.exception))
+
+    def test_unsupported_dtype_names_dtype(self):
+        lowered = jax.jit(lambda x: jnp.abs(jnp.fft.rfft(x))).trace(np.ones(8, np.float32)).lower(
+            lowering_platforms=("cpu",))
+        with self.assertRaises(pb.UnsupportedError) as cm:
+            pb.compile(lowered)
+        self.assertIn("complex", str(cm.exception))
+        self.assertIn("stablehlo.fft", str(cm.exception))
+
+    def test_errors_share_one_root(self):
+        for cls in (pb.UnsupportedError, pb.InvalidProgramError, pb.CompilationError,
+                    pb.InvalidArgumentError):
+            self.assertTrue(issubclass(cls, pb.PolyblocksError))
+
+
+class MalformedInputTest(absltest.TestCase):
+    def test_malformed_text(self):
+        with self.assertRaisesRegex(pb.InvalidProgramError, "malformed"):
+            pb.compile("module { func.func @main( }")
+
+    def test_truncated_artifact(self):
+        text = jax.jit(lambda x: x + x).trace(np.ones(3, np.float32)).lower(
+            lowering_platforms=("cpu",)).as_text()
+        ctx = reader.new_context()
+        with ctx:
+            from jaxlib.mlir.dialects import stablehlo
+            artifact = stablehlo.serialize_portable_artifact(
+                reader.parse(text, ctx), stablehlo.get_current_version())
+        with self.assertRaises(pb.InvalidProgramError):
+            pb.compile(artifact[: len(artifact) // 2])
+
+    def test_not_a_program(self):
+        with self.assertRaises(pb.InvalidProgramError):
+            pb.compile(12345)
+
+    def test_missing_main(self):
+        with self.assertRaisesRegex(pb.InvalidProgramError, "@main"):
+            pb.compile("module { func.func @other() { return } }")
+
+
+class ArgumentCheckTest(absltest.TestCase):
+    def setUp(self):
+        x = np.ones((2, 3), np.float32)
+        self.exe = pb.compile(jax.jit(lambda a: a + a).trace(x).lower(lowering_platforms=("cpu",)))
+
+    def test_wrong_shape(self):
+        with self.assertRaisesRegex(pb.InvalidArgumentError, "argument 0"):
+            self.exe(np.ones((3, 2), np.float32))
+
+    def test_wrong_dtype(self):
+        with self.assertRaises(pb.InvalidArgumentError):
+            self.exe(np.ones((2, 3), np.int32))
+
+    def test_wrong_count(self):
+        with self.assertRaises(pb.InvalidArgumentError):
+            self.exe()
+
+    def test_still_works_after_errors(self):
+        with self.assertRaises(pb.InvalidArgumentError):
+            self.exe(np.ones((3, 2), np.float32))
+        np.testing.assert_array_equal(self.exe(np.ones((2, 3), np.float32))[0], np.full((2, 3), 2.0))
+
+
+if __name__ == "__main__":
+    absltest.main()

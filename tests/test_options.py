@@ -1,0 +1,83 @@
+"""Options: POLYBLOCKS_FLAGS parsing, cache keys, switches, dumps."""
+import os
+import tempfile
+
+import jax
+import numpy as np
+from absl.testing import absltest
+
+import polyblocks_jax as pb
+from polyblocks_jax import compiler
+
+
+def _lowered(fn, *args):
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
+
+
+class FlagsTest(absltest.TestCase):
+    def test_parse(self):
+        o = pb.Options.from_flags("no-fusion, opt-level=2")
+        self.assertFalse(o.fusion)
+        self.assertEqual(o.opt_level, 2)
+
+    def test_unknown_flag(self):
+        with self.assertRaisesRegex(pb.PolyblocksError, "unknown option"):
+            pb.Options.from_flags("no-such-thing")
+
+    def test_bad_value(self):
+        with self.assertRaises(pb.PolyblocksError):
+            pb.Options.from_flags("opt-level=high")
+
+    def test_env(self):
+        old = os.environ.get("POLYBLOCKS_FLAGS")
+        os.environ["POLYBLOCKS_FLAGS"] = "no-fusion"
+        try:
+            self.assertFalse(pb.Options.from_env().fusion)
+        finally:
+            os.environ.pop("POLYBLOCKS_FLAGS")
+            if old is not None:
+                os.environ["POLYBLOCKS_FLAGS"] = old
+
+    def test_cache_key_ignores_dump_dir_only(self):
+        base = pb.Options()
+        self.assertEqual(base.cache_key(), base.replace(dump_dir="/tmp/x").cache_key())
+        self.assertNotEqual(base.cache_key(), base.replace(fusion=False).cache_key())
+
+
+class SwitchesTest(absltest.TestCase):
+    def test_no_fusion_same_result_and_fewer_stages(self):
+        x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+        lowered = _lowered(lambda a: a + a + a, x)
+        fused = pb.compile(lowered, pb.Options())
+        unfused = pb.compile(lowered, pb.Options(fusion=False))
+        self.assertIn("fusion", fused.timings)
+        self.assertNotIn("fusion", unfused.timings)
+        np.testing.assert_array_equal(fused(x)[0], unfused(x)[0])
+        np.testing.assert_array_equal(fused(x)[0], 3 * x)
+
+
+class CacheAndDumpTest(absltest.TestCase):
+    def test_cache_hit(self):
+        x = np.ones(5, np.float32)
+        lowered = _lowered(lambda a: a + a, x)
+        self.assertIs(pb.compile(lowered, pb.Options()), pb.compile(lowered, pb.Options()))
+
+    def test_cache_is_bounded(self):
+        cache = compiler._Cache(2)
+        for i in range(5):
+            cache.put(str(i), object())
+        self.assertIsNone(cache.get("0"))
+        self.assertIsNotNone(cache.get("4"))
+
+    def test_dump_writes_every_stage_and_timings(self):
+        x = np.ones(7, np.float32)
+        with tempfile.TemporaryDirectory() as d:
+            exe = pb.compile(_lowered(lambda a: a + a + a, x), pb.Options(dump_dir=d))
+            (sub,) = os.listdir(d)
+            files = sorted(os.listdir(os.path.join(d, sub)))
+            self.assertIn("timings.txt", files)
+            self.assertEqual(len(files), len(exe.timings) + 2)  # input + each stage + timings
+
+
+if __name__ == "__main__":
+    absltest.main()
