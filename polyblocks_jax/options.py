@@ -22,6 +22,7 @@ _NOT_IN_KEY = frozenset({"dump_dir"})
 @dataclasses.dataclass(frozen=True)
 class Options:
     fusion: bool = True          # fuse elementwise producers into their consumers
+    tiling: bool = True          # cache and register tiling + vectorization of matmuls
     opt_level: int = 3           # LLVM optimization level of the target's code generator
     dump_dir: str | None = None  # write the module after every stage, and stage timings
 

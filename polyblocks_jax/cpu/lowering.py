@@ -1,4 +1,4 @@
-"""The host target's last stages: loops and memrefs -> LLVM dialect."""
+"""The host target's last stages: loops, vectors and memrefs -> LLVM dialect."""
 from __future__ import annotations
 
 from polyblocks_jax.options import Options
@@ -8,10 +8,15 @@ from polyblocks_jax.passes import Stage
 def cpu_stages(options: Options) -> list[Stage]:
     return [
         Stage("to-llvm",
-              "lower-affine, convert-scf-to-cf, "
+              "convert-vector-to-scf, "
+              # expand-strided-metadata emits affine.apply: lower affine after it.
+              "expand-strided-metadata, lower-affine, convert-scf-to-cf, "
+              "convert-vector-to-llvm, "
               # math ops with an LLVM intrinsic first; the rest (erf, tan, ...) call libm.
               "convert-math-to-llvm, convert-math-to-libm, "
-              "expand-strided-metadata, finalize-memref-to-llvm, convert-arith-to-llvm, "
-              "convert-index-to-llvm, convert-cf-to-llvm, convert-func-to-llvm, "
+              # bf16 extf/truncf as integer ops: LLVM would call __truncsfbf2, absent in the JIT.
+              "func.func(arith-expand{include-bf16=true}), "
+              "finalize-memref-to-llvm, convert-arith-to-llvm, convert-index-to-llvm, "
+              "convert-cf-to-llvm, convert-func-to-llvm, convert-ub-to-llvm, "
               "reconcile-unrealized-casts"),
     ]

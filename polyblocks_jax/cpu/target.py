@@ -5,6 +5,8 @@ import dataclasses
 import functools
 import os
 
+from polyblocks_jax.passes.tiling import Hardware
+
 
 @dataclasses.dataclass(frozen=True)
 class CpuTarget:
@@ -20,6 +22,11 @@ class CpuTarget:
     @property
     def has_amx(self) -> bool:
         return {"amx_tile", "amx_bf16"} <= self.features
+
+    def hardware(self) -> Hardware:
+        """The description the shared cost models read."""
+        return Hardware(self.vector_bits, 32 if self.vector_bits == 512 else 16,
+                        self.l1d_bytes, self.l2_bytes)
 
     def description(self) -> str:
         """The device kind shown to JAX users, e.g. ``polyblocks cpu x86-64 avx2``."""

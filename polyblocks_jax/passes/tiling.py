@@ -1,0 +1,137 @@
+"""Multi-level tiling and vectorization of matmuls, on tensors, through the transform dialect.
+
+Choosing is separate from doing (as in IREE): ``choose_matmul_tiles`` is the analytical
+cost model, a pure function of the problem and the hardware description, testable on its
+own; ``tile_contractions`` writes each choice on its op as ``polyblocks.tiles`` (visible
+in dumps), then runs one transform script per distinct choice: cache tiles, register
+tiles, vectorization, contraction lowering to outer products, and hoisting of the
+accumulator out of the reduction loop (done on tensors, before bufferization, where
+hoisting works).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from mlir import ir, passmanager
+from mlir.dialects.transform import interpreter
+
+from polyblocks_jax.options import Options
+
+TILE_ATTR = "polyblocks.tiles"
+_TILED_OPS = ("linalg.matmul", "linalg.batch_matmul")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """What the cost model needs to know of a target."""
+    vector_bits: int
+    vector_registers: int
+    l1_bytes: int
+    l2_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulTiles:
+    cache: tuple[int, int, int]     # (m, n, k) tile kept in L2/L1
+    register: tuple[int, int, int]  # (m, n, 1) accumulator tile held in vector registers
+
+
+def choose_matmul_tiles(m: int, n: int, k: int, elem_bytes: int, hw: Hardware) -> MatmulTiles | None:
+    """Tile sizes for an (m x k) @ (k x n) product, or None when tiling would not pay.
+
+    Register tile: two vectors of columns, and as many rows (dividing m) as leave registers free for the
+    B vectors and the broadcast A element. Cache tile: a k-panel of B (kc x nc) that fits in
+    half of L1 per register column block, and an A block (mc x kc) that fits in half of L2.
+    Every size divides its dimension, so no remainder loops or masks are needed.
+    """
+    lanes = hw.vector_bits // (8 * elem_bytes)
+    nr = 2 * lanes
+    if n % nr or k < 1:
+        return None
+    mr = _largest_divisor(m, max(1, min(8, (hw.vector_registers - 4) // 2)))
+    kc = _largest_divisor(k, max(1, hw.l1_bytes // 2 // (nr * elem_bytes)))
+    mc = _largest_multiple_divisor(m, mr, max(mr, hw.l2_bytes // 2 // (kc * elem_bytes)))
+    nc = _largest_multiple_divisor(n, nr, 8 * nr)
+    return MatmulTiles((mc, nc, kc), (mr, nr, 1))
+
+
+def _largest_divisor(n: int, limit: int) -> int:
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+def _largest_multiple_divisor(n: int, step: int, limit: int) -> int:
+    candidates = [d for d in range(step, min(n, limit) + 1, step) if n % d == 0]
+    return max(candidates) if candidates else step
+
+
+def tile_contractions(module: ir.Module, options: Options, hw: Hardware) -> None:
+    """Annotate matmuls with the cost model's tiles, then tile and vectorize them."""
+    choices: dict[tuple[str, MatmulTiles], int] = {}
+    for op in _walk(module.operation):
+        tiles = _choose_for(op, hw)
+        if tiles is not None:
+            ident = choices.setdefault((op.name, tiles), len(choices))
+            op.attributes[TILE_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ident)
+    for (name, tiles), ident in choices.items():
+        _apply(module, _script(name, ident, tiles, batched=name == "linalg.batch_matmul"))
+    if choices:
+        # Folds the slices tiling left behind so that bufferization finds them in place.
+        passmanager.PassManager.parse(
+            "builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
+            module.context).run(module.operation)
+
+
+def _walk(op: ir.Operation):
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                yield child.operation
+                yield from _walk(child.operation)
+
+
+def _choose_for(op: ir.Operation, hw: Hardware) -> MatmulTiles | None:
+    if op.name not in _TILED_OPS:
+        return None
+    types = [ir.RankedTensorType(v.type) for v in op.operands]
+    if any(not isinstance(t.element_type, ir.F32Type) for t in types):
+        return None  # f32 only for now; other dtypes keep the generic loop lowering
+    *_, m, k = types[0].shape
+    n = types[1].shape[-1]
+    return choose_matmul_tiles(m, n, k, 4, hw)
+
+
+def _script(op_name: str, ident: int, t: MatmulTiles, batched: bool) -> str:
+    lead = "1, " if batched else ""
+    cache = lead + ", ".join(map(str, t.cache))
+    reg = lead + ", ".join(map(str, t.register))
+    handles = "!transform.any_op, " * (4 if batched else 3)
+    return f"""
+module attributes {{transform.with_named_sequence}} {{
+  transform.named_sequence @main(%root: !transform.any_op {{transform.readonly}}) {{
+    %op = transform.structured.match ops{{["{op_name}"]}} attributes{{{TILE_ATTR} = {ident} : i64}} in %root
+      : (!transform.any_op) -> !transform.any_op
+    %t1, %l1:{4 if batched else 3} = transform.structured.tile_using_for %op tile_sizes [{cache}]
+      : (!transform.any_op) -> (!transform.any_op, {handles.rstrip(', ')})
+    %t2, %l2:{4 if batched else 3} = transform.structured.tile_using_for %t1 tile_sizes [{reg}]
+      : (!transform.any_op) -> (!transform.any_op, {handles.rstrip(', ')})
+    transform.structured.vectorize %t2 : !transform.any_op
+    %f = transform.structured.match ops{{["func.func"]}} in %root : (!transform.any_op) -> !transform.any_op
+    transform.apply_patterns to %f {{
+      transform.apply_patterns.vector.lower_contraction lowering_strategy = outerproduct
+      transform.apply_patterns.vector.transfer_permutation_patterns
+      transform.apply_patterns.vector.lower_transfer max_transfer_rank = 1
+      transform.apply_patterns.canonicalization
+    }} : !transform.any_op
+    transform.apply_cse to %f : !transform.any_op
+    %loops = transform.structured.match ops{{["scf.for"]}} in %f : (!transform.any_op) -> !transform.any_op
+    transform.loop.hoist_loop_invariant_subsets %loops : !transform.any_op
+    transform.yield
+  }}
+}}"""
+
+
+def _apply(module: ir.Module, script: str) -> None:
+    transform_module = ir.Module.parse(script, module.context)
+    sequence = next(op for op in transform_module.body.operations
+                    if op.operation.name == "transform.named_sequence")
+    interpreter.apply_named_sequence(module.operation, sequence, transform_module)
