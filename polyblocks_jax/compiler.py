@@ -8,18 +8,26 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import json
+import struct
 import threading
 from typing import Sequence
 
 import numpy as np
 from mlir import ir
 
-from polyblocks_jax import cpu, passes
+from polyblocks_jax import cpu, dtypes, passes
 from polyblocks_jax.dtypes import TensorSpec
+from polyblocks_jax.errors import InvalidProgramError
 from polyblocks_jax.options import Options
 from polyblocks_jax.stablehlo_import import import_program, reader
 
 CACHE_CAPACITY = 256
+
+# Serialized executables: magic, format version, header length, JSON header, shared library.
+_MAGIC = b"PBLKEXE\0"
+_FORMAT = 1
+_PREFIX = struct.Struct("<8sII")
 
 
 class Executable:
@@ -41,6 +49,64 @@ class Executable:
 
     def __call__(self, *arrays) -> tuple[np.ndarray, ...]:
         return self._exe(*arrays)
+
+    def run(self, args, outs) -> None:
+        """Execute into caller-allocated ``outs`` (C-contiguous, 64-byte aligned, right specs)."""
+        self._exe.run(args, outs)
+
+    def run_addresses(self, data) -> None:
+        """``run`` on data addresses: inputs then outputs, as ``run`` requires them."""
+        self._exe.run_addresses(data)
+
+    def serialize(self) -> bytes:
+        """Bytes that ``deserialize`` turns back into this executable in another process.
+
+        The code travels as a shared library linked from the JIT's object file, so loading
+        needs no MLIR and no recompilation; the header pins the target it was built for.
+        """
+        library = self._exe.to_shared_library()
+        header = json.dumps({
+            "fingerprint": self.fingerprint, "target": cpu.host().description(),
+            "inputs": [_spec_json(s) for s in self.inputs], "outputs": [_spec_json(s) for s in self.outputs],
+            "sha256": hashlib.sha256(library).hexdigest(),
+        }).encode()
+        return _PREFIX.pack(_MAGIC, _FORMAT, len(header)) + header + library
+
+
+def deserialize(data: bytes) -> Executable:
+    """Load bytes from ``Executable.serialize``; foreign or corrupted bytes raise InvalidProgramError."""
+    data = bytes(data)
+    if len(data) < _PREFIX.size:
+        raise InvalidProgramError("not a polyblocks executable: too short")
+    magic, version, size = _PREFIX.unpack_from(data)
+    if magic != _MAGIC or version != _FORMAT:
+        raise InvalidProgramError(f"not a polyblocks executable of format {_FORMAT}")
+    try:
+        header = json.loads(data[_PREFIX.size:_PREFIX.size + size])
+        library = data[_PREFIX.size + size:]
+        inputs = [_spec_from_json(s) for s in header["inputs"]]
+        outputs = [_spec_from_json(s) for s in header["outputs"]]
+        checksum, target, key = header["sha256"], header["target"], header["fingerprint"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise InvalidProgramError(f"corrupted polyblocks executable header: {e}") from None
+    if hashlib.sha256(library).hexdigest() != checksum:
+        raise InvalidProgramError("corrupted polyblocks executable: code checksum mismatch")
+    if target != cpu.host().description():
+        raise InvalidProgramError(f"polyblocks executable built for {target!r}, "
+                                  f"this host is {cpu.host().description()!r}")
+    return Executable(cpu.CpuExecutable.from_shared_library(library, inputs, outputs), key, {})
+
+
+def _spec_json(spec: TensorSpec) -> list:
+    return [list(spec.shape), spec.dtype.name]
+
+
+def _spec_from_json(value) -> TensorSpec:
+    shape, name = value
+    dtype = dtypes.dtype(name)
+    if dtype is None or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ValueError(f"bad tensor spec {value!r}")
+    return TensorSpec(tuple(shape), dtype)
 
 
 class _Cache:
@@ -91,7 +157,7 @@ def compile(program, options: Options | None = None) -> Executable:  # noqa: A00
 def _compile_uncached(source: str | bytes, options: Options, key: str) -> Executable:
     with ir.Context() as context, ir.Location.unknown():
         imported = import_program(source, context)
-        stages: Sequence[passes.Stage] = passes.shared_stages(options) + cpu.cpu_stages(options)
+        stages: Sequence[passes.Stage] = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
         timings = passes.run_stages(imported.module, stages, options, label=key)
         exe = cpu.build(imported.module, imported.inputs, imported.outputs, options)
     return Executable(exe, key, timings)

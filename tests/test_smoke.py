@@ -11,6 +11,10 @@ class SmokeTest(absltest.TestCase):
         x, y = support.random_array(rng, (3, 4), np.float32), support.random_array(rng, (3, 4), np.float32)
         support.check_against_xla(self, lambda a, b: a + b, x, y)
 
+    def test_repeated_and_argument_results(self):
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        support.check_against_xla(self, lambda a: (a + 1, a + 1, a, a), x)
+
 
 if __name__ == "__main__":
     absltest.main()

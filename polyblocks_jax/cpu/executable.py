@@ -1,39 +1,61 @@
-"""A host executable: JIT-compiled code called through its raw pointer.
+"""A host executable: compiled code called through its raw pointer.
 
-The C interface wrapper ``_mlir_ciface_main`` is reached through the engine's packed
-entry point, which takes one ``void**``: one slot per argument, each pointing at
-that argument (a pointer to a memref descriptor). Outputs are out-parameters that
-we allocate, so no memory allocated by compiled code crosses the boundary.
+Two ways to get the code: the LLVM JIT (``jit``), or a shared library that an earlier
+process built from the JIT's object file (``to_shared_library`` / ``from_shared_library``);
+the latter needs neither MLIR nor LLVM, only ``dlopen``, so serialized executables load fast.
+
+The C interface wrapper ``_mlir_ciface_main`` takes one pointer per argument, each to a
+memref descriptor. The JIT reaches it through the engine's packed entry point (one
+``void**`` whose slots point at the arguments); a shared library exposes it directly.
+Outputs are out-parameters that we allocate, so no memory allocated by compiled code
+crosses the boundary.
 """
 from __future__ import annotations
 
 import ctypes
-from typing import Sequence
+import os
+import subprocess
+import tempfile
+from typing import Callable, Sequence
 
 import numpy as np
-from mlir import execution_engine, ir
 
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.errors import InvalidArgumentError
+from polyblocks_jax.errors import CompilationError, InvalidArgumentError
 from polyblocks_jax.cpu.memref import DescriptorFactory, aligned_empty
 
-_ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_PACKED = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_ENTRY_SYMBOL = "_mlir_ciface_main"
+_LINKER = os.environ.get("CC", "cc")
 
 
-def jit(llvm_module: ir.Module, opt_level: int, shared_libs: Sequence[str] = ()) -> execution_engine.ExecutionEngine:
-    return execution_engine.ExecutionEngine(llvm_module, opt_level=opt_level, shared_libs=list(shared_libs))
+def jit(llvm_module, opt_level: int, shared_libs: Sequence[str] = ()):
+    from mlir import execution_engine  # only the JIT path needs MLIR
+    # Position-independent code, so that the object file can become a shared library.
+    return execution_engine.ExecutionEngine(llvm_module, opt_level=opt_level, shared_libs=list(shared_libs),
+                                            enable_object_dump=True, enable_pic=True)
 
 
 class CpuExecutable:
     """Call with numpy arrays matching ``inputs``; returns a tuple of arrays matching ``outputs``."""
 
-    def __init__(self, engine: execution_engine.ExecutionEngine,
-                 inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
-        self._engine = engine  # owns the code that _entry points into
-        self._entry = _ENTRY(engine.raw_lookup("_mlir_ciface_main"))
+    def __init__(self, engine, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
+        self._owner = engine  # owns the code that _call points into
         self.inputs, self.outputs = list(inputs), list(outputs)
         self._factories = [DescriptorFactory(s) for s in self.inputs + self.outputs]
         self._slots = len(self._factories)
+        self._call: Callable[[list[int]], None] = (
+            self._packed_caller(engine) if engine is not None else lambda addresses: None)
+
+    def _packed_caller(self, engine) -> Callable[[list[int]], None]:
+        entry = _PACKED(engine.raw_lookup(_ENTRY_SYMBOL))
+        slots, slot = self._slots, ctypes.sizeof(ctypes.c_void_p)
+
+        def call(addresses: list[int]) -> None:
+            pointers = (ctypes.c_void_p * slots)(*addresses)
+            base = ctypes.addressof(pointers)
+            entry((ctypes.c_void_p * slots)(*[base + i * slot for i in range(slots)]))
+        return call
 
     def __call__(self, *arrays) -> tuple[np.ndarray, ...]:
         args = self.check_arguments(arrays)
@@ -43,12 +65,12 @@ class CpuExecutable:
 
     def run(self, args: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """Execute into ``outs``; arrays must already be C-contiguous with the right specs."""
-        descriptors = [make(a.ctypes.data) for make, a in zip(self._factories, (*args, *outs))]
-        pointers = (ctypes.c_void_p * self._slots)(*[ctypes.addressof(d) for d in descriptors])
-        slot = ctypes.sizeof(ctypes.c_void_p)
-        base = ctypes.addressof(pointers)
-        packed = (ctypes.c_void_p * self._slots)(*[base + i * slot for i in range(self._slots)])
-        self._entry(packed)
+        self.run_addresses([a.ctypes.data for a in (*args, *outs)])
+
+    def run_addresses(self, data: Sequence[int]) -> None:
+        """``run`` on the data addresses of the inputs then the outputs (the plugin's fast path)."""
+        descriptors = [make(address) for make, address in zip(self._factories, data)]
+        self._call([ctypes.addressof(d) for d in descriptors])
 
     def check_arguments(self, arrays: Sequence) -> list[np.ndarray]:
         if len(arrays) != len(self.inputs):
@@ -61,3 +83,33 @@ class CpuExecutable:
                     f"argument {i}: expected {spec}, got {a.dtype}{list(a.shape)}")
             checked.append(np.ascontiguousarray(a))
         return checked
+
+    def to_shared_library(self) -> bytes:
+        """The JIT's object code linked into a shared library (``cc -shared``), as bytes."""
+        if not hasattr(self._owner, "dump_to_object_file"):
+            raise CompilationError("serialize", "only a JIT-compiled executable can be serialized")
+        with tempfile.TemporaryDirectory(prefix="polyblocks-") as tmp:
+            obj, lib = os.path.join(tmp, "main.o"), os.path.join(tmp, "main.so")
+            self._owner.dump_to_object_file(obj)
+            done = subprocess.run([_LINKER, "-shared", "-o", lib, obj, "-lm"], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise CompilationError("link", f"{_LINKER} -shared failed: {done.stderr.strip()}")
+            with open(lib, "rb") as f:
+                return f.read()
+
+    @classmethod
+    def from_shared_library(cls, library: bytes, inputs: Sequence[TensorSpec],
+                            outputs: Sequence[TensorSpec]) -> "CpuExecutable":
+        """Load code made by ``to_shared_library``; the file is unlinked once mapped."""
+        with tempfile.NamedTemporaryFile(prefix="polyblocks-", suffix=".so", delete=False) as f:
+            f.write(library)
+        try:
+            dll = ctypes.CDLL(f.name, mode=os.RTLD_LOCAL)
+        finally:
+            os.unlink(f.name)
+        exe = cls(None, inputs, outputs)
+        exe._owner = dll
+        entry = getattr(dll, _ENTRY_SYMBOL)
+        entry.restype, entry.argtypes = None, [ctypes.c_void_p] * exe._slots
+        exe._call = lambda addresses: entry(*addresses)
+        return exe

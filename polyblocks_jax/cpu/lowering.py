@@ -14,8 +14,10 @@ def cpu_stages(options: Options) -> list[Stage]:
               "convert-vector-to-llvm, "
               # math ops with an LLVM intrinsic first; the rest (erf, tan, ...) call libm.
               "convert-math-to-llvm, convert-math-to-libm, "
-              # bf16 extf/truncf as integer ops: LLVM would call __truncsfbf2, absent in the JIT.
-              "func.func(arith-expand{include-bf16=true}), "
+              # bf16 arithmetic in f32, and bf16 extf/truncf as integer ops: LLVM would
+              # call __truncsfbf2, which the JIT cannot resolve.
+              "func.func(arith-emulate-unsupported-floats{source-types=bf16 target-type=f32}, "
+              "arith-expand{include-bf16=true}), "
               "finalize-memref-to-llvm, convert-arith-to-llvm, convert-index-to-llvm, "
               "convert-cf-to-llvm, convert-func-to-llvm, convert-ub-to-llvm, "
               "reconcile-unrealized-casts"),

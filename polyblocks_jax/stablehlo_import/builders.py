@@ -6,9 +6,11 @@ builds scalar bodies of reductions, so every helper here accepts either kind of 
 """
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import numpy as np
 from mlir import ir
-from mlir.dialects import arith, tensor
+from mlir.dialects import arith, linalg, scf, tensor
 
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.stablehlo_import.types import element_type, tensor_type
@@ -78,3 +80,56 @@ def to_scalar(value: ir.Value) -> ir.Value:
     if isinstance(value.type, ir.RankedTensorType):
         return tensor.ExtractOp(value, []).result
     return value
+
+
+def parallel_generic(inputs: list[ir.Value], init: ir.Value, input_maps: list[ir.AffineMap],
+                     body: Callable[..., ir.Value]) -> ir.Value:
+    """A linalg.generic writing every element of ``init`` (identity map) once.
+
+    ``body`` receives the block arguments (inputs' elements, then init's) and returns the
+    element to yield; it may build ``linalg.IndexOp`` for the loop indices.
+    """
+    rank = ir.RankedTensorType(init.type).rank
+    maps = [*input_maps, ir.AffineMap.get_identity(rank)]
+    op = linalg.GenericOp([init.type], inputs, [init],
+                          ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+                          ir.ArrayAttr.get([ir.Attribute.parse("#linalg.iterator_type<parallel>")] * rank))
+    block = op.regions[0].blocks.append(*[elem_type_of(v) for v in (*inputs, init)])
+    with ir.InsertionPoint(block):
+        linalg.YieldOp([body(*block.arguments)])
+    return op.result
+
+
+def generic(ins: list[ir.Value], outs: list[ir.Value], maps: list[ir.AffineMap],
+            iterators: list[str], body: Callable[..., Sequence[ir.Value]]) -> list[ir.Value]:
+    """A linalg.generic with ``iterators`` ("parallel"/"reduction"); ``body`` gets the block
+    arguments (ins' elements, then outs') and returns the values to yield."""
+    op = linalg.GenericOp([v.type for v in outs], ins, outs,
+                          ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+                          ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{t}>")
+                                            for t in iterators]))
+    block = op.regions[0].blocks.append(*[elem_type_of(v) for v in (*ins, *outs)])
+    with ir.InsertionPoint(block):
+        linalg.YieldOp(list(body(*block.arguments)))
+    return list(op.results)
+
+
+def index_constant(value: int) -> ir.Value:
+    """An ``index`` constant."""
+    return arith.ConstantOp(ir.IndexType.get(), value).result
+
+
+def loop_nest(bounds: Sequence[int], carried: Sequence[ir.Value],
+              body: Callable[[list[ir.Value], list[ir.Value]], Sequence[ir.Value]]) -> list[ir.Value]:
+    """An scf.for nest over ``[0, bound)`` per bound, outermost first, carrying ``carried``.
+
+    ``body(ivs, values)`` builds the innermost iteration and returns the new carried values.
+    """
+    if not bounds:
+        return list(body([], list(carried)))
+    loop = scf.ForOp(index_constant(0), index_constant(bounds[0]), index_constant(1), list(carried))
+    with ir.InsertionPoint(loop.body):
+        iv = loop.induction_variable
+        scf.YieldOp(loop_nest(bounds[1:], list(loop.inner_iter_args),
+                              lambda ivs, values: body([iv, *ivs], values)))
+    return list(loop.results)

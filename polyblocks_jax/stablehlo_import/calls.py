@@ -1,1 +1,34 @@
-"""Placeholder: filled in by the calls op family."""
+"""Ops that only route values: calls and composites (inlined), barriers and sharding marks.
+
+A program compiled here runs on one host device, so Shardy's sharding annotations
+and XLA's scheduling barriers carry no meaning and their operands pass through.
+"""
+from __future__ import annotations
+
+from jaxlib.mlir import ir as jir
+
+from polyblocks_jax.stablehlo_import.registry import converts
+
+
+@converts("func.call")
+def call(cx, op):
+    return cx.inline_call(jir.FlatSymbolRefAttr(op.attr("callee")).value, op.operands)
+
+
+@converts("stablehlo.composite")
+def composite(cx, op):
+    """A named group of ops (``composite_attributes`` describe it); run its decomposition."""
+    return cx.inline_call(jir.FlatSymbolRefAttr(op.attr("decomposition")).value, op.operands)
+
+
+@converts("stablehlo.optimization_barrier", "sdy.reshard", "sdy.propagation_barrier")
+def identity(cx, op):
+    # optimization_barrier only stops XLA from moving computations across it; the sdy ops
+    # describe how data is laid out over a mesh (sdy.sharding_constraint is converted in
+    # custom_call.py, beside the other sharding marks): all are identities on one device.
+    return list(op.operands)
+
+
+@converts("sdy.sharding_group")
+def sharding_group(cx, op):
+    return []  # ties values to a sharding group; it has no results

@@ -1,6 +1,9 @@
 """stablehlo.constant and stablehlo.iota."""
 from __future__ import annotations
 
+from mlir import ir
+from mlir.dialects import arith, linalg
+
 from polyblocks_jax.stablehlo_import import builders, reader
 from polyblocks_jax.stablehlo_import.registry import converts
 
@@ -12,3 +15,18 @@ def constant(cx, op):
     if op.scalar:
         return [builders.splat(values.reshape(-1)[0], op.result_type())]
     return [builders.dense_constant(values, spec)]
+
+
+@converts("stablehlo.iota")
+def iota(cx, op):
+    spec = op.result_specs[0]
+    dim = reader.i64(op.attr("iota_dimension"))
+    elem = op.result_type().element_type
+
+    def body(_out: ir.Value) -> ir.Value:
+        index = linalg.IndexOp(dim).result
+        if spec.dtype.is_float:  # index -> i64 -> float rounds once, like XLA's s64 -> float convert
+            return arith.sitofp(elem, arith.index_cast(ir.IntegerType.get_signless(64), index))
+        return arith.index_cast(elem, index)  # truncates: iota wraps in narrow integer types
+
+    return [builders.parallel_generic([], builders.empty(spec), [], body)]

@@ -1,1 +1,55 @@
-"""Placeholder: filled in by the control_flow op family."""
+"""Control flow: stablehlo.while, stablehlo.if and stablehlo.case -> scf on tensors.
+
+Regions are imported in tensor mode with ``Importer.import_block``; they may use values of
+the enclosing blocks, as StableHLO allows. Predicates and the case index are rank-0
+tensors, read with tensor.extract. One-shot bufferization turns the loop-carried tensors
+into buffers and scf becomes cf in the target's lowering, so trip counts may depend on data.
+"""
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith, scf
+
+from polyblocks_jax.stablehlo_import import builders
+from polyblocks_jax.stablehlo_import.registry import converts
+
+
+@converts("stablehlo.while")
+def while_(cx, op):
+    cond, body = (region.blocks[0] for region in op.op.regions)
+    types = [v.type for v in op.operands]
+    loop = scf.WhileOp(types, op.operands)
+    before = loop.before.blocks.append(*types)
+    with ir.InsertionPoint(before):
+        (pred,) = cx.import_block(cond, list(before.arguments))
+        scf.ConditionOp(builders.to_scalar(pred), list(before.arguments))
+    after = loop.after.blocks.append(*types)
+    with ir.InsertionPoint(after):
+        scf.YieldOp(cx.import_block(body, list(after.arguments)))
+    return list(loop.results)
+
+
+@converts("stablehlo.if")
+def if_(cx, op):
+    types = [op.result_type(i) for i in range(len(op.result_specs))]
+    branch = scf.IfOp(builders.to_scalar(op.operands[0]), types, has_else=True)
+    for region, block in zip(op.op.regions, (branch.then_block, branch.else_block)):
+        with ir.InsertionPoint(block):
+            scf.YieldOp(cx.import_block(region.blocks[0], []))
+    return list(branch.results)
+
+
+@converts("stablehlo.case")
+def case(cx, op):
+    """Branch ``index``; an index outside [0, N) runs the last branch, as in XLA."""
+    regions = list(op.op.regions)
+    types = [op.result_type(i) for i in range(len(op.result_specs))]
+    index = builders.to_scalar(op.operands[0])
+    # index_cast sign-extends i32: a negative index stays out of range, reaching the default.
+    index = arith.index_cast(ir.IndexType.get(), index)
+    switch = scf.IndexSwitchOp(types, index, list(range(len(regions) - 1)))
+    blocks = [*switch.case_blocks, switch.default_block]
+    for region, block in zip(regions, blocks):
+        with ir.InsertionPoint(block):
+            scf.YieldOp(cx.import_block(region.blocks[0], []))
+    return list(switch.results)

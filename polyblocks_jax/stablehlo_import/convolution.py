@@ -1,1 +1,261 @@
-"""Placeholder: filled in by the convolution op family."""
+"""stablehlo.convolution in full generality, as linalg on tensors.
+
+Every convolution is first brought to one internal layout: input (N, S..., C),
+kernel (S..., I, O), result (N, S..., O), with linalg.transpose where the program's
+dimension numbers differ. Padding (negative too) and lhs dilation are materialized
+on the input (a zero-filled tensor with the input inserted at a stride, then cropped),
+window reversal on the kernel. What is left is a plain strided, rhs-dilated
+convolution: a linalg named op where one exists (later tiling and vectorization
+match those), a linalg.generic for feature groups, batch groups and odd dtypes.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from jaxlib.mlir import ir as jir
+from jaxlib.mlir.dialects import stablehlo
+from mlir import ir
+from mlir.dialects import arith, linalg, tensor
+
+from polyblocks_jax.dtypes import DType
+from polyblocks_jax.stablehlo_import import builders, reader
+from polyblocks_jax.stablehlo_import.registry import converts
+from polyblocks_jax.stablehlo_import.types import element_type
+
+# Named ops per spatial rank, all in the internal layout.
+_CONV = {1: linalg.conv_1d_nwc_wcf, 2: linalg.conv_2d_nhwc_hwcf, 3: linalg.conv_3d_ndhwc_dhwcf}
+_DEPTHWISE = {1: linalg.depthwise_conv_1d_nwc_wc, 2: linalg.depthwise_conv_2d_nhwc_hwc,
+              3: linalg.depthwise_conv_3d_ndhwc_dhwc}
+_DEPTHWISE_MULT = {1: linalg.depthwise_conv_1d_nwc_wcm, 2: linalg.depthwise_conv_2d_nhwc_hwcm,
+                   3: linalg.depthwise_conv_3d_ndhwc_dhwcm}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Window:
+    """The convolution's attributes as plain Python, layouts as permutations to the internal one."""
+    input_perm: list[int]     # internal dim i is the program's dim input_perm[i]
+    kernel_perm: list[int]
+    result_perm: list[int]
+    strides: list[int]
+    padding: list[tuple[int, int]]
+    lhs_dilation: list[int]
+    rhs_dilation: list[int]
+    reversal: list[bool]
+    groups: int               # feature_group_count
+    batch_groups: int         # batch_group_count
+
+    @property
+    def rank(self) -> int:
+        return len(self.strides)
+
+
+def _read_window(op) -> _Window:
+    dims = stablehlo.ConvDimensionNumbers(op.attr("dimension_numbers"))
+    rank = len(dims.input_spatial_dimensions)
+
+    def ints(name: str, default: int) -> list[int]:
+        return reader.i64_list(op.attr(name)) or [default] * rank
+
+    pads = reader.i64_list(op.attr("padding")) or [0] * (2 * rank)  # (lo, hi) per spatial dim
+
+    def count(name: str) -> int:
+        attr = op.attr(name)
+        return jir.IntegerAttr(attr).value if attr is not None else 1
+
+    return _Window(
+        input_perm=[dims.input_batch_dimension, *dims.input_spatial_dimensions,
+                    dims.input_feature_dimension],
+        kernel_perm=[*dims.kernel_spatial_dimensions, dims.kernel_input_feature_dimension,
+                     dims.kernel_output_feature_dimension],
+        result_perm=[dims.output_batch_dimension, *dims.output_spatial_dimensions,
+                     dims.output_feature_dimension],
+        strides=ints("window_strides", 1),
+        padding=list(zip(pads[0::2], pads[1::2])),
+        lhs_dilation=ints("lhs_dilation", 1),
+        rhs_dilation=ints("rhs_dilation", 1),
+        reversal=[bool(b) for b in ints("window_reversal", 0)],
+        groups=count("feature_group_count"),
+        batch_groups=count("batch_group_count"))
+
+
+@converts("stablehlo.convolution")
+def convolution(cx, op):
+    win = _read_window(op)
+    lhs_spec, rhs_spec = op.operand_specs
+    result = op.result_specs[0]
+    if (lhs_spec.dtype.is_float or rhs_spec.dtype.is_float) and not result.dtype.is_float:
+        raise op.unsupported(f"float operands with an integer result ({lhs_spec.dtype.name}, "
+                             f"{rhs_spec.dtype.name} -> {result.dtype.name})")
+    if 0 in result.shape:
+        return [builders.empty(result)]
+    acc = _accumulator(result.dtype)
+    lhs = _pad_and_dilate(_transposed(op.operands[0], win.input_perm), win, lhs_spec.dtype)
+    rhs = _reversed(_transposed(op.operands[1], win.kernel_perm), win.reversal)
+    out_shape = [result.shape[d] for d in win.result_perm]
+    init = linalg.fill(builders.splat(0, acc), outs=[tensor.EmptyOp(out_shape, acc).result])
+    out = _convolve(lhs, rhs, init, win, op)
+    if acc != element_type(result.dtype):
+        out = arith.truncf(ir.RankedTensorType.get(out_shape, element_type(result.dtype)), out)
+    return [_transposed(out, _inverse(win.result_perm))]
+
+
+def _accumulator(dtype: DType) -> ir.Type:
+    """Half-precision results accumulate in f32 and are rounded once, as XLA CPU does."""
+    return ir.F32Type.get() if dtype.is_float and dtype.bits == 16 else element_type(dtype)
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def _shape(value: ir.Value) -> list[int]:
+    return list(ir.RankedTensorType(value.type).shape)
+
+
+def _transposed(value: ir.Value, perm: list[int]) -> ir.Value:
+    """``value`` with dim i taken from dim perm[i]; no op when perm is the identity."""
+    if perm == sorted(perm):
+        return value
+    shape = _shape(value)
+    init = tensor.EmptyOp([shape[p] for p in perm], builders.elem_type_of(value)).result
+    return linalg.transpose(value, outs=[init], permutation=perm).results[0]
+
+
+def _pad_and_dilate(x: ir.Value, win: _Window, dtype: DType) -> ir.Value:
+    """Input (N, S..., C) with lhs dilation's interior zeros and edge padding applied.
+
+    Positive padding and dilation insert ``x`` at a stride into a zero-filled tensor;
+    negative padding then crops with an extract_slice.
+    """
+    shape = _shape(x)
+    spatial = shape[1:-1]
+    dilated = [(n - 1) * d + 1 if n else 0 for n, d in zip(spatial, win.lhs_dilation)]
+    grow_lo = [max(lo, 0) for lo, _ in win.padding]
+    grow_hi = [max(hi, 0) for _, hi in win.padding]
+    if any(grow_lo) or any(grow_hi) or any(d > 1 for d in win.lhs_dilation):
+        big = [shape[0], *[lo + n + hi for lo, n, hi in zip(grow_lo, dilated, grow_hi)], shape[-1]]
+        elem = element_type(dtype)
+        zeros = linalg.fill(builders.splat(0, elem), outs=[tensor.EmptyOp(big, elem).result])
+        x = tensor.insert_slice(x, zeros, [], [], [], [0, *grow_lo, 0], shape,
+                                [1, *win.lhs_dilation, 1])
+    if any(lo < 0 or hi < 0 for lo, hi in win.padding):
+        sizes = [shape[0], *[max(lo + n + hi, 0) for (lo, hi), n in zip(win.padding, dilated)],
+                 shape[-1]]
+        crop = [0, *[max(-lo, 0) for lo, _ in win.padding], 0]
+        result = ir.RankedTensorType.get(sizes, ir.RankedTensorType(x.type).element_type)
+        x = tensor.extract_slice(result, x, [], [], [], crop, sizes, [1] * len(sizes))
+    return x
+
+
+def _reversed(kernel: ir.Value, reversal: list[bool]) -> ir.Value:
+    """Kernel (S..., I, O) with the spatial dims marked in ``reversal`` flipped."""
+    if not any(reversal):
+        return kernel
+    shape = _shape(kernel)
+    flags = [*reversal, False, False]
+    exprs = [ir.AffineConstantExpr.get(n - 1) - ir.AffineDimExpr.get(i) if flip else ir.AffineDimExpr.get(i)
+             for i, (n, flip) in enumerate(zip(shape, flags))]
+    init = tensor.EmptyOp(shape, ir.RankedTensorType(kernel.type).element_type).result
+    return builders.parallel_generic([kernel], init, [ir.AffineMap.get(len(shape), 0, exprs)],
+                                     lambda k, _: k)
+
+
+def _convolve(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op) -> ir.Value:
+    """The strided, rhs-dilated convolution in the internal layout, accumulated into ``init``."""
+    lhs_dt, rhs_dt = op.operand_specs[0].dtype, op.operand_specs[1].dtype
+    # Named ops extend narrower operands as signed: exact unless an unsigned operand widens.
+    named = not lhs_dt.is_bool and not (
+        (lhs_dt.is_unsigned or rhs_dt.is_unsigned)
+        and {lhs_dt, rhs_dt} != {op.result_specs[0].dtype})
+    attrs = dict(strides=win.strides, dilations=win.rhs_dilation)
+    kernel_in = _shape(rhs)[-2]
+    channels = _shape(lhs)[-1]
+    if named and win.batch_groups == 1 and win.groups == 1:
+        return _CONV[win.rank](lhs, rhs, outs=[init], **attrs)
+    if named and win.batch_groups == 1 and win.groups == channels and kernel_in == 1:
+        return _depthwise(lhs, rhs, init, win, attrs)
+    return _generic_conv(lhs, rhs, init, win, op)
+
+
+def _depthwise(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, attrs: dict) -> ir.Value:
+    """Feature groups of one input channel each: kernel (S..., 1, C*M) read as (S..., C, M)."""
+    channels = _shape(lhs)[-1]
+    kernel = _merge_last(rhs)  # (S..., C*M)
+    if _shape(kernel)[-1] == channels:
+        return _DEPTHWISE[win.rank](lhs, kernel, outs=[init], **attrs)
+    out = _DEPTHWISE_MULT[win.rank](lhs, _split_last(kernel, channels),
+                                    outs=[_split_last(init, channels)], **attrs)
+    return _merge_last(out)
+
+
+def _generic_conv(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op) -> ir.Value:
+    """Any feature or batch grouping (at most one of them > 1) as one linalg.generic.
+
+    Loops (n, o_s..., g, og, r_s..., i); input channel g*I+i, input batch g*N'+n and
+    result feature g*Og+og, with the kernel and result viewed as (..., g, Og).
+    """
+    k = win.rank
+    groups = win.groups * win.batch_groups
+    batch = _shape(init)[0]
+    kernel_in = _shape(rhs)[-2]
+    d = [ir.AffineDimExpr.get(j) for j in range(2 * k + 4)]
+    n, outs, g, og, window, i = d[0], d[1:k + 1], d[k + 1], d[k + 2], d[k + 3:2 * k + 3], d[-1]
+    lhs_map = [g * batch + n if win.batch_groups > 1 else n,
+               *[o * s + r * dil for o, r, s, dil in zip(outs, window, win.strides, win.rhs_dilation)],
+               g * kernel_in + i if win.groups > 1 else i]
+    maps = [ir.AffineMap.get(len(d), 0, m) for m in (lhs_map, [*window, i, g, og], [n, *outs, g, og])]
+    iterators = ["parallel"] * (k + 3) + ["reduction"] * (k + 1)
+    (result,) = builders.generic([lhs, _split_last(rhs, groups)], [_split_last(init, groups)],
+                                 maps, iterators, _mac_body(op))
+    return _merge_last(result)
+
+
+def _mac_body(op):
+    """acc + lhs * rhs on scalars, operands converted to the accumulator type first."""
+    lhs_dt, rhs_dt = op.operand_specs[0].dtype, op.operand_specs[1].dtype
+
+    def body(a: ir.Value, b: ir.Value, acc: ir.Value) -> list[ir.Value]:
+        a, b = _cast(a, lhs_dt, acc.type), _cast(b, rhs_dt, acc.type)
+        if isinstance(acc.type, ir.FloatType):
+            return [arith.addf(acc, arith.mulf(a, b))]
+        if lhs_dt.is_bool:  # a pred convolution: or of ands
+            return [arith.ori(acc, arith.andi(a, b))]
+        return [arith.addi(acc, arith.muli(a, b))]
+    return body
+
+
+def _cast(value: ir.Value, dtype: DType, to: ir.Type) -> ir.Value:
+    if value.type == to:
+        return value
+    if isinstance(to, ir.FloatType) and isinstance(value.type, ir.IntegerType):
+        return arith.uitofp(to, value) if dtype.is_unsigned else arith.sitofp(to, value)
+    if isinstance(to, ir.FloatType):
+        wider = ir.FloatType(to).width > ir.FloatType(value.type).width
+        return arith.extf(to, value) if wider else arith.truncf(to, value)
+    if ir.IntegerType(to).width < ir.IntegerType(value.type).width:
+        return arith.trunci(to, value)
+    return arith.extui(to, value) if dtype.is_unsigned else arith.extsi(to, value)
+
+
+def _split_last(value: ir.Value, groups: int) -> ir.Value:
+    """(..., G*M) -> (..., G, M)."""
+    shape = _shape(value)
+    new_shape = [*shape[:-1], groups, shape[-1] // groups]
+    result = ir.RankedTensorType.get(new_shape, builders.elem_type_of(value))
+    return tensor.expand_shape(result, value, _last_pair(len(shape) - 1), [], new_shape)
+
+
+def _merge_last(value: ir.Value) -> ir.Value:
+    """(..., G, M) -> (..., G*M)."""
+    shape = _shape(value)
+    new_shape = [*shape[:-2], shape[-2] * shape[-1]]
+    result = ir.RankedTensorType.get(new_shape, builders.elem_type_of(value))
+    return tensor.collapse_shape(result, value, _last_pair(len(shape) - 2))
+
+
+def _last_pair(leading: int) -> list[list[int]]:
+    """Reassociation keeping ``leading`` dims and pairing the two after them."""
+    return [[j] for j in range(leading)] + [[leading, leading + 1]]

@@ -1,1 +1,59 @@
-"""Placeholder: filled in by the custom_call op family."""
+"""stablehlo.custom_call: the targets JAX emits for a generic platform.
+
+Sharding and placement annotations are identities on one device. ApproxTopK is what
+``lax.approx_max_k``/``approx_min_k`` emit; XLA CPU computes it exactly (sort, then the
+first k), and so do we. Any other target (LAPACK kernels, host callbacks, ...) raises
+UnsupportedError naming it.
+"""
+from __future__ import annotations
+
+from jaxlib.mlir import ir as jir
+
+from polyblocks_jax.stablehlo_import import sort
+from polyblocks_jax.stablehlo_import.registry import converts
+
+# Targets that only annotate their operands (sharding, memory placement, ...); with one
+# device and one memory space each returns its operands unchanged.
+IDENTITY_TARGETS = frozenset({
+    "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape",
+    "annotate_device_placement", "MoveToHost", "MoveToDevice",
+    "xla.sdy.FuncResultSharding",
+})
+
+
+@converts("stablehlo.custom_call")
+def custom_call(cx, op):
+    target = jir.StringAttr(op.attr("call_target_name")).value
+    if target in IDENTITY_TARGETS:
+        return _identity(op, target)
+    if target == "shape_assertion":  # shapes are static here: the assertion holds
+        return []
+    if target == "ApproxTopK":
+        return _approx_top_k(cx, op)
+    raise op.unsupported(f"custom_call target {target!r} has no lowering")
+
+
+@converts("sdy.sharding_constraint")
+def sharding_constraint(cx, op):
+    return list(op.operands)  # a sharding mark: the identity on one device
+
+
+def _identity(op, target: str):
+    if [s.shape for s in op.operand_specs] != [s.shape for s in op.result_specs] or \
+            [s.dtype for s in op.operand_specs] != [s.dtype for s in op.result_specs]:
+        raise op.unsupported(f"custom_call {target!r} changes types: "
+                             f"{list(map(str, op.operand_specs))} -> {list(map(str, op.result_specs))}")
+    return list(op.operands)
+
+
+def _approx_top_k(cx, op):
+    """Operands: N inputs, then N init values (unused: XLA CPU's fallback is an exact sort)."""
+    config = jir.DictAttr(op.attr("mhlo.backend_config"))
+    k = jir.IntegerAttr(config["top_k"]).value
+    dimension = jir.IntegerAttr(config["reduction_dim"]).value
+    n = len(op.result_specs)
+    (comparator_name,) = [jir.FlatSymbolRefAttr(a).value for a in jir.ArrayAttr(op.attr("called_computations"))]
+    comparator = cx.functions[comparator_name].regions[0].blocks[0]
+    inputs, shape = list(op.operands[:n]), op.operand_specs[0].shape
+    ordered = sort.merge_sort(inputs, shape, dimension, sort.comparator_less(cx, comparator))
+    return [sort.leading(v, dimension, k) for v in ordered]

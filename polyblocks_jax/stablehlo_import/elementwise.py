@@ -1,16 +1,313 @@
-"""Elementwise ops: arith/math on whole tensors (or scalars inside reduction bodies)."""
+"""Elementwise arithmetic, math, comparison and selection: arith/math on whole tensors.
+
+The same converters build the scalar bodies of reductions (values are then plain
+scalars). Integer edge cases follow XLA CPU: x / 0 = -1, x % 0 = x, INT_MIN / -1 =
+INT_MIN. bf16/f16 transcendental math is computed in f32 and rounded, as XLA does.
+The chlo ops JAX emits are expanded by the StableHLO project's own
+chlo-legalize-to-stablehlo (the rewrite XLA applies) and the expansion is imported.
+"""
 from __future__ import annotations
 
-from mlir.dialects import arith
+import functools
+from typing import Callable, Sequence
 
+from jaxlib.mlir import ir as jir
+from jaxlib.mlir import passmanager as jpassmanager
+from jaxlib.mlir.dialects import func as jfunc
+from jaxlib.mlir.dialects import stablehlo as jstablehlo
+from mlir import ir
+from mlir.dialects import arith, math, tensor
+
+from polyblocks_jax.dtypes import DType
+from polyblocks_jax.stablehlo_import import builders, reader
 from polyblocks_jax.stablehlo_import.registry import converts
 
+F, I = arith.CmpFPredicate, arith.CmpIPredicate
 
-@converts("stablehlo.add")
-def add(cx, op):
+
+def _dtype(op) -> DType:
+    return op.operand_specs[0].dtype
+
+
+def in_f32(fn: Callable[..., ir.Value], *values: ir.Value) -> ir.Value:
+    """``fn(*values)``, computed in f32 when the values are bf16 or f16 (as XLA's CPU backend)."""
+    elem = builders.elem_type_of(values[0])
+    if not isinstance(elem, (ir.BF16Type, ir.F16Type)):
+        return fn(*values)
+    f32 = ir.F32Type.get()
+    wide = [arith.extf(builders.shaped_like(v, f32), v) for v in values]
+    return arith.truncf(builders.shaped_like(values[0], elem), fn(*wide))
+
+
+def broadcast_like(value: ir.Value, like: ir.Value) -> ir.Value:
+    """``value`` splatted to ``like``'s shape when it is a rank-0 tensor and ``like`` is not."""
+    t = value.type
+    if isinstance(t, ir.RankedTensorType) and t.rank == 0 and ir.RankedTensorType(like.type).rank:
+        shape = ir.RankedTensorType(like.type).shape
+        return tensor.splat(ir.RankedTensorType.get(shape, t.element_type),
+                            builders.to_scalar(value), [])
+    return value
+
+
+# ---------------------------------------------------------------- binary arithmetic
+
+# op -> (float, signed, unsigned, bool) builders; None: the op is undefined for i1.
+_BINARY = {
+    "stablehlo.add": (arith.addf, arith.addi, arith.addi, arith.ori),
+    "stablehlo.subtract": (arith.subf, arith.subi, arith.subi, None),
+    "stablehlo.multiply": (arith.mulf, arith.muli, arith.muli, arith.andi),
+    "stablehlo.maximum": (arith.maximumf, arith.maxsi, arith.maxui, arith.ori),
+    "stablehlo.minimum": (arith.minimumf, arith.minsi, arith.minui, arith.andi),
+}
+
+
+def _pick(table: tuple, dt: DType, op):
+    fn = table[("float", "sint", "uint", "bool").index(dt.kind)]
+    if fn is None:
+        raise op.unsupported(f"dtype {dt.name}")
+    return fn
+
+
+@converts(*_BINARY)
+def binary(cx, op):
+    return [_pick(_BINARY[op.name], _dtype(op), op)(*op.operands)]
+
+
+def _safe_divisor(lhs: ir.Value, rhs: ir.Value, dt: DType) -> tuple[ir.Value, ir.Value]:
+    """(rhs == 0, a divisor that cannot trap): 1 replaces 0 and, for INT_MIN / -1, -1."""
+    is_zero = arith.cmpi(I.eq, rhs, builders.constant_like(0, rhs))
+    bad = is_zero
+    if not dt.is_unsigned:
+        int_min = builders.constant_like(-(2 ** (dt.bits - 1)), lhs)
+        overflow = arith.andi(arith.cmpi(I.eq, lhs, int_min),
+                              arith.cmpi(I.eq, rhs, builders.constant_like(-1, rhs)))
+        bad = arith.ori(is_zero, overflow)
+    return is_zero, arith.select(bad, builders.constant_like(1, rhs), rhs)
+
+
+@converts("stablehlo.divide")
+def divide(cx, op):
     lhs, rhs = op.operands
-    if op.result_specs[0].dtype.is_float:
-        return [arith.addf(lhs, rhs)]
-    if op.result_specs[0].dtype.is_bool:
-        return [arith.ori(lhs, rhs)]
-    return [arith.addi(lhs, rhs)]
+    dt = _dtype(op)
+    if dt.is_float:
+        return [arith.divf(lhs, rhs)]
+    if dt.is_bool:
+        raise op.unsupported("dtype i1")
+    is_zero, safe = _safe_divisor(lhs, rhs, dt)
+    quotient = (arith.divui if dt.is_unsigned else arith.divsi)(lhs, safe)
+    return [arith.select(is_zero, builders.constant_like(-1, lhs), quotient)]
+
+
+@converts("stablehlo.remainder")
+def remainder(cx, op):
+    lhs, rhs = op.operands
+    dt = _dtype(op)
+    if dt.is_float:
+        return [in_f32(arith.remf, lhs, rhs)]
+    if dt.is_bool:
+        raise op.unsupported("dtype i1")
+    is_zero, safe = _safe_divisor(lhs, rhs, dt)
+    rem = (arith.remui if dt.is_unsigned else arith.remsi)(lhs, safe)
+    return [arith.select(is_zero, lhs, rem)]
+
+
+def _integer_power(base: ir.Value, exponent: ir.Value) -> ir.Value:
+    """XLA's integer pow: six unrolled squaring steps, so only the exponent's low 6 bits
+    count; a negative exponent gives 0 unless |base| == 1."""
+    one, zero = builders.constant_like(1, base), builders.constant_like(0, base)
+    acc, b, e = one, base, exponent
+    for _ in range(6):
+        odd = arith.cmpi(I.eq, arith.andi(e, one), one)
+        acc = arith.select(odd, arith.muli(acc, b), acc)
+        b = arith.muli(b, b)
+        e = arith.shrui(e, one)
+    # XLA applies the signed test to unsigned exponents too: 2**200 is 0 in ui8.
+    unit = arith.ori(arith.cmpi(I.eq, base, one),
+                     arith.cmpi(I.eq, base, builders.constant_like(-1, base)))
+    negative_case = arith.select(unit, acc, zero)
+    return arith.select(arith.cmpi(I.sge, exponent, zero), acc, negative_case)
+
+
+@converts("stablehlo.power")
+def power(cx, op):
+    dt = _dtype(op)
+    if dt.is_float:
+        return [in_f32(math.powf, *op.operands)]
+    if dt.is_bool:
+        raise op.unsupported("dtype i1")
+    return [_integer_power(*op.operands)]
+
+
+@converts("stablehlo.atan2")
+def atan2(cx, op):
+    return [in_f32(math.atan2, *op.operands)]
+
+
+# ---------------------------------------------------------------- unary float math
+
+def _logistic(x: ir.Value) -> ir.Value:
+    one = builders.constant_like(1.0, x)
+    return arith.divf(one, arith.addf(one, math.exp(arith.negf(x))))
+
+
+_FLOAT_UNARY: dict[str, Callable[[ir.Value], ir.Value]] = {
+    "stablehlo.exponential": math.exp, "stablehlo.exponential_minus_one": math.expm1,
+    "stablehlo.log": math.log, "stablehlo.log_plus_one": math.log1p,
+    "stablehlo.tanh": math.tanh, "stablehlo.logistic": _logistic,
+    "stablehlo.sqrt": math.sqrt, "stablehlo.rsqrt": math.rsqrt, "stablehlo.cbrt": math.cbrt,
+    "stablehlo.sine": math.sin, "stablehlo.cosine": math.cos, "stablehlo.tan": math.tan,
+    "stablehlo.floor": math.floor, "stablehlo.ceil": math.ceil,
+    "stablehlo.round_nearest_afz": math.round, "stablehlo.round_nearest_even": math.roundeven,
+}
+
+
+@converts(*_FLOAT_UNARY)
+def float_unary(cx, op):
+    if not _dtype(op).is_float:
+        raise op.unsupported(f"dtype {_dtype(op).name}")
+    return [in_f32(_FLOAT_UNARY[op.name], op.operands[0])]
+
+
+@converts("stablehlo.is_finite")
+def is_finite(cx, op):
+    x = op.operands[0]
+    return [arith.cmpf(F.OLT, math.absf(x), builders.constant_like(float("inf"), x))]
+
+
+@converts("stablehlo.abs")
+def abs_(cx, op):
+    x, dt = op.operands[0], _dtype(op)
+    if dt.is_float:
+        return [math.absf(x)]
+    return [x if dt.is_unsigned else math.absi(x)]  # |INT_MIN| wraps to INT_MIN, as in XLA
+
+
+@converts("stablehlo.negate")
+def negate(cx, op):
+    x = op.operands[0]
+    if _dtype(op).is_float:
+        return [arith.negf(x)]
+    return [arith.subi(builders.constant_like(0, x), x)]
+
+
+@converts("stablehlo.sign")
+def sign(cx, op):
+    x, dt = op.operands[0], _dtype(op)
+    one, minus_one = builders.constant_like(1, x), builders.constant_like(-1, x)
+    zero = builders.constant_like(0, x)
+    if dt.is_float:  # NaN and +-0 are their own sign
+        unit = arith.select(arith.cmpf(F.OGT, x, zero), one, minus_one)
+        return [arith.select(arith.cmpf(F.UEQ, x, zero), x, unit)]
+    if dt.is_unsigned:
+        return [arith.select(arith.cmpi(I.ne, x, zero), one, zero)]
+    unit = arith.select(arith.cmpi(I.sgt, x, zero), one, minus_one)
+    return [arith.select(arith.cmpi(I.eq, x, zero), zero, unit)]
+
+
+# ---------------------------------------------------------------- compare, select, clamp
+
+_FLOAT_PREDICATES = {"EQ": F.OEQ, "NE": F.UNE, "LT": F.OLT, "LE": F.OLE, "GT": F.OGT, "GE": F.OGE}
+_INT_PREDICATES = {
+    "SIGNED": {"EQ": I.eq, "NE": I.ne, "LT": I.slt, "LE": I.sle, "GT": I.sgt, "GE": I.sge},
+    "UNSIGNED": {"EQ": I.eq, "NE": I.ne, "LT": I.ult, "LE": I.ule, "GT": I.ugt, "GE": I.uge},
+}
+
+
+def _total_order_key(x: ir.Value, bits: int) -> ir.Value:
+    """An integer whose signed order is the IEEE total order of the float ``x``."""
+    int_t = ir.IntegerType.get_signless(bits)
+    i = arith.bitcast(builders.shaped_like(x, int_t), x)
+    sign_mask = arith.shrsi(i, builders.constant_like(bits - 1, i))  # all ones when negative
+    magnitude_mask = arith.shrui(sign_mask, builders.constant_like(1, i))
+    return arith.xori(i, magnitude_mask)  # negatives: flip all bits but the sign
+
+
+@converts("stablehlo.compare")
+def compare(cx, op):
+    lhs, rhs = op.operands
+    dt = _dtype(op)
+    direction = reader.enum_name(op.attr("comparison_direction"))
+    kind_attr = op.attr("compare_type")
+    default = "FLOAT" if dt.is_float else "UNSIGNED" if dt.is_unsigned else "SIGNED"
+    kind = reader.enum_name(kind_attr) if kind_attr is not None else default
+    if kind == "FLOAT" and dt.is_float:
+        return [arith.cmpf(_FLOAT_PREDICATES[direction], lhs, rhs)]
+    if kind == "TOTALORDER" and dt.is_float:
+        lhs, rhs, kind = _total_order_key(lhs, dt.bits), _total_order_key(rhs, dt.bits), "SIGNED"
+    elif kind not in _INT_PREDICATES or dt.is_float:
+        raise op.unsupported(f"compare_type {kind} on {dt.name}")
+    return [arith.cmpi(_INT_PREDICATES[kind][direction], lhs, rhs)]
+
+
+@converts("stablehlo.select")
+def select(cx, op):
+    pred, on_true, on_false = op.operands
+    return [arith.select(broadcast_like(pred, on_true), on_true, on_false)]
+
+
+@converts("stablehlo.clamp")
+def clamp(cx, op):
+    lo, x, hi = op.operands
+    dt = op.operand_specs[1].dtype
+    maximum = _pick(_BINARY["stablehlo.maximum"], dt, op)
+    minimum = _pick(_BINARY["stablehlo.minimum"], dt, op)
+    return [minimum(maximum(x, broadcast_like(lo, x)), broadcast_like(hi, x))]
+
+
+# ---------------------------------------------------------------- chlo
+
+# The chlo ops JAX 0.10 emits for lax.erf, lgamma, sinh, ... (all on floats).
+_CHLO_EXPANDED = (
+    "acos", "acosh", "asin", "asinh", "atan", "atanh", "bessel_i1e", "cosh", "digamma",
+    "erf", "erf_inv", "erfc", "is_inf", "is_neg_inf", "is_pos_inf", "lgamma", "next_after",
+    "polygamma", "sinh", "square", "tan", "zeta")
+# Ops on the bit pattern, or with a boolean result: expanded in their own type.
+_CHLO_EXACT = ("chlo.next_after", "chlo.is_inf", "chlo.is_neg_inf", "chlo.is_pos_inf")
+
+
+@functools.cache
+def _register_stablehlo_passes() -> None:
+    jstablehlo.register_stablehlo_passes()
+
+
+def _f32_like(t: jir.Type) -> jir.Type:
+    return jir.RankedTensorType.get(jir.RankedTensorType(t).shape, jir.F32Type.get())
+
+
+def _expanded_chlo(op, in_f32: bool) -> jir.Module:
+    """A jaxlib module whose @f holds ``op`` alone (retyped to f32 with ``in_f32``),
+    expanded into StableHLO ops."""
+    _register_stablehlo_passes()
+    jop = op.op
+    with jop.context, jop.location:
+        operand_types = [_f32_like(v.type) if in_f32 else v.type for v in jop.operands]
+        result_types = [_f32_like(r.type) if in_f32 else r.type for r in jop.results]
+        module = jir.Module.create()
+        with jir.InsertionPoint(module.body):
+            fn = jfunc.FuncOp("f", jir.FunctionType.get(operand_types, result_types))
+            entry = fn.add_entry_block()
+            with jir.InsertionPoint(entry):
+                clone = jir.Operation.create(
+                    jop.name, results=result_types, operands=list(entry.arguments),
+                    attributes={a.name: a.attr for a in jop.attributes})
+                jfunc.ReturnOp(clone.results)
+        jpassmanager.PassManager.parse(
+            "builtin.module(func.func(chlo-legalize-to-stablehlo))").run(module.operation)
+    return module
+
+
+@converts(*(f"chlo.{name}" for name in _CHLO_EXPANDED))
+def chlo_op(cx, op) -> Sequence[ir.Value]:
+    """bf16/f16 expansions run in f32 and round once at the end, as XLA's CPU backend
+    does (it keeps the excess precision between the expanded ops)."""
+    dt = _dtype(op)
+    if not dt.is_float:
+        raise op.unsupported(f"dtype {dt.name}")
+    widen = dt.bits == 16 and op.name not in _CHLO_EXACT
+    module = _expanded_chlo(op, widen)  # owns the block imported below
+    body = module.body.operations[0].regions[0].blocks[0]
+    if not widen:
+        return cx.import_block(body, op.operands)
+    f32, elem = ir.F32Type.get(), builders.elem_type_of(op.operands[0])
+    results = cx.import_block(body, [arith.extf(builders.shaped_like(v, f32), v) for v in op.operands])
+    return [arith.truncf(builders.shaped_like(r, elem), r) for r in results]

@@ -5,6 +5,7 @@ jaxlib SSA value is paired with the upstream value its converter produced.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Sequence
 
@@ -58,6 +59,9 @@ class Importer:
             jir.StringAttr(op.attributes["sym_name"]).value: op.operation
             for op in jmodule.body.operations if op.operation.name == "func.func"}
         self._scalar_depth = 0
+        # Values visible to the block being imported: nested regions (while, if, case)
+        # use values of enclosing blocks without passing them as arguments.
+        self._values: collections.ChainMap = collections.ChainMap()
 
     def import_main(self) -> ImportedProgram:
         main = self.functions.get("main")
@@ -72,6 +76,9 @@ class Importer:
             fn = func.FuncOp("main", ir.FunctionType.get(
                 [tensor_type(s) for s in inputs], [tensor_type(s) for s in outputs]))
             fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+            # Inputs are the caller's buffers: bufferization must copy before writing in place.
+            fn.arg_attrs = ir.ArrayAttr.get(
+                [ir.DictAttr.get({"bufferization.writable": ir.BoolAttr.get(False)})] * len(inputs))
             entry = fn.add_entry_block()
             with ir.InsertionPoint(entry):
                 func.ReturnOp(self.import_block(block, list(entry.arguments)))
@@ -88,7 +95,8 @@ class Importer:
 
         ``scalar`` imports a reduction or comparator body: its rank-0 tensors become scalars.
         """
-        values: dict[jir.Value, ir.Value] = dict(zip(block.arguments, args))
+        values = self._values.new_child(dict(zip(block.arguments, args)))
+        outer, self._values = self._values, values
         self._scalar_depth += scalar
         try:
             for op in block.operations:
@@ -99,6 +107,7 @@ class Importer:
                 results = self._convert(op, operands)
                 values.update(zip(op.results, results))
         finally:
+            self._values = outer
             self._scalar_depth -= scalar
         raise InvalidProgramError("block without terminator")
 

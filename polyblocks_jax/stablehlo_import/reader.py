@@ -102,6 +102,11 @@ def i64_list(attr: jir.Attribute | None) -> list[int]:
     return [int(jir.IntegerAttr(a).value) for a in jir.ArrayAttr(attr)]
 
 
+def i64(attr: jir.Attribute) -> int:
+    """The value of an integer attribute (``dimension = 1 : i64``)."""
+    return int(jir.IntegerAttr(attr).value)
+
+
 def enum_name(attr: jir.Attribute) -> str:
     """``#stablehlo<comparison_direction LT>`` -> ``"LT"``."""
     return str(attr).rstrip(">").split()[-1]
@@ -116,7 +121,7 @@ def dense_values(attr: jir.Attribute, spec: TensorSpec) -> np.ndarray:
         flat = np.frombuffer(bytes(memoryview(dense)), dtype=spec.dtype.numpy)
     except (TypeError, BufferError):
         flat = _parse_dense_text(str(attr), spec)  # no buffer view for i1 and bf16
-    if dense.is_splat:
+    if dense.is_splat and flat.size:  # a zero-size splat has no payload
         return np.full(spec.shape, flat[0], dtype=spec.dtype.numpy)
     return flat[:spec.size].reshape(spec.shape).copy()
 

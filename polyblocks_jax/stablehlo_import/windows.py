@@ -1,1 +1,312 @@
-"""Placeholder: filled in by the windows op family."""
+"""Window ops: stablehlo.reduce_window and stablehlo.select_and_scatter.
+
+reduce_window pads its operands with their init values (base dilation becomes interior
+padding), then reduces every window: with a linalg pooling named op when the body is one
+max/min/add over the spatial dims of an N..C or NC.. layout, with a linalg.generic running
+the imported body otherwise. A cumulative window (what jnp.cumsum and lax.cummax emit: one
+window spanning a whole dimension, padded on one side) becomes a loop carrying the running
+slice, so a scan costs O(n) rather than O(n^2).
+
+select_and_scatter first reduces each window to the offset of its selected element, then,
+for each operand element, folds the source values of the windows that selected it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+from jaxlib.mlir import ir as jir
+from mlir import ir
+from mlir.dialects import arith, linalg, tensor
+
+from polyblocks_jax.dtypes import TensorSpec
+from polyblocks_jax.stablehlo_import import builders, reader
+from polyblocks_jax.stablehlo_import.registry import converts
+from polyblocks_jax.stablehlo_import.types import element_type, tensor_type
+
+_POOLING_BODIES = {"stablehlo.maximum": "max", "stablehlo.minimum": "min", "stablehlo.add": "sum"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Window:
+    dims: list[int]
+    strides: list[int]
+    base_dilations: list[int]
+    window_dilations: list[int]
+    low: list[int]
+    high: list[int]
+
+    @staticmethod
+    def read(op, rank: int) -> "_Window":
+        def ints(name: str) -> list[int]:
+            return reader.i64_list(op.attr(name)) or [1] * rank
+        padding = reader.i64_list(op.attr("padding")) or [0] * (2 * rank)
+        return _Window(ints("window_dimensions"), ints("window_strides"), ints("base_dilations"),
+                       ints("window_dilations"), padding[0::2], padding[1::2])
+
+    def padded_shape(self, shape: Sequence[int]) -> list[int]:
+        return [lo + hi + (max(n - 1, 0) * b + (n > 0))
+                for n, lo, hi, b in zip(shape, self.low, self.high, self.base_dilations)]
+
+
+# ---------------------------------------------------------------- reduce_window
+
+@converts("stablehlo.reduce_window")
+def reduce_window(cx, op):
+    n = len(op.operands) // 2
+    xs, inits = op.operands[:n], [builders.to_scalar(v) for v in op.operands[n:]]
+    spec = op.operand_specs[0]
+    if op.scalar:
+        raise op.unsupported("reduce_window inside a reduction body")
+    win = _Window.read(op, spec.rank)
+    body = op.op.regions[0].blocks[0]
+    axis = _cumulative_axis(win, spec)
+    if axis is not None:
+        return _cumulative(cx, body, xs, inits, op.operand_specs[:n], *axis)
+    padded = [_pad(x, init, win) for x, init in zip(xs, inits)]
+    outs = [linalg.fill(init, outs=[builders.empty(s)]) for init, s in zip(inits, op.result_specs)]
+    pooling = _pooling_op(body, win, op.result_specs[0])
+    if pooling is not None:
+        named, spatial = pooling
+        return [named(padded[0], _window_tensor([win.dims[d] for d in spatial]), outs=outs,
+                      strides=[win.strides[d] for d in spatial],
+                      dilations=[win.window_dilations[d] for d in spatial])]
+    return _window_generic(cx, body, padded, outs, win)
+
+
+def _window_generic(cx, body: jir.Block, padded: list[ir.Value], outs: list[ir.Value],
+                    win: _Window) -> list[ir.Value]:
+    """Loops (output dims..., window dims...); output i reads padded[i*stride + k*dilation]."""
+    rank = len(win.dims)
+    d = [ir.AffineExpr.get_dim(i) for i in range(2 * rank)]
+    read = _map(2 * rank, [d[i] * win.strides[i] + d[rank + i] * win.window_dilations[i]
+                           for i in range(rank)])
+    maps = [read] * len(padded) + [_map(2 * rank, d[rank:])] + [_map(2 * rank, d[:rank])] * len(outs)
+
+    def fold(*args):
+        n = len(outs)
+        elems, accs = args[:n], args[n + 1:]
+        return cx.import_block(body, [*accs, *elems], scalar=True)
+    return _generic([*padded, _window_tensor(win.dims)], outs, maps,
+                    ["parallel"] * rank + ["reduction"] * rank, fold)
+
+
+def _pooling_op(body: jir.Block, win: _Window, spec: TensorSpec) -> tuple[Callable, list[int]] | None:
+    """The linalg pooling named op for a single max/min/add body and a pooling layout, if any."""
+    ops = [o.operation for o in body.operations]
+    if len(ops) != 2 or ops[0].name not in _POOLING_BODIES or spec.dtype.is_bool:
+        return None
+    if set(ops[0].operands) != set(body.arguments) or list(ops[1].operands) != list(ops[0].results):
+        return None
+    kind = _POOLING_BODIES[ops[0].name]
+    if kind != "sum" and spec.dtype.is_unsigned:
+        kind += "_unsigned"
+    layouts = {3: ("nwc", "ncw"), 4: ("nhwc", "nchw"), 5: ("ndhwc", None)}.get(spec.rank, ())
+    for layout, kept in zip(layouts, ((0, spec.rank - 1), (0, 1))):
+        named = getattr(linalg, f"pooling_{layout}_{kind}", None) if layout else None
+        if named and all(win.dims[i] == 1 and win.strides[i] == 1 for i in kept):
+            return named, [i for i in range(spec.rank) if i not in kept]
+    return None
+
+
+def _cumulative_axis(win: _Window, spec: TensorSpec) -> tuple[int, bool] | None:
+    """(axis, reverse) when each output is the fold of a prefix (or suffix) along one axis."""
+    rank = spec.rank
+    if any(s != 1 for s in win.strides + win.base_dilations + win.window_dilations):
+        return None
+    wide = [i for i in range(rank) if win.dims[i] != 1 or win.low[i] or win.high[i]]
+    if len(wide) != 1:
+        return None
+    (axis,) = wide
+    n = spec.shape[axis]
+    if n < 2 or win.dims[axis] != n or sorted((win.low[axis], win.high[axis])) != [0, n - 1]:
+        return None
+    return axis, win.high[axis] == n - 1
+
+
+def _cumulative(cx, body: jir.Block, xs: list[ir.Value], inits: list[ir.Value],
+                specs: list[TensorSpec], axis: int, reverse: bool) -> list[ir.Value]:
+    """A loop along ``axis`` folding each slice into the running one, then storing it."""
+    n = specs[0].shape[axis]
+    slices = [TensorSpec(tuple(1 if i == axis else s for i, s in enumerate(sp.shape)), sp.dtype)
+              for sp in specs]
+    running = [linalg.fill(init, outs=[builders.empty(s)]) for init, s in zip(inits, slices)]
+    results = [builders.empty(s) for s in specs]
+    identity = ir.AffineMap.get_identity(specs[0].rank)
+
+    def step(ivs, carried):
+        pos = arith.subi(builders.index_constant(n - 1), ivs[0]) if reverse else ivs[0]
+        offsets = [pos if i == axis else 0 for i in range(specs[0].rank)]
+        cur = [_slice(x, s, offsets) for x, s in zip(xs, slices)]
+        k = len(xs)
+        new = _generic(cur, carried[k:], [identity] * (2 * k), ["parallel"] * specs[0].rank,
+                       lambda *a: cx.import_block(body, [*a[k:], *a[:k]], scalar=True))
+        stored = [_insert(v, s, out, offsets) for v, s, out in zip(new, slices, carried[:k])]
+        return stored + new
+    return builders.loop_nest([n], results + running, step)[:len(xs)]
+
+
+# ---------------------------------------------------------------- select_and_scatter
+
+@converts("stablehlo.select_and_scatter")
+def select_and_scatter(cx, op):
+    x, source, init = op.operands
+    spec, src_spec = op.operand_specs[0], op.operand_specs[1]
+    if op.scalar:
+        raise op.unsupported("select_and_scatter inside a reduction body")
+    win = _Window.read(op, spec.rank)
+    select_body, scatter_body = (r.blocks[0] for r in op.op.regions)
+    selected = _select(cx, select_body, x, spec, win, src_spec)
+    out = linalg.fill(builders.to_scalar(init), outs=[builders.empty(op.result_specs[0])])
+    return [_scatter(cx, scatter_body, source, selected, out, win, src_spec)]
+
+
+def _select(cx, body: jir.Block, x: ir.Value, spec: TensorSpec, win: _Window,
+            src_spec: TensorSpec) -> ir.Value:
+    """Per window, the row-major offset (i64) of the element ``body`` selects; -1 if none.
+
+    Padding is never selected: a mask of the operand's positions rides along when padded.
+    """
+    rank = spec.rank
+    i64 = ir.IntegerType.get_signless(64)
+    d = [ir.AffineExpr.get_dim(i) for i in range(2 * rank)]
+    read = _map(2 * rank, [d[i] * win.strides[i] + d[rank + i] for i in range(rank)])
+    ins = [_pad(x, builders.splat(0, element_type(spec.dtype)), win)]
+    if any(win.low + win.high):
+        mask = builders.splat(True, ir.RankedTensorType.get(list(spec.shape), _i1()))
+        ins.append(_pad(mask, builders.splat(False, _i1()), win))
+    pos_spec = TensorSpec(src_spec.shape, spec.dtype)
+    outs = [builders.empty(pos_spec),
+            linalg.fill(builders.splat(-1, i64), outs=[tensor.EmptyOp(list(src_spec.shape), i64).result])]
+    maps = [read] * len(ins) + [_map(2 * rank, d[rank:])] + [_map(2 * rank, d[:rank])] * 2
+
+    def pick(cand, *rest):
+        valid, (cur, cur_pos) = rest[:len(ins) - 1], rest[-2:]
+        offset = arith.index_cast(i64, _linearize([_loop_index(rank + i) for i in range(rank)], win.dims))
+        (keep,) = cx.import_block(body, [cur, cand], scalar=True)
+        empty_so_far = arith.cmpi(arith.CmpIPredicate.slt, cur_pos, builders.splat(0, i64))
+        take = arith.ori(empty_so_far, arith.xori(keep, builders.splat(True, _i1())))
+        if valid:
+            take = arith.andi(take, valid[0])
+        return [arith.select(take, cand, cur), arith.select(take, offset, cur_pos)]
+    return _generic([*ins, _window_tensor(win.dims)], outs, maps,
+                    ["parallel"] * rank + ["reduction"] * rank, pick)[1]
+
+
+def _scatter(cx, body: jir.Block, source: ir.Value, selected: ir.Value, out: ir.Value,
+             win: _Window, src_spec: TensorSpec) -> ir.Value:
+    """For each operand element p, fold source[w] over the windows w that selected p.
+
+    The window offsets are walked backwards so that windows come in row-major order, the
+    order in which XLA applies the scatter body.
+    """
+    rank = src_spec.rank
+    d = [ir.AffineExpr.get_dim(i) for i in range(2 * rank)]
+    maps = [_map(2 * rank, d[rank:]), _map(2 * rank, d[:rank])]
+
+    def gather(_, acc):
+        offsets, windows, hits = [], [], []
+        for i in range(rank):
+            k = arith.subi(builders.index_constant(win.dims[i] - 1), _loop_index(rank + i))
+            t = arith.subi(arith.addi(_loop_index(i), builders.index_constant(win.low[i])), k)
+            w = arith.divsi(arith.maxsi(t, builders.index_constant(0)), builders.index_constant(win.strides[i]))
+            hits += [_cmp("sge", t, 0), _cmp("eq", arith.remsi(t, builders.index_constant(win.strides[i])), 0),
+                     _cmp("slt", w, src_spec.shape[i])]
+            offsets.append(k)
+            windows.append(arith.minsi(w, builders.index_constant(src_spec.shape[i] - 1)))
+        chosen = tensor.extract(selected, windows)
+        offset = arith.index_cast(ir.IntegerType.get_signless(64), _linearize(offsets, win.dims))
+        hits.append(arith.cmpi(arith.CmpIPredicate.eq, chosen, offset))
+        hit = hits[0]
+        for h in hits[1:]:
+            hit = arith.andi(hit, h)
+        (folded,) = cx.import_block(body, [acc, tensor.extract(source, windows)], scalar=True)
+        return [arith.select(hit, folded, acc)]
+    return _generic([_window_tensor(win.dims)], [out], maps,
+                    ["parallel"] * rank + ["reduction"] * rank, gather)[0]
+
+
+# ---------------------------------------------------------------- helpers
+
+def _generic(ins: list[ir.Value], outs: list[ir.Value], maps: list[ir.AffineMap],
+             iterators: list[str], body: Callable[..., Sequence[ir.Value]]) -> list[ir.Value]:
+    """A linalg.generic; ``body`` gets the block arguments and returns the yielded values."""
+    op = linalg.GenericOp([v.type for v in outs], ins, outs,
+                          ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+                          ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{t}>")
+                                            for t in iterators]))
+    block = op.regions[0].blocks.append(*[builders.elem_type_of(v) for v in (*ins, *outs)])
+    with ir.InsertionPoint(block):
+        linalg.YieldOp(list(body(*block.arguments)))
+    return list(op.results)
+
+
+def _map(n_dims: int, exprs: Sequence[ir.AffineExpr]) -> ir.AffineMap:
+    return ir.AffineMap.get(n_dims, 0, list(exprs))
+
+
+def _window_tensor(dims: Sequence[int]) -> ir.Value:
+    """A shape-only operand that gives the window loops their bounds (as pooling ops use)."""
+    return tensor.EmptyOp(list(dims), _i1()).result
+
+
+def _pad(x: ir.Value, value: ir.Value, win: _Window) -> ir.Value:
+    """``x`` inside a tensor filled with ``value``: edge padding, base dilation as interior.
+
+    Negative padding drops the operand elements that fall outside.
+    """
+    src = ir.RankedTensorType(x.type).shape
+    shape = win.padded_shape(src)
+    if shape == list(src):
+        return x
+    filled = linalg.fill(value, outs=[tensor.EmptyOp(shape, builders.elem_type_of(x)).result])
+    steps = win.base_dilations
+    firsts = [-(lo // b) if lo < 0 else 0 for lo, b in zip(win.low, steps)]  # ceil(-lo / b)
+    lasts = [min(n - 1, (m - 1 - lo) // b) for n, m, lo, b in zip(src, shape, win.low, steps)]
+    counts = [last - first + 1 for first, last in zip(firsts, lasts)]
+    if min(counts, default=1) <= 0:
+        return filled
+    if counts != list(src):
+        x = tensor.ExtractSliceOp(ir.RankedTensorType.get(counts, builders.elem_type_of(x)), x,
+                                  [], [], [], firsts, counts, [1] * len(src)).result
+    offsets = [lo + f * b for lo, f, b in zip(win.low, firsts, steps)]
+    return tensor.InsertSliceOp(x, filled, [], [], [], offsets, counts, list(steps)).result
+
+
+def _slice(x: ir.Value, spec: TensorSpec, offsets: list) -> ir.Value:
+    dynamic, static = _split(offsets)
+    return tensor.ExtractSliceOp(tensor_type(spec), x, dynamic, [], [], static,
+                                 list(spec.shape), [1] * spec.rank).result
+
+
+def _insert(x: ir.Value, spec: TensorSpec, dest: ir.Value, offsets: list) -> ir.Value:
+    dynamic, static = _split(offsets)
+    return tensor.InsertSliceOp(x, dest, dynamic, [], [], static, list(spec.shape), [1] * spec.rank).result
+
+
+def _split(offsets: list) -> tuple[list[ir.Value], list[int]]:
+    dynamic = [o for o in offsets if isinstance(o, ir.Value)]
+    static = [ir.ShapedType.get_dynamic_stride_or_offset() if isinstance(o, ir.Value) else o
+              for o in offsets]
+    return dynamic, static
+
+
+def _linearize(indices: Sequence[ir.Value], dims: Sequence[int]) -> ir.Value:
+    """Row-major offset of ``indices`` (index values) in a box of ``dims``."""
+    flat = builders.index_constant(0)
+    for i, n in zip(indices, dims):
+        flat = arith.addi(arith.muli(flat, builders.index_constant(n)), i)
+    return flat
+
+
+def _cmp(pred: str, lhs: ir.Value, rhs: int) -> ir.Value:
+    return arith.cmpi(getattr(arith.CmpIPredicate, pred), lhs, builders.index_constant(rhs))
+
+
+def _i1() -> ir.Type:
+    return ir.IntegerType.get_signless(1)
+
+
+def _loop_index(dim: int) -> ir.Value:
+    # linalg.IndexOp, not linalg.index: the opdsl import shadows that name.
+    return linalg.IndexOp(dim).result

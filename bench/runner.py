@@ -1,0 +1,125 @@
+"""Compile one function on XLA CPU or on polyblocks, time it, compare the results.
+
+``compile_polyblocks`` is the one place that decides how polyblocks runs: through
+``jax.jit`` on platform "polyblocks" when the PJRT plugin is registered, else through
+``polyblocks_jax.compile`` on the lowered program, called with numpy arrays.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+import polyblocks_jax as pb
+
+PLATFORM = "polyblocks"
+
+
+@dataclasses.dataclass
+class Compiled:
+    call: Callable[[], list]  # runs once, waits for completion, returns the flat outputs
+    compile_s: float
+    via: str                  # "xla", "pjrt" or "compile" (polyblocks_jax.compile)
+
+
+def polyblocks_device() -> jax.Device | None:
+    try:
+        return jax.devices(PLATFORM)[0]
+    except RuntimeError:  # the plugin is not installed or failed to register
+        return None
+
+
+def compile_xla(fn: Callable, *args) -> Compiled:
+    placed = jax.device_put(args, jax.devices("cpu")[0])
+    lowered = jax.jit(fn).lower(*placed)
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - start
+    return Compiled(lambda: _wait(compiled(*placed)), compile_s, "xla")
+
+
+def lower_polyblocks(fn: Callable, args: Sequence) -> tuple[jax.stages.Lowered, Sequence, str]:
+    """The program polyblocks compiles, the arguments to call it with, and how it runs."""
+    device = polyblocks_device()
+    if device is not None:
+        placed = jax.device_put(args, device)
+        return jax.jit(fn).lower(*placed), placed, "pjrt"
+    # keep_unused: the executable's parameters must be exactly the flattened arguments
+    lowered = jax.jit(fn, keep_unused=True).trace(*args).lower(lowering_platforms=("cpu",))
+    return lowered, [np.ascontiguousarray(a) for a in jax.tree_util.tree_leaves(args)], "compile"
+
+
+def compile_polyblocks(fn: Callable, *args) -> Compiled:
+    lowered, call_args, via = lower_polyblocks(fn, args)
+    start = time.perf_counter()
+    if via == "pjrt":
+        compiled = lowered.compile()
+        call = lambda: _wait(compiled(*call_args))
+    else:
+        exe = pb.compile(lowered)
+        call = lambda: list(exe(*call_args))
+    return Compiled(call, time.perf_counter() - start, via)
+
+
+def _wait(outputs: Any) -> list:
+    return jax.tree_util.tree_leaves(jax.block_until_ready(outputs))
+
+
+def median_latency(compiled: Compiled, repeat: int, warmup: int = 2) -> float:
+    """Median seconds per call after ``warmup`` calls."""
+    for _ in range(warmup):
+        compiled.call()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        compiled.call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def max_relative_error(actual: Sequence, expected: Sequence) -> float:
+    """max |actual - expected| / max |expected| over each output (norm-wise, so entries
+    near zero do not dominate); inf on a shape mismatch or a differing NaN/inf."""
+    worst = 0.0
+    for a, e in zip(actual, expected, strict=True):
+        a, e = np.asarray(a, np.float64), np.asarray(e, np.float64)
+        if a.shape != e.shape:
+            return float("inf")
+        finite = np.isfinite(e)
+        if not (np.array_equal(a[~finite], e[~finite], equal_nan=True) and np.isfinite(a[finite]).all()):
+            return float("inf")
+        scale = max(float(np.max(np.abs(e[finite]), initial=0.0)), np.finfo(np.float32).tiny)
+        worst = max(worst, float(np.max(np.abs(a[finite] - e[finite]), initial=0.0)) / scale)
+    return worst
+
+
+_UNSUPPORTED = re.compile(r"unsupported (\S+?): (.*?)(?: \(at .*\))?$", re.M)
+# A pipeline failure locates its op by name: error: "stablehlo.compare eq": <message>
+_LOCATED = re.compile(r'error: "((?:stablehlo|chlo|func)\.\w+)[^"]*": (.*)$', re.M)
+
+
+def failure(error: BaseException) -> tuple[str, str]:
+    """(op, message) of a compile or run failure; op is "" when no op is named.
+
+    Through PJRT our errors arrive as a JaxRuntimeError whose text carries ours,
+    so the op is read back from the message.
+    """
+    if isinstance(error, pb.UnsupportedError):
+        return error.op, error.reason
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else ""
+    for pattern in (_UNSUPPORTED, _LOCATED):
+        match = pattern.search(text)
+        if match:
+            detail = match.group(2) if pattern is _UNSUPPORTED else f"{first} {match.group(2)}"
+            return match.group(1), detail[:300]
+    return "", f"{type(error).__name__}: {first}"[:300]
+
+
+def flat_numpy(outputs: Any) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(outputs)]

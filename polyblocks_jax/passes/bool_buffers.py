@@ -1,0 +1,90 @@
+"""Buffers of i1 -> buffers of i8, after bufferization and loops.
+
+The LLVM lowering of memref.load/store in this MLIR build asserts on element types
+narrower than a byte (the process aborts), so every boolean buffer (a predicate read by
+scf.while or scf.if, a boolean program result) must hold bytes. One byte per element
+is also the layout numpy uses for bool, so the ABI is unchanged. Loads truncate to i1
+and stores zero-extend; every other op on these buffers only moves or views them.
+Run it on loops: linalg and vector ops reading i1 buffers are not rewritten.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mlir import ir
+from mlir.dialects import arith, memref
+
+from polyblocks_jax.options import Options
+
+
+def widen_bool_buffers(module: ir.Module, options: Options) -> None:
+    values: list[ir.Value] = []
+    ops: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        ops.append(op)
+        values.extend(r for r in op.results if _is_bool_buffer(r.type))
+        for region in op.regions:
+            for block in region.blocks:
+                values.extend(a for a in block.arguments if _is_bool_buffer(a.type))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for v in values:
+        v.set_type(_widened(v.type))
+    for op in ops:
+        _rewrite(op)
+
+
+def _rewrite(op: ir.Operation) -> None:
+    if op.name == "memref.load" and _is_i1(op.result.type):  # from a widened buffer
+        with ir.InsertionPoint(op), op.location:
+            wide = memref.LoadOp(op.operands[0], list(op.operands[1:])).result
+            op.result.replace_all_uses_with(arith.trunci(ir.IntegerType.get_signless(1), wide))
+        op.erase()
+    elif op.name == "memref.store" and _is_i1(op.operands[0].type):
+        with ir.InsertionPoint(op), op.location:
+            wide = arith.extui(ir.IntegerType.get_signless(8), op.operands[0])
+            memref.StoreOp(wide, op.operands[1], list(op.operands[2:]))
+        op.erase()
+    elif op.name == "memref.global":
+        _widen_global(op)
+    elif op.name == "func.func":
+        _widen_signature(op)
+
+
+def _widen_global(op: ir.Operation) -> None:
+    type_ = ir.TypeAttr(op.attributes["type"]).value
+    if not _is_bool_buffer(type_):
+        return
+    wide = _widened(type_)
+    op.attributes["type"] = ir.TypeAttr.get(wide)
+    if "initial_value" in op.attributes and isinstance(op.attributes["initial_value"], ir.DenseElementsAttr):
+        dense = ir.DenseIntElementsAttr(op.attributes["initial_value"])
+        shape = ir.MemRefType(wide).shape
+        flat = np.array([int(dense[i]) & 1 for i in range(len(dense))], dtype=np.int8)
+        tensor = ir.RankedTensorType.get(shape, ir.IntegerType.get_signless(8))
+        if dense.is_splat:
+            attr = ir.DenseElementsAttr.get_splat(tensor, ir.IntegerAttr.get(tensor.element_type, int(flat[0])))
+        else:
+            attr = ir.DenseElementsAttr.get(flat.reshape(shape), type=tensor)
+        op.attributes["initial_value"] = attr
+
+
+def _widen_signature(op: ir.Operation) -> None:
+    ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+    widen = [_widened(t) if _is_bool_buffer(t) else t for t in (*ftype.inputs, *ftype.results)]
+    n = len(ftype.inputs)
+    op.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(widen[:n], widen[n:]))
+
+
+def _is_i1(type_: ir.Type) -> bool:
+    return isinstance(type_, ir.IntegerType) and ir.IntegerType(type_).width == 1
+
+
+def _is_bool_buffer(type_: ir.Type) -> bool:
+    return isinstance(type_, ir.MemRefType) and _is_i1(ir.MemRefType(type_).element_type)
+
+
+def _widened(type_: ir.Type) -> ir.Type:
+    t = ir.MemRefType(type_)
+    return ir.MemRefType.get(t.shape, ir.IntegerType.get_signless(8), t.layout, t.memory_space)

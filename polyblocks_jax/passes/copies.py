@@ -1,0 +1,40 @@
+"""Strided memref.copy -> linalg.copy, so that copies into views become loops.
+
+Bufferizing tensor.insert_slice (padding, dilation, concatenation, updates) emits
+memref.copy into a subview. LLVM lowering turns a copy between non-contiguous
+memrefs into a call to ``memrefCopy`` from MLIR's runner-utils library, which the
+JIT does not link; upstream has no pass choosing linalg.copy after bufferization
+(only the transform op's ``memcpy_op``), so this rewrite does it. Contiguous copies
+are left alone: they lower to memcpy.
+"""
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import linalg
+
+from polyblocks_jax.options import Options
+
+
+def strided_copies_to_linalg(module: ir.Module, options: Options) -> None:
+    copies: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "memref.copy" and not all(_contiguous(v.type) for v in op.operands):
+            copies.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for copy in copies:
+        with ir.InsertionPoint(copy), copy.location:
+            linalg.copy(copy.operands[0], outs=[copy.operands[1]])
+        copy.erase()
+
+
+def _contiguous(type_: ir.Type) -> bool:
+    if not isinstance(type_, ir.MemRefType):
+        return False
+    layout = ir.MemRefType(type_).layout
+    if not isinstance(layout, ir.AffineMapAttr):
+        return False
+    layout_map = ir.AffineMapAttr(layout).value
+    return layout_map == ir.AffineMap.get_identity(layout_map.n_dims)

@@ -1,0 +1,101 @@
+"""Device buffers of the host device: 64-byte aligned numpy arrays in host memory.
+
+A buffer is created by copying a host array, by wrapping it (zero copy, when JAX allows
+it and the data is aligned and dense), or as an executable's output. Deleting a buffer
+(``Buffer_Delete``, or donation) drops the array; later uses raise INVALID_ARGUMENT.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+from pypjrt._abi import pjrt_0_114 as abi
+
+from polyblocks_jax.pjrt import handles
+from polyblocks_jax.pjrt.errors import PjrtError, unimplemented
+
+ALIGNMENT = 64
+
+NUMPY_OF_TYPE: dict[int, np.dtype] = {code: np.dtype(t) for code, t in (
+    (abi.PJRT_Buffer_Type_PRED, np.bool_),
+    (abi.PJRT_Buffer_Type_S8, np.int8), (abi.PJRT_Buffer_Type_S16, np.int16),
+    (abi.PJRT_Buffer_Type_S32, np.int32), (abi.PJRT_Buffer_Type_S64, np.int64),
+    (abi.PJRT_Buffer_Type_U8, np.uint8), (abi.PJRT_Buffer_Type_U16, np.uint16),
+    (abi.PJRT_Buffer_Type_U32, np.uint32), (abi.PJRT_Buffer_Type_U64, np.uint64),
+    (abi.PJRT_Buffer_Type_F16, np.float16), (abi.PJRT_Buffer_Type_F32, np.float32),
+    (abi.PJRT_Buffer_Type_F64, np.float64), (abi.PJRT_Buffer_Type_BF16, ml_dtypes.bfloat16),
+    (abi.PJRT_Buffer_Type_C64, np.complex64), (abi.PJRT_Buffer_Type_C128, np.complex128),
+    (abi.PJRT_Buffer_Type_F8E5M2, ml_dtypes.float8_e5m2),
+    (abi.PJRT_Buffer_Type_F8E4M3FN, ml_dtypes.float8_e4m3fn),
+)}
+TYPE_OF_NUMPY: dict[np.dtype, int] = {d: code for code, d in NUMPY_OF_TYPE.items()}
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, nbytes: int | None = None) -> np.ndarray:
+    if nbytes is None:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def aligned_copy(array: np.ndarray) -> np.ndarray:
+    out = aligned_empty(array.shape, array.dtype)
+    out[...] = array
+    return out
+
+
+class Buffer:
+    __slots__ = ("array", "address", "type", "dims", "num_dims", "nbytes", "device", "memory", "on_release",
+                 "handle", "__weakref__")
+
+    def __init__(self, array: np.ndarray, device, on_release=None, address: int | None = None) -> None:
+        self.array: np.ndarray | None = array
+        self.address = array.ctypes.data if address is None else address
+        self.type = TYPE_OF_NUMPY[array.dtype]
+        self.num_dims = array.ndim
+        self.dims = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
+        self.nbytes = array.nbytes
+        self.device = device
+        self.memory = device.memory
+        self.on_release = on_release  # fires the "done with host buffer" event of a zero-copy wrap
+        self.handle = handles.register(self)
+
+    def data(self) -> np.ndarray:
+        array = self.array
+        if array is None:
+            raise PjrtError(abi.PJRT_Error_Code_INVALID_ARGUMENT,
+                            "polyblocks PJRT: buffer has been deleted or donated")
+        return array
+
+    def delete(self) -> None:
+        self.array = None
+        if self.on_release is not None:
+            self.on_release()
+            self.on_release = None
+
+def host_view(data: int, dtype: np.dtype, dims: tuple[int, ...], byte_strides: tuple[int, ...] | None) -> np.ndarray:
+    """A numpy view of host memory at ``data`` (no copy)."""
+    if 0 in dims:
+        return np.empty(dims, dtype)
+    if byte_strides is None:
+        byte_strides = _dense_strides(dims, dtype.itemsize)
+    if any(s < 0 for s in byte_strides):
+        raise unimplemented("negative byte strides")
+    span = sum((d - 1) * s for d, s in zip(dims, byte_strides)) + dtype.itemsize
+    raw = (ctypes.c_char * span).from_address(data)
+    return np.ndarray(dims, dtype, buffer=raw, strides=byte_strides)
+
+
+def _dense_strides(dims: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    strides, step = [], itemsize
+    for d in reversed(dims):
+        strides.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def can_alias(view: np.ndarray) -> bool:
+    """Whether a host array may back a buffer as is: C-contiguous and 64-byte aligned."""
+    return view.flags.c_contiguous and view.ctypes.data % ALIGNMENT == 0

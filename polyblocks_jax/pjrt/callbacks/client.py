@@ -1,0 +1,129 @@
+"""Client functions: create, describe, compile, load, and host-to-device transfers."""
+from __future__ import annotations
+
+import ctypes
+
+from pypjrt._abi import pjrt_0_114 as abi
+
+from polyblocks_jax.pjrt import handles
+from polyblocks_jax.pjrt.buffer import NUMPY_OF_TYPE, Buffer, aligned_copy, can_alias, host_view
+from polyblocks_jax.pjrt.callbacks import implements
+from polyblocks_jax.pjrt.client import Client, c_bytes
+from polyblocks_jax.pjrt.errors import invalid, unimplemented
+from polyblocks_jax.pjrt.events import READY, PendingEvent
+
+
+@implements("PJRT_Client_Create")
+def client_create(args):
+    args.client = Client().handle
+
+
+@implements("PJRT_Client_Destroy")
+def client_destroy(args, _release=handles.release):
+    _release(args.client)
+
+
+@implements("PJRT_Client_PlatformName")
+def client_platform_name(args):
+    name = handles.lookup(args.client).platform_name
+    args.platform_name, args.platform_name_size = name.address, name.size
+
+
+@implements("PJRT_Client_PlatformVersion")
+def client_platform_version(args):
+    version = handles.lookup(args.client).platform_version
+    args.platform_version, args.platform_version_size = version.address, version.size
+
+
+@implements("PJRT_Client_ProcessIndex")
+def client_process_index(args):
+    args.process_index = 0
+
+
+@implements("PJRT_Client_Devices")
+def client_devices(args):
+    devices = handles.lookup(args.client).device_handles
+    args.devices, args.num_devices = devices.address, devices.count
+
+
+@implements("PJRT_Client_AddressableDevices")
+def client_addressable_devices(args):
+    devices = handles.lookup(args.client).device_handles
+    args.addressable_devices, args.num_addressable_devices = devices.address, devices.count
+
+
+@implements("PJRT_Client_LookupDevice")
+def client_lookup_device(args):
+    args.device = handles.lookup(args.client).device_by_id(args.id).handle
+
+
+@implements("PJRT_Client_LookupAddressableDevice")
+def client_lookup_addressable_device(args):
+    client = handles.lookup(args.client)
+    for device in client.devices:
+        if device.local_hardware_id == args.local_hardware_id:
+            args.addressable_device = device.handle
+            return
+    raise invalid(f"no addressable polyblocks device with local hardware id {args.local_hardware_id}")
+
+
+@implements("PJRT_Client_AddressableMemories")
+def client_addressable_memories(args):
+    memories = handles.lookup(args.client).memory_handles
+    args.addressable_memories, args.num_addressable_memories = memories.address, memories.count
+
+
+@implements("PJRT_Client_DefaultDeviceAssignment")
+def client_default_device_assignment(args):
+    if args.num_replicas * args.num_partitions != 1:
+        raise unimplemented(f"{args.num_replicas} replicas x {args.num_partitions} partitions (one device)")
+    if args.default_assignment_size < 1:
+        raise invalid("default_assignment is too small")
+    ctypes.c_int.from_address(args.default_assignment).value = 0
+
+
+@implements("PJRT_Client_Compile")
+def client_compile(args):
+    client = handles.lookup(args.client)
+    prog = abi.PJRT_Program.from_address(args.program)
+    code = c_bytes(prog.code, prog.code_size)
+    fmt = c_bytes(prog.format, prog.format_size).decode()
+    options = c_bytes(args.compile_options, args.compile_options_size)
+    args.executable = client.compile(code, fmt, options).handle
+
+
+@implements("PJRT_Executable_DeserializeAndLoad")
+def executable_deserialize_and_load(args):
+    client = handles.lookup(args.client)
+    data = c_bytes(args.serialized_executable, args.serialized_executable_size)
+    args.loaded_executable = client.load(data).handle
+
+
+@implements("PJRT_Client_BufferFromHostBuffer")
+def client_buffer_from_host_buffer(args):
+    device = _target_device(args)
+    dtype = NUMPY_OF_TYPE.get(args.type)
+    if dtype is None:
+        raise unimplemented(f"buffers of PJRT element type {args.type}")
+    if args.device_layout:
+        raise unimplemented("device layouts other than the default row-major one")
+    dims = tuple((ctypes.c_int64 * args.num_dims).from_address(args.dims)) if args.num_dims else ()
+    strides = (tuple((ctypes.c_int64 * args.num_byte_strides).from_address(args.byte_strides))
+               if args.byte_strides and args.num_byte_strides else None)
+    view = host_view(args.data, dtype, dims, strides)
+    zero_copy = (args.host_buffer_semantics in (abi.PJRT_HostBufferSemantics_kImmutableZeroCopy,
+                                                abi.PJRT_HostBufferSemantics_kMutableZeroCopy)
+                 and view.size and can_alias(view))
+    if zero_copy:
+        done = PendingEvent()
+        args.buffer = Buffer(view, device, on_release=done.fire).handle
+        args.done_with_host_buffer = handles.register(done)
+    else:
+        args.buffer = Buffer(aligned_copy(view), device).handle
+        args.done_with_host_buffer = READY
+
+
+def _target_device(args):
+    if args.memory:
+        return handles.lookup(args.memory).device
+    return handles.lookup(args.device)

@@ -1,0 +1,68 @@
+"""Devices, their descriptions and memories: plain data with stable handles.
+
+One host device serves the CPU target. Its memory kind must be "device": JAX's sharding
+code looks for that kind on every device.
+"""
+from __future__ import annotations
+
+import ctypes
+
+from polyblocks_jax.pjrt import handles
+from polyblocks_jax.pjrt.named_values import NamedValues
+
+MEMORY_KIND = "device"
+MEMORY_KIND_ID = 0
+
+
+class Text:
+    """A UTF-8 string with a stable address, handed to jaxlib as (pointer, size)."""
+    __slots__ = ("buffer", "address", "size")
+
+    def __init__(self, text: str) -> None:
+        data = text.encode()
+        self.buffer = ctypes.create_string_buffer(data)
+        self.address, self.size = ctypes.addressof(self.buffer), len(data)
+
+
+class HandleArray:
+    """A C array of handles (e.g. ``PJRT_Device**``) with a stable address."""
+    __slots__ = ("array", "address", "count")
+
+    def __init__(self, items: list[int]) -> None:
+        self.array = (ctypes.c_void_p * max(len(items), 1))(*items)
+        self.address, self.count = ctypes.addressof(self.array), len(items)
+
+
+class DeviceDescription:
+    def __init__(self, device_id: int, kind: str) -> None:
+        self.id = device_id
+        self.process_index = 0
+        self.kind = Text(kind)
+        self.debug_string = Text(f"{kind} (id {device_id})")
+        self.to_string = Text(f"PolyblocksDevice(id={device_id})")
+        self.attributes = NamedValues({})
+        self.handle = handles.register(self)
+
+
+class Memory:
+    def __init__(self, memory_id: int) -> None:
+        self.id = memory_id
+        self.kind = Text(MEMORY_KIND)
+        self.kind_id = MEMORY_KIND_ID
+        self.debug_string = Text(f"polyblocks host memory {memory_id}")
+        self.to_string = Text(f"PolyblocksMemory(id={memory_id}, kind={MEMORY_KIND})")
+        self.device = None  # the device this memory belongs to
+        self.devices = HandleArray([])
+        self.handle = handles.register(self)
+
+
+class Device:
+    def __init__(self, device_id: int, kind: str) -> None:
+        self.description = DeviceDescription(device_id, kind)
+        self.local_hardware_id = device_id
+        self.memory = Memory(device_id)
+        self.memories = HandleArray([self.memory.handle])
+        self.attributes = NamedValues({})
+        self.handle = handles.register(self)
+        self.memory.device = self
+        self.memory.devices = HandleArray([self.handle])

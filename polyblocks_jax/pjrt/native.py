@@ -1,0 +1,67 @@
+"""Native Destroy functions (native_destroy.c), built once with ``cc`` and cached.
+
+Without a C compiler the plugin falls back to Python Destroy callbacks, which work
+except when jaxlib destroys an array while an exception propagates.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+
+from polyblocks_jax.pjrt import handles
+
+logger = logging.getLogger(__name__)
+_SOURCE = os.path.join(os.path.dirname(__file__), "native_destroy.c")
+_BATCH = 256
+
+
+class DeferredDestroy:
+    """The queue of handles jaxlib destroyed; ``drain`` releases them from Python."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._library = library
+        self.function_address = ctypes.cast(library.pb_defer_destroy, ctypes.c_void_p).value
+        self.pending = ctypes.c_size_t.in_dll(library, "pb_pending")
+        self._take = library.pb_take
+        self._take.restype, self._take.argtypes = ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]
+        self._out = (ctypes.c_void_p * _BATCH)()
+
+    def drain(self) -> None:
+        while self.pending.value:
+            count = self._take(self._out, _BATCH)
+            for handle in self._out[:count]:
+                obj = handles.LIVE.get(handle)
+                if obj is None or getattr(obj, "immortal", False):
+                    continue
+                handles.release(handle)
+                delete = getattr(obj, "delete", None)
+                if delete is not None:
+                    delete()
+
+
+def load() -> DeferredDestroy | None:
+    try:
+        return DeferredDestroy(ctypes.CDLL(_build()))
+    except (OSError, subprocess.SubprocessError) as e:
+        logger.warning("polyblocks PJRT: native destroy unavailable (%s); using Python callbacks", e)
+        return None
+
+
+def _build() -> str:
+    with open(_SOURCE, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "polyblocks_jax")
+    library = os.path.join(cache, f"native_destroy-{digest}.so")
+    if os.path.exists(library):
+        return library
+    os.makedirs(cache, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=cache, suffix=".so")
+    os.close(fd)
+    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-o", partial, _SOURCE, "-lpthread"],
+                   check=True, capture_output=True)
+    os.replace(partial, library)  # atomic: concurrent builders never see a partial file
+    return library

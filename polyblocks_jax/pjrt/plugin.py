@@ -1,0 +1,26 @@
+"""The ``jax_plugins`` entry module: registers platform "polyblocks" with JAX.
+
+``initialize()`` is cheap (no compiler import until the first compile) and never breaks
+``import jax``: on failure it logs and returns, and the platform is simply absent.
+Its priority is below XLA CPU's (0), so XLA stays the default backend and polyblocks
+runs when asked for: ``JAX_PLATFORMS=polyblocks`` or data placed on its device.
+"""
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+PLATFORM = "polyblocks"
+PRIORITY = -100
+
+
+def initialize() -> None:
+    try:
+        from jax._src import xla_bridge  # register_plugin has no public alias
+        from polyblocks_jax.pjrt import api, lowering_rules, persistent_cache
+        lowering_rules.register()
+        persistent_cache.register()
+        xla_bridge.register_plugin(PLATFORM, priority=PRIORITY, c_api=api.capsule())
+    except Exception as e:  # noqa: BLE001 (a broken install must not break `import jax`)
+        logger.warning("polyblocks PJRT plugin not registered: %s: %s", type(e).__name__, e)

@@ -1,0 +1,115 @@
+"""Type conversions: convert, bitcast_convert, reduce_precision.
+
+Float -> integer saturates as XLA CPU does: NaN gives 0, values beyond the target's
+range give its minimum or maximum. Anything -> i1 is ``x != 0`` (NaN is true).
+Conversions to bf16/f16 from f64 or integers round through f32 first, as XLA does.
+"""
+from __future__ import annotations
+
+from jaxlib.mlir import ir as jir
+from mlir import ir
+from mlir.dialects import arith
+
+from polyblocks_jax.dtypes import DType
+from polyblocks_jax.stablehlo_import import builders
+from polyblocks_jax.stablehlo_import.registry import converts
+from polyblocks_jax.stablehlo_import.types import element_type
+
+F, I = arith.CmpFPredicate, arith.CmpIPredicate
+
+
+@converts("stablehlo.convert")
+def convert(cx, op):
+    x = op.operands[0]
+    src, dst = op.operand_specs[0].dtype, op.result_specs[0].dtype
+    out = builders.shaped_like(x, element_type(dst))
+    if src == dst:
+        return [x]
+    if dst.is_bool:
+        zero = builders.constant_like(0, x)
+        return [arith.cmpf(F.UNE, x, zero) if src.is_float else arith.cmpi(I.ne, x, zero)]
+    if src.is_float and dst.is_float:
+        return [_float_to_float(x, src, dst, out)]
+    if dst.is_float:
+        via = builders.shaped_like(x, ir.F32Type.get()) if dst.bits == 16 else out
+        wide = (arith.uitofp if src.is_unsigned else arith.sitofp)(via, x)
+        return [arith.truncf(out, wide) if dst.bits == 16 else wide]
+    if src.is_float:
+        return [_float_to_int(x, dst, out)]
+    if dst.bits > src.bits:
+        return [(arith.extui if src.is_unsigned else arith.extsi)(out, x)]
+    return [arith.trunci(out, x) if dst.bits < src.bits else x]  # same width: signless alike
+
+
+def _float_to_float(x: ir.Value, src: DType, dst: DType, out: ir.Type) -> ir.Value:
+    if dst.bits > src.bits:
+        return arith.extf(out, x)
+    if dst.bits == 16 and src.name != "f32":  # f64 and the other 16-bit type pass through f32
+        f32 = builders.shaped_like(x, ir.F32Type.get())
+        x = arith.truncf(f32, x) if src.bits > 32 else arith.extf(f32, x)
+    return arith.truncf(out, x)
+
+
+def _float_to_int(x: ir.Value, dst: DType, out: ir.Type) -> ir.Value:
+    """Saturating conversion; the bounds are powers of two, exact in every float type (or inf)."""
+    lo, hi = (0, 2 ** dst.bits - 1) if dst.is_unsigned else (-2 ** (dst.bits - 1), 2 ** (dst.bits - 1) - 1)
+    converted = (arith.fptoui if dst.is_unsigned else arith.fptosi)(out, x)
+    # fptosi/fptoui give poison out of range; the selects below discard those lanes.
+    too_big = arith.cmpf(F.OGE, x, builders.constant_like(float(hi + 1), x))
+    too_small = arith.cmpf(F.OLE, x, builders.constant_like(float(lo), x))
+    result = arith.select(too_big, builders.constant_like(hi, converted), converted)
+    result = arith.select(too_small, builders.constant_like(lo, converted), result)
+    is_nan = arith.cmpf(F.UNO, x, x)
+    return arith.select(is_nan, builders.constant_like(0, converted), result)
+
+
+@converts("stablehlo.bitcast_convert")
+def bitcast_convert(cx, op):
+    src, dst = op.operand_specs[0], op.result_specs[0]
+    if src.dtype.bits != dst.dtype.bits or src.dtype.is_bool or dst.dtype.is_bool:
+        raise op.unsupported(f"bitcast from {src} to {dst}: only equal bit widths are supported")
+    x = op.operands[0]
+    return [arith.bitcast(builders.shaped_like(x, element_type(dst.dtype)), x)]
+
+
+@converts("stablehlo.reduce_precision")
+def reduce_precision(cx, op):
+    dt = op.operand_specs[0].dtype
+    if not dt.is_float:
+        raise op.unsupported(f"dtype {dt.name}")
+    exponent_bits = jir.IntegerAttr(op.attr("exponent_bits")).value
+    mantissa_bits = jir.IntegerAttr(op.attr("mantissa_bits")).value
+    return [_reduce_precision(op.operands[0], dt, exponent_bits, mantissa_bits)]
+
+
+_FLOAT_LAYOUT = {"f64": (11, 52), "f32": (8, 23), "f16": (5, 10), "bf16": (8, 7)}  # exponent, mantissa
+
+
+def _reduce_precision(x: ir.Value, dt: DType, dest_exp: int, dest_mant: int) -> ir.Value:
+    """XLA's reduce-precision on the bit pattern: round the mantissa to nearest even, then
+    flush exponents out of range to zero or infinity; NaN stays NaN."""
+    src_exp, src_mant = _FLOAT_LAYOUT[dt.name]
+    bits = dt.bits
+    int_t = builders.shaped_like(x, ir.IntegerType.get_signless(bits))
+    def c(value: int) -> ir.Value:
+        return builders.splat(value, int_t)
+
+    i = arith.bitcast(int_t, x)
+    sign_mask, exp_mask = 1 << (bits - 1), ((1 << src_exp) - 1) << src_mant
+    is_nan = arith.cmpi(I.ugt, arith.andi(i, c(sign_mask - 1)), c(exp_mask))
+    if dest_mant < src_mant:
+        shift = src_mant - dest_mant
+        last_bit = arith.shrui(arith.andi(i, c(1 << shift)), c(shift))
+        bias = arith.addi(last_bit, c((1 << (shift - 1)) - 1))
+        i = arith.andi(arith.addi(i, bias), c(~((1 << shift) - 1) & ((1 << bits) - 1)))
+    if dest_exp < src_exp:
+        exp_bias, reduced_bias = (1 << (src_exp - 1)) - 1, (1 << (dest_exp - 1)) - 1
+        exponent = arith.andi(i, c(exp_mask))
+        overflows = arith.cmpi(I.ugt, exponent, c((exp_bias + reduced_bias) << src_mant))
+        underflows = arith.cmpi(I.ule, exponent, c((exp_bias - reduced_bias) << src_mant))
+        signed_zero = arith.andi(i, c(sign_mask))
+        signed_inf = arith.ori(signed_zero, c(exp_mask))
+        i = arith.select(underflows, signed_zero, arith.select(overflows, signed_inf, i))
+    result = arith.bitcast(x.type, i)
+    nan_value = x if dest_mant > 0 else builders.constant_like(float("inf"), x)
+    return arith.select(is_nan, nan_value, result)

@@ -1,0 +1,131 @@
+"""Control flow against XLA CPU: while (fori_loop, while_loop, scan), if and case (cond, switch).
+
+Trip counts and branch choices come from the inputs, so one compiled program is run on
+several of them; hand-written StableHLO covers what JAX never emits (an out-of-range
+stablehlo.case index, stablehlo.if).
+"""
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from jax import lax
+
+import polyblocks_jax as pb
+import support
+
+
+def _vec(seed=0, n=4):
+    return support.random_array(np.random.default_rng(seed), (n,), np.float32, edge=False)
+
+
+class WhileTest(absltest.TestCase):
+    def test_fori_loop_static_trip_count(self):
+        def program(x):
+            return lax.fori_loop(0, 5, lambda i, v: v * 0.5 + i.astype(v.dtype), x)
+        support.check_against_xla(self, program, _vec())
+
+    def test_fori_loop_data_dependent_trip_count(self):
+        def program(n, x):
+            return lax.fori_loop(0, n, lambda i, v: v * 0.5 + i.astype(v.dtype), x)
+        for n in (3, 0, -2, 17):  # an empty range runs the body zero times
+            support.check_against_xla(self, program, np.int32(n), _vec())
+
+    def test_while_loop_until_converged(self):
+        def program(x):  # Newton's iteration for sqrt(x); the trip count depends on x
+            def cond(c):
+                y, i = c
+                return (jnp.max(jnp.abs(y * y - x)) > 1e-5) & (i < 100)
+            return lax.while_loop(cond, lambda c: (0.5 * (c[0] + x / c[0]), c[1] + 1), (x, 0))
+        support.check_against_xla(self, program, np.array([2.0, 9.0, 0.25, 1e4], np.float32))
+        support.check_against_xla(self, program, np.array([1.0, 1.0, 1.0, 1.0], np.float32))
+
+    def test_while_loop_with_bool_carry(self):
+        def program(k, live):
+            def body(c):
+                i, alive = c
+                return i + 1, alive & (jnp.arange(4) * i < k)
+            return lax.while_loop(lambda c: c[1].any(), body, (np.int32(1), live))
+        support.check_against_xla(self, program, np.int32(7), np.array([True, False, True, True]))
+
+    def test_scan_rnn(self):
+        def rnn(h, xs, w, u):
+            def step(h, x):
+                h = jnp.tanh(h @ w + x @ u)
+                return h, (h * 2.0, jnp.sum(h))
+            return lax.scan(step, h, xs)
+        rng = np.random.default_rng(3)
+        h = rng.standard_normal(4).astype(np.float32)
+        xs = rng.standard_normal((6, 3)).astype(np.float32)
+        w = (rng.standard_normal((4, 4)) * 0.5).astype(np.float32)
+        u = rng.standard_normal((3, 4)).astype(np.float32)
+        support.check_against_xla(self, rnn, h, xs, w, u)
+
+    def test_reverse_scan_cumulative(self):
+        def program(xs):
+            return lax.scan(lambda c, x: (c * 0.9 + x, c), np.float32(0), xs, reverse=True)
+        support.check_against_xla(self, program, _vec(1, 7))
+
+    def test_nested_loops_and_cond(self):
+        def program(n, x):
+            def outer(i, v):
+                v = lax.fori_loop(0, i, lambda j, w: w + j.astype(w.dtype), v)
+                return lax.cond(i % 2 == 0, lambda w: w * 0.5, lambda w: w - x, v)
+            return lax.fori_loop(0, n, outer, x)
+        for n in (0, 4):
+            support.check_against_xla(self, program, np.int32(n), _vec(2))
+
+
+class BranchTest(absltest.TestCase):
+    def test_cond(self):
+        def program(p, x, y):  # branches use values from the enclosing block (x, y)
+            return lax.cond(p > 0, lambda: (x * y, jnp.sum(x)), lambda: (x - y, jnp.max(y)))
+        for p in (1, -1):
+            support.check_against_xla(self, program, np.int32(p), _vec(0), _vec(1))
+
+    def test_switch(self):
+        def program(i, x):
+            return lax.switch(i, [lambda v: v * 2.0, lambda v: v - 1.0, jnp.sin], x)
+        for i in (0, 1, 2, -5, 9):  # JAX clamps the index into range
+            support.check_against_xla(self, program, np.int32(i), _vec())
+
+    def test_case_out_of_range_runs_last_branch(self):
+        text = """
+        func.func @main(%i: tensor<i32>, %x: tensor<3xf32>) -> tensor<3xf32> {
+          %r = "stablehlo.case"(%i) ({
+            %a = stablehlo.add %x, %x : tensor<3xf32>
+            stablehlo.return %a : tensor<3xf32>
+          }, {
+            %b = stablehlo.multiply %x, %x : tensor<3xf32>
+            stablehlo.return %b : tensor<3xf32>
+          }, {
+            %c = stablehlo.negate %x : tensor<3xf32>
+            stablehlo.return %c : tensor<3xf32>
+          }) : (tensor<i32>) -> tensor<3xf32>
+          return %r : tensor<3xf32>
+        }"""
+        exe = pb.compile(text)
+        x = np.array([1.5, -2.0, 3.0], np.float32)
+        for i, want in [(0, x + x), (1, x * x), (2, -x), (3, -x), (-1, -x), (2 ** 31 - 1, -x)]:
+            np.testing.assert_array_equal(exe(np.int32(i), x)[0], want, err_msg=f"index {i}")
+
+    def test_if(self):
+        text = """
+        func.func @main(%p: tensor<i1>, %x: tensor<2xi32>) -> (tensor<2xi32>, tensor<i1>) {
+          %r:2 = "stablehlo.if"(%p) ({
+            %a = stablehlo.add %x, %x : tensor<2xi32>
+            stablehlo.return %a, %p : tensor<2xi32>, tensor<i1>
+          }, {
+            %n = stablehlo.not %p : tensor<i1>
+            stablehlo.return %x, %n : tensor<2xi32>, tensor<i1>
+          }) : (tensor<i1>) -> (tensor<2xi32>, tensor<i1>)
+          return %r#0, %r#1 : tensor<2xi32>, tensor<i1>
+        }"""
+        exe = pb.compile(text)
+        x = np.array([7, -3], np.int32)
+        for p in (True, False):
+            got, flag = exe(np.bool_(p), x)
+            np.testing.assert_array_equal(got, x + x if p else x)
+            self.assertEqual(bool(flag), True)
+
+
+if __name__ == "__main__":
+    absltest.main()

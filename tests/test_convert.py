@@ -1,0 +1,71 @@
+"""convert, bitcast_convert and reduce_precision against XLA CPU."""
+import ml_dtypes
+import numpy as np
+from absl.testing import absltest, parameterized
+from jax import lax
+
+import polyblocks_jax as pb
+import support
+
+BF16 = ml_dtypes.bfloat16
+SOURCES = (np.float32, np.float64, BF16, np.float16, np.int8, np.int16, np.int32, np.int64,
+           np.uint8, np.uint32, np.bool_)
+TARGETS = SOURCES + (np.uint16, np.uint64)
+# Float inputs beyond every integer range, on rounding ties, and near the limits.
+FLOAT_EDGES = [1e10, -1e10, 3e38, -3e38, 2.0 ** 31, -2.0 ** 31, 2.0 ** 63, -2.0 ** 63, 2.0 ** 64,
+               70000.0, -70000.0, 255.5, 256.0, -128.5, -129.0, 65535.9, 0.5, -0.5, -1.5, 1e-30]
+
+
+def _inputs(rng, dtype) -> np.ndarray:
+    x = support.random_array(rng, (6, 8), dtype)
+    if np.dtype(dtype).kind not in "iub":  # floats, bf16 included
+        with np.errstate(over="ignore"):
+            x.reshape(-1)[-len(FLOAT_EDGES):] = np.array(FLOAT_EDGES).astype(dtype)
+    elif np.dtype(dtype).kind in "iu":
+        x.reshape(-1)[-6:] *= 1 + np.iinfo(dtype).max // 128  # spread over the whole range
+    return x
+
+
+class ConvertTest(parameterized.TestCase):
+    @parameterized.named_parameters([dict(testcase_name=np.dtype(s).name, source=s) for s in SOURCES])
+    def test_convert_to_every_dtype(self, source):
+        x = _inputs(np.random.default_rng(len(np.dtype(source).name)), source)
+        support.check_against_xla(
+            self, lambda a: tuple(lax.convert_element_type(a, t) for t in TARGETS), x)
+
+
+BITCASTS = [(np.float32, np.int32), (np.float32, np.uint32), (np.int32, np.float32),
+            (np.float64, np.int64), (np.uint64, np.float64), (np.float16, np.int16),
+            (BF16, np.uint16), (np.int16, BF16), (BF16, np.float16), (np.int8, np.uint8)]
+
+
+class BitcastTest(parameterized.TestCase):
+    def test_same_width(self):
+        rng = np.random.default_rng(1)
+        args = [support.random_array(rng, (3, 5), s) for s, _ in BITCASTS]
+        support.check_against_xla(self, lambda *xs: tuple(
+            lax.bitcast_convert_type(x, t) for x, (_, t) in zip(xs, BITCASTS)), *args)
+
+    def test_different_widths_unsupported(self):
+        with self.assertRaisesRegex(pb.UnsupportedError, "stablehlo.bitcast_convert"):
+            support.polyblocks(lambda a: lax.bitcast_convert_type(a, np.int16),
+                               np.zeros((4,), np.float32))
+
+
+class ReducePrecisionTest(parameterized.TestCase):
+    @parameterized.named_parameters(
+        dict(testcase_name="f32", dtype=np.float32, formats=[(5, 10), (8, 7), (4, 3), (8, 23), (2, 0)]),
+        dict(testcase_name="f64", dtype=np.float64, formats=[(8, 23), (11, 10), (5, 2)]),
+        dict(testcase_name="bf16", dtype=BF16, formats=[(5, 4), (8, 7)]),
+        dict(testcase_name="f16", dtype=np.float16, formats=[(3, 6), (5, 2)]))
+    def test_formats(self, dtype, formats):
+        rng = np.random.default_rng(2)
+        x = support.random_array(rng, (6, 8), dtype)
+        scale = np.float32(2.0) ** rng.integers(-20, 20, size=x.shape).astype(np.float32)
+        x = (x.astype(np.float32) * scale).astype(dtype)
+        support.check_against_xla(self, lambda a: tuple(
+            lax.reduce_precision(a, exponent_bits=e, mantissa_bits=m) for e, m in formats), x)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,195 @@
+"""stablehlo.convolution against XLA CPU: layouts, windows, groups, dtypes."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from absl.testing import absltest, parameterized
+from jax import lax
+
+import polyblocks_jax as pb
+import support
+from polyblocks_jax.stablehlo_import import CONVERTERS
+
+_2D = ("NHWC", "HWIO", "NHWC")
+
+
+def _conv(lhs_shape, rhs_shape, dtype=np.float32, edge=True, **kwargs):
+    """A lax.conv_general_dilated with ``kwargs`` and its inputs.
+
+    Edge values (NaN, inf, int limits) go in the input only: XLA CPU skips padding and
+    dilation holes where the StableHLO spec multiplies zeros (0 * inf kernel = NaN here).
+    """
+    rng = np.random.default_rng(len(lhs_shape) * 100 + sum(rhs_shape))
+    kwargs.setdefault("window_strides", (1,) * (len(lhs_shape) - 2))
+    kwargs.setdefault("padding", "VALID")
+    fn = functools.partial(lax.conv_general_dilated, **kwargs)
+    lhs = support.random_array(rng, lhs_shape, dtype, edge)
+    return fn, lhs, support.random_array(rng, rhs_shape, dtype, edge=np.dtype(dtype).kind in "iu")
+
+
+class ConvolutionTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("nhwc_valid", (2, 6, 5, 3), (3, 2, 3, 4), dict(dimension_numbers=_2D)),
+        ("nchw_oihw_stride2_same", (2, 3, 7, 6), (4, 3, 3, 3),
+         dict(window_strides=(2, 2), padding="SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))),
+        ("asymmetric_padding", (1, 5, 6, 2), (3, 3, 2, 3),
+         dict(padding=((1, 2), (0, 3)), dimension_numbers=_2D)),
+        ("negative_padding", (1, 7, 6, 2), (2, 3, 2, 3),
+         dict(padding=((-1, 2), (2, -2)), dimension_numbers=_2D)),
+        ("lhs_dilation", (1, 4, 5, 2), (3, 3, 2, 3),
+         dict(padding=((2, 1), (1, 2)), lhs_dilation=(2, 3), dimension_numbers=_2D)),
+        ("rhs_dilation_stride", (2, 9, 8, 2), (3, 2, 2, 3),
+         dict(window_strides=(2, 1), rhs_dilation=(2, 3), dimension_numbers=_2D)),
+        ("all_window_options", (1, 6, 7, 3), (3, 2, 3, 2),
+         dict(window_strides=(2, 3), padding=((1, -1), (3, 0)), lhs_dilation=(2, 1),
+              rhs_dilation=(1, 2), dimension_numbers=_2D)),
+        # Layouts the program keeps: result in another layout than the input, odd orders.
+        ("nhwc_to_nchw", (2, 5, 5, 3), (3, 3, 3, 4), dict(dimension_numbers=("NHWC", "HWIO", "NCHW"))),
+        ("odd_layouts", (5, 2, 3, 4), (2, 4, 3, 3),
+         dict(padding="SAME", dimension_numbers=("HNCW", "WOHI", "CWNH"))),
+    )
+    def test_2d(self, lhs_shape, rhs_shape, kwargs):
+        fn, x, w = _conv(lhs_shape, rhs_shape, **kwargs)
+        support.check_against_xla(self, fn, x, w)
+
+    @parameterized.named_parameters(
+        ("grouped", (2, 5, 5, 4), (3, 3, 2, 6), 2, _2D),
+        ("grouped_nchw", (1, 6, 4, 5), (6, 2, 3, 3), 3, ("NCHW", "OIHW", "NCHW")),
+        ("depthwise", (2, 6, 5, 3), (3, 3, 1, 3), 3, _2D),
+        ("depthwise_multiplier", (1, 5, 6, 3), (2, 3, 1, 6), 3, _2D),
+        ("depthwise_nchw", (2, 4, 5, 5), (4, 1, 3, 3), 4, ("NCHW", "OIHW", "NCHW")),
+    )
+    def test_feature_groups(self, lhs_shape, rhs_shape, groups, dims):
+        fn, x, w = _conv(lhs_shape, rhs_shape, window_strides=(2, 1), padding="SAME",
+                         feature_group_count=groups, dimension_numbers=dims)
+        support.check_against_xla(self, fn, x, w)
+
+    def test_batch_groups(self):
+        # What the gradient of a convolution w.r.t. its kernel emits. No edge values: XLA
+        # expands batch groups with a zero-masked kernel, spreading NaN into other groups.
+        fn, x, w = _conv((4, 5, 6, 3), (3, 2, 3, 6), edge=False, padding=((1, 0), (0, 1)), rhs_dilation=(2, 1),
+                         batch_group_count=2, dimension_numbers=_2D)
+        support.check_against_xla(self, fn, x, w)
+
+    @parameterized.named_parameters(
+        ("nwc", (2, 9, 3), (3, 3, 4), dict(window_strides=(2,), padding="SAME",
+                                           dimension_numbers=("NWC", "WIO", "NWC"))),
+        ("ncw_dilated", (2, 3, 8), (4, 3, 3), dict(padding=((2, -1),), lhs_dilation=(2,), rhs_dilation=(2,),
+                                                  dimension_numbers=("NCW", "OIW", "NCW"))),
+        ("ncw_depthwise", (1, 4, 9), (8, 1, 3), dict(feature_group_count=4, padding="SAME",
+                                                    dimension_numbers=("NCW", "OIW", "NWC"))),
+    )
+    def test_1d(self, lhs_shape, rhs_shape, kwargs):
+        fn, x, w = _conv(lhs_shape, rhs_shape, **kwargs)
+        support.check_against_xla(self, fn, x, w)
+
+    @parameterized.named_parameters(
+        ("ndhwc", (1, 5, 4, 6, 2), (2, 3, 2, 2, 3),
+         dict(window_strides=(1, 2, 2), padding="SAME", rhs_dilation=(2, 1, 1),
+              dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))),
+        ("ncdhw_grouped", (2, 4, 3, 4, 5), (4, 2, 2, 2, 3),
+         dict(feature_group_count=2, padding=((1, 0), (0, 1), (1, 1)),
+              dimension_numbers=("NCDHW", "OIDHW", "NCDHW"))),
+        ("depthwise", (1, 4, 4, 4, 3), (2, 2, 2, 1, 3),
+         dict(feature_group_count=3, lhs_dilation=(1, 2, 1), padding=((0, 0), (1, 1), (0, 1)),
+              dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))),
+    )
+    def test_3d(self, lhs_shape, rhs_shape, kwargs):
+        fn, x, w = _conv(lhs_shape, rhs_shape, **kwargs)
+        support.check_against_xla(self, fn, x, w)
+
+    @parameterized.named_parameters(
+        ("bf16", ml_dtypes.bfloat16, None, 1),
+        ("bf16_to_f32", ml_dtypes.bfloat16, np.float32, 1),
+        ("bf16_grouped_to_f32", ml_dtypes.bfloat16, np.float32, 2),
+        ("f16", np.float16, None, 1),
+        ("f64", np.float64, None, 2),
+    )
+    def test_float_dtypes(self, dtype, preferred, groups):
+        # Edge values off: rounding at different points would make them meaningless here.
+        fn, x, w = _conv((2, 6, 5, 4), (3, 3, 4 // groups, 4), dtype, edge=False, padding="SAME",
+                         feature_group_count=groups, dimension_numbers=_2D,
+                         preferred_element_type=preferred)
+        support.check_against_xla(self, fn, x, w)
+
+    @parameterized.named_parameters(
+        ("i32", np.int32, None, 1),
+        ("i8_to_i32", np.int8, np.int32, 1),
+        ("i8_depthwise_to_i32", np.int8, np.int32, 4),
+        ("u8_to_u32", np.uint8, np.uint32, 1),   # operands widen unsigned: the generic path
+        ("u8", np.uint8, None, 2),
+    )
+    def test_integer_dtypes(self, dtype, preferred, groups):
+        # Exact, with wrap-around on overflow as in XLA (edge values include the int limits).
+        fn, x, w = _conv((2, 5, 6, 4), (3, 2, 4 // groups, 4), dtype, window_strides=(1, 2),
+                         padding=((1, 1), (2, 0)), feature_group_count=groups,
+                         dimension_numbers=_2D, preferred_element_type=preferred)
+        support.check_against_xla(self, fn, x, w)
+
+    def test_conv_transpose(self):
+        rng = np.random.default_rng(7)
+        x = support.random_array(rng, (2, 4, 3, 3), np.float32)
+        w = support.random_array(rng, (3, 3, 3, 5), np.float32, edge=False)
+        fn = functools.partial(lax.conv_transpose, strides=(2, 2), padding="SAME",
+                               dimension_numbers=_2D)
+        support.check_against_xla(self, fn, x, w)
+
+    def test_window_reversal(self):
+        # JAX never sets window_reversal; set it in the program text and compare with a
+        # kernel flipped on the XLA side.
+        rng = np.random.default_rng(3)
+        x = support.random_array(rng, (1, 5, 6, 2), np.float32)
+        w = support.random_array(rng, (3, 2, 2, 3), np.float32, edge=False)
+        fn = functools.partial(lax.conv_general_dilated, window_strides=(1, 2), padding="SAME",
+                               dimension_numbers=_2D)
+        text = jax.jit(fn).lower(x, w).as_text()
+        self.assertIn("reverse = [false, false]", text)
+        reversed_text = text.replace("reverse = [false, false]", "reverse = [true, false]")
+        actual = pb.compile(reversed_text)(x, w)
+        expected = support.xla_cpu(lambda a, b: fn(a, jnp.flip(b, axis=0)), x, w)
+        support.assert_close(self, actual, expected)
+
+    def test_float_operands_integer_result_unsupported(self):
+        # The StableHLO verifier accepts it; XLA has no meaning for it.
+        x, w = np.zeros((1, 4, 4, 2), np.float32), np.zeros((2, 2, 2, 3), np.float32)
+        fn = functools.partial(lax.conv_general_dilated, window_strides=(1, 1), padding="VALID",
+                               dimension_numbers=_2D)
+        text = jax.jit(fn).lower(x, w).as_text().replace("tensor<1x3x3x3xf32>", "tensor<1x3x3x3xi32>")
+        with self.assertRaisesRegex(pb.UnsupportedError, r"stablehlo\.convolution.*f32, f32 -> i32"):
+            pb.compile(text)
+
+
+# f32 sums of ~50 products (cotangent times kernel) in another order than XLA's blocked
+# kernels: the rounding error scales with sum |x*w|, not with the (cancelling) result.
+_LONG_SUMS = dict(rtol=1e-5, atol=1e-5)
+_GRAD_OPS = ("stablehlo.reverse", "stablehlo.transpose", "stablehlo.reshape")
+
+
+@absltest.skipUnless(all(op in CONVERTERS for op in _GRAD_OPS),
+                     f"needs converters for {', '.join(_GRAD_OPS)}")
+class ConvolutionGradTest(parameterized.TestCase):
+    """The convolutions JAX's autodiff emits (lhs dilation, swapped layouts, batch groups)."""
+
+    @parameterized.named_parameters(
+        ("plain", 1, (1, 1)),
+        ("grouped_strided", 2, (2, 2)),
+    )
+    def test_vjp(self, groups, strides):
+        rng = np.random.default_rng(groups)
+        x = support.random_array(rng, (2, 6, 5, 4), np.float32, edge=False)
+        w = support.random_array(rng, (3, 3, 4 // groups, 6), np.float32, edge=False)
+
+        def conv(a, b):
+            return lax.conv_general_dilated(a, b, strides, "SAME", dimension_numbers=_2D,
+                                            feature_group_count=groups)
+
+        ct = support.random_array(rng, jax.eval_shape(conv, x, w).shape, np.float32, edge=False)
+        support.check_against_xla(self, lambda a, b, c: jax.vjp(conv, a, b)[1](c), x, w, ct,
+                                  **_LONG_SUMS)
+
+
+if __name__ == "__main__":
+    absltest.main()

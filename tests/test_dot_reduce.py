@@ -1,0 +1,162 @@
+"""dot_general / dot and reduce against XLA CPU.
+
+Layout tests use small integer-valued floats, whose sums are exact in any order, so
+they check the indexing exactly; accuracy tests use random floats.
+"""
+import ml_dtypes
+import numpy as np
+from absl.testing import absltest, parameterized
+from jax import lax
+
+import polyblocks_jax as pb
+import support
+
+# (lhs shape, rhs shape, ((lhs contracting, rhs contracting), (lhs batch, rhs batch)))
+DOT_LAYOUTS = [
+    ((3, 4), (4, 5), (((1,), (0,)), ((), ()))),               # plain matmul
+    ((4, 3), (5, 4), (((0,), (1,)), ((), ()))),               # both operands transposed
+    ((2, 3, 4), (2, 4, 5), (((2,), (1,)), ((0,), (0,)))),     # batch_matmul
+    ((3, 2, 4, 6), (4, 6, 2, 5), (((2, 3), (0, 1)), ((1,), (2,)))),  # batch and K in the middle
+    ((2, 6, 4), (2, 4, 5), (((2, 0), (1, 0)), ((), ()))),     # two contracting dims, one leading
+    ((4,), (4,), (((0,), (0,)), ((), ()))),                   # vector . vector -> scalar
+    ((4,), (4, 3), (((0,), (0,)), ((), ()))),                 # vector x matrix
+    ((2, 4), (3,), (((), ()), ((), ()))),                     # outer product
+    ((), (), (((), ()), ((), ()))),                           # scalar product
+    ((2, 3), (2,), (((), ()), ((0,), (0,)))),                 # batch only
+    ((0, 3), (3, 2), (((1,), (0,)), ((), ()))),               # empty result
+    ((2, 0), (0, 2), (((1,), (0,)), ((), ()))),               # empty contraction: zeros
+]
+
+
+def small_ints(rng, shape, dtype):
+    return rng.integers(-3, 4, size=shape).astype(dtype)
+
+
+class DotTest(parameterized.TestCase):
+    def test_layouts(self):
+        rng = np.random.default_rng(0)
+        args = [small_ints(rng, s, np.float32) for ls, rs, _ in DOT_LAYOUTS for s in (ls, rs)]
+
+        def dots(*xs):
+            return [lax.dot_general(xs[2 * i], xs[2 * i + 1], dn)
+                    for i, (_, _, dn) in enumerate(DOT_LAYOUTS)]
+        support.check_against_xla(self, dots, *args)
+
+    @parameterized.parameters(np.float64, np.float32, np.float16, ml_dtypes.bfloat16, np.int8,
+                              np.int32, np.int64, np.uint8, np.uint32, np.bool_)
+    def test_dtypes(self, dtype):
+        # Random values with edge entries (NaN, inf, integer limits: products wrap around);
+        # a bool dot is the OR of ANDs.
+        rng = np.random.default_rng(1)
+        a, b = support.random_array(rng, (3, 8), dtype), support.random_array(rng, (8, 4), dtype)
+        c, d = support.random_array(rng, (2, 3, 8), dtype), support.random_array(rng, (2, 8, 4), dtype)
+        support.check_against_xla(self, lambda a, b, c, d: (
+            a @ b, lax.dot_general(c, d, (((2,), (1,)), ((0,), (0,))))), a, b, c, d)
+
+    def test_f16_accumulates_in_f32(self):
+        # A long contraction: XLA CPU sums half-precision products in f32, and so do we.
+        rng = np.random.default_rng(2)
+        a = support.random_array(rng, (4, 512), np.float16, edge=False)
+        b = support.random_array(rng, (512, 4), np.float16, edge=False)
+        support.check_against_xla(self, lambda a, b: a @ b, a, b)
+
+    @parameterized.parameters(
+        (ml_dtypes.bfloat16, np.float32), (np.float16, np.float64),
+        (np.int8, np.int32), (np.uint8, np.uint32), (np.uint16, np.float32))
+    def test_preferred_element_type(self, dtype, result):
+        rng = np.random.default_rng(3)
+        a = support.random_array(rng, (3, 16), dtype, edge=False)
+        b = support.random_array(rng, (16, 5), dtype, edge=False)
+        support.check_against_xla(self, lambda a, b: lax.dot_general(
+            a, b, (((1,), (0,)), ((), ())), preferred_element_type=result), a, b)
+
+    def test_stablehlo_dot(self):
+        # JAX emits dot_general only; other producers still write stablehlo.dot.
+        text = """
+        func.func @main(%a: tensor<3x4xf32>, %b: tensor<4x5xf32>, %v: tensor<4xf32>)
+            -> (tensor<3x5xf32>, tensor<3xf32>, tensor<f32>) {
+          %0 = stablehlo.dot %a, %b : (tensor<3x4xf32>, tensor<4x5xf32>) -> tensor<3x5xf32>
+          %1 = stablehlo.dot %a, %v : (tensor<3x4xf32>, tensor<4xf32>) -> tensor<3xf32>
+          %2 = stablehlo.dot %v, %v : (tensor<4xf32>, tensor<4xf32>) -> tensor<f32>
+          return %0, %1, %2 : tensor<3x5xf32>, tensor<3xf32>, tensor<f32>
+        }"""
+        rng = np.random.default_rng(4)
+        a, b, v = (small_ints(rng, s, np.float32) for s in ((3, 4), (4, 5), (4,)))
+        support.assert_close(self, list(pb.compile(text)(a, b, v)),
+                             support.xla_cpu(lambda a, b, v: (a @ b, a @ v, v @ v), a, b, v))
+
+    def test_mixed_operand_dtypes(self):
+        # JAX converts mixed operands itself; StableHLO also allows them in the dot.
+        text = """
+        func.func @main(%a: tensor<3x4xi8>, %b: tensor<4x2xui8>, %c: tensor<3x4xf16>,
+                        %d: tensor<4x2xf32>) -> (tensor<3x2xi32>, tensor<3x2xf32>) {
+          %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0]
+               : (tensor<3x4xi8>, tensor<4x2xui8>) -> tensor<3x2xi32>
+          %1 = stablehlo.dot_general %c, %d, contracting_dims = [1] x [0]
+               : (tensor<3x4xf16>, tensor<4x2xf32>) -> tensor<3x2xf32>
+          return %0, %1 : tensor<3x2xi32>, tensor<3x2xf32>
+        }"""
+        rng = np.random.default_rng(10)
+        a, b = support.random_array(rng, (3, 4), np.int8), support.random_array(rng, (4, 2), np.uint8)
+        c, d = small_ints(rng, (3, 4), np.float16), small_ints(rng, (4, 2), np.float32)
+        support.assert_close(self, list(pb.compile(text)(a, b, c, d)), support.xla_cpu(
+            lambda a, b, c, d: (a.astype(np.int32) @ b.astype(np.int32), c.astype(np.float32) @ d),
+            a, b, c, d))
+
+    def test_algorithm_is_unsupported(self):
+        x = np.ones((2, 2), np.float32)
+        with self.assertRaisesRegex(pb.UnsupportedError, "dot_general.*algorithm"):
+            support.polyblocks(lambda a: lax.dot(a, a, precision=lax.DotAlgorithmPreset.F32_F32_F32), x)
+
+
+class ReduceTest(parameterized.TestCase):
+    def test_dimensions(self):
+        rng = np.random.default_rng(5)
+        x = small_ints(rng, (3, 4, 5), np.float32)
+        subsets = [(0,), (1,), (2,), (2, 0), (1, 0), (0, 1, 2)]  # unsorted ones too
+        support.check_against_xla(
+            self, lambda a: [lax.reduce(a, np.float32(0), lax.add, d) for d in subsets], x)
+
+    @parameterized.parameters(np.int8, np.int32, np.uint32, np.int64, np.float64)
+    def test_dtypes(self, dtype):
+        rng = np.random.default_rng(6)
+        x = support.random_array(rng, (4, 6), dtype)  # integer limits: sums wrap around
+        support.check_against_xla(self, lambda a: (
+            lax.reduce(a, dtype(3), lax.add, (1,)), lax.reduce(a, dtype(0), lax.add, (0, 1))), x)
+
+    def test_long_float_sum(self):
+        # XLA CPU sums in vector lanes, we sum in order: the f32 roundings differ by a
+        # few ulps of the partial sums, so compare with a tolerance scaled to 1000 terms.
+        rng = np.random.default_rng(7)
+        x = support.random_array(rng, (4, 1000), np.float32, edge=False)
+        support.check_against_xla(self, lambda a: lax.reduce(a, np.float32(0), lax.add, (1,)), x,
+                                  rtol=1e-5, atol=1e-4)
+
+    def test_empty(self):
+        # Zero-size reduced dims give the init value; no reduced dims return the operand
+        # unchanged (XLA does not apply the init value then).
+        x, z = np.arange(6, dtype=np.float32).reshape(2, 3), np.zeros((0, 3), np.float32)
+        support.check_against_xla(self, lambda x, z: (lax.reduce(z, np.float32(7), lax.add, (0,)),
+                                                      lax.reduce(x, np.float32(7), lax.add, ())), x, z)
+
+    def test_bodies(self):
+        # Single-op bodies other than add, and argmax/argmin's two-operand, multi-op body.
+        rng = np.random.default_rng(9)
+        x = support.random_array(rng, (4, 6), np.float32)  # NaN, inf, -0.0
+        i = support.random_array(rng, (4, 6), np.uint8)
+        b = rng.random((4, 6)) < 0.5
+        support.check_against_xla(self, lambda x, i, b: (
+            lax.reduce_max(x, (1,)), lax.reduce_min(x, (0,)), lax.reduce_prod(x, (1,)),
+            lax.reduce_max(i, (0,)), lax.reduce_min(i, (1,)), lax.reduce_prod(i, (0,)),
+            lax.reduce_and(b, (1,)), lax.reduce_or(b, (0,)), lax.reduce_xor(b, (0, 1)),
+            lax.argmax(x, 1, np.int32), lax.argmin(i, 0, np.int64)), x, i, b)
+
+    def test_variadic(self):
+        rng = np.random.default_rng(8)
+        x, y = small_ints(rng, (3, 4, 5), np.float32), support.random_array(rng, (3, 4, 5), np.int32)
+        support.check_against_xla(self, lambda x, y: lax.reduce(
+            (x, y), (np.float32(1), np.int32(2)), lambda p, q: (p[0] + q[0], p[1] + q[1]), (1,)), x, y)
+
+
+if __name__ == "__main__":
+    absltest.main()

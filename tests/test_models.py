@@ -1,0 +1,32 @@
+"""The three benchmark models at small sizes, through jax.jit on platform "polyblocks", vs XLA."""
+import jax
+import numpy as np
+from absl.testing import absltest, parameterized
+
+import support
+from bench import flax_models
+
+# Whole models sum thousands of products per output (convolutions, matmuls, norms) in
+# an order other than XLA's, over tens of layers: f32 rounding differences accumulate
+# well past the per-op tolerance of support.TOLERANCES, but stay far below 1e-4.
+MODEL_RTOL, MODEL_ATOL = 1e-4, 1e-4
+
+
+def on_polyblocks(fn, *args) -> list:
+    """Results of ``jax.jit(fn)`` with ``args`` placed on the polyblocks device."""
+    device = jax.devices("polyblocks")[0]  # no plugin is a failure, not a skip
+    out = jax.jit(fn)(*jax.device_put(args, device))
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(out)]
+
+
+class ModelsTest(parameterized.TestCase):
+    @parameterized.parameters(*flax_models.MODEL_NAMES)
+    def test_small_model_matches_xla(self, name):
+        case = flax_models.make(name, batch=2, small=True)
+        expected = support.xla_cpu(case.apply, case.params, case.input)
+        actual = on_polyblocks(case.apply, case.params, case.input)
+        support.assert_close(self, actual, expected, rtol=MODEL_RTOL, atol=MODEL_ATOL, msg=name)
+
+
+if __name__ == "__main__":
+    absltest.main()

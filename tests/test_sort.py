@@ -1,0 +1,64 @@
+"""stablehlo.sort, chlo.top_k and ApproxTopK against XLA CPU."""
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from jax import lax
+
+import support
+
+
+def _floats(shape, seed=0):
+    """Random f32 with NaN, +-inf, -0.0 and 0.0 and some repeated values."""
+    x = support.random_array(np.random.default_rng(seed), shape, np.float32)
+    x.reshape(-1)[-3:] = x.reshape(-1)[:3]  # ties
+    return x
+
+
+class SortTest(absltest.TestCase):
+    def test_jnp_sort_total_order_both_axes(self):
+        # jnp.sort's comparator puts -0.0 == 0.0 and NaN last; rows of 37 leave uneven runs.
+        x = _floats((3, 37))
+        support.check_against_xla(self, lambda x: (jnp.sort(x, axis=1), jnp.sort(x, axis=0)), x)
+
+    def test_argsort_is_stable(self):
+        x = np.array([3, 1, 2, 1, 3, 0, 2, 1, 1], np.int32)
+        y = _floats((4, 9), seed=1)
+        support.check_against_xla(
+            self, lambda x, y: (jnp.argsort(x, stable=True), jnp.argsort(y, axis=1, stable=True),
+                                jnp.argsort(-x, stable=True, descending=True)), x, y)
+
+    def test_multi_operand_sort_with_num_keys(self):
+        rng = np.random.default_rng(2)
+        k0 = rng.integers(0, 3, size=(2, 16)).astype(np.int32)
+        k1 = rng.integers(0, 4, size=(2, 16)).astype(np.uint8)
+        v = np.arange(32, dtype=np.float32).reshape(2, 16)
+        support.check_against_xla(
+            self, lambda a, b, c: (lax.sort((a, b, c), dimension=1, num_keys=2),
+                                   lax.sort((a, c), dimension=0, num_keys=1)), k0, k1, v)
+
+    def test_unstable_sort_of_distinct_keys(self):
+        # Unstable sorts may order ties differently than XLA: the keys here are distinct.
+        keys = np.random.default_rng(3).permutation(50).astype(np.float32).reshape(5, 10)
+        payload = np.arange(50, dtype=np.int64).reshape(5, 10)
+        support.check_against_xla(
+            self, lambda k, p: lax.sort((k, p), dimension=1, is_stable=False, num_keys=1), keys, payload)
+
+    def test_sort_length_one_and_bool(self):
+        x = np.array([[True], [False]])
+        y = np.array([True, False, True, False, False])
+        support.check_against_xla(self, lambda x, y: (lax.sort(x, dimension=1), lax.sort(y)), x, y)
+
+    def test_top_k_total_order_ties_by_index(self):
+        x = _floats((4, 33), seed=4)
+        x[1, :6] = [np.nan, -0.0, 0.0, np.inf, -np.inf, 0.0]
+        ints = np.random.default_rng(5).integers(-3, 3, size=(2, 3, 11)).astype(np.int32)
+        support.check_against_xla(self, lambda x, i: (lax.top_k(x, 5), lax.top_k(i, 4)), x, ints)
+
+    def test_approx_max_and_min_k_are_exact_on_cpu(self):
+        x = np.random.default_rng(6).standard_normal((4, 33)).astype(np.float32)
+        support.check_against_xla(
+            self, lambda x: (lax.approx_max_k(x, 5), lax.approx_min_k(x, 3, reduction_dimension=0)), x)
+
+
+if __name__ == "__main__":
+    absltest.main()

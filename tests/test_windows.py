@@ -1,0 +1,187 @@
+"""Window ops against XLA CPU: reduce_window (pooling, cumulative scans, any body) and
+select_and_scatter (the gradient of max pooling).
+
+Each test runs several windows in one compile (one output per case). Pooling on NHWC,
+NCHW and NWC layouts takes the linalg pooling named ops; other windows, dilations and
+bodies take the generic path; cumulative windows take the scan loop.
+"""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from absl.testing import absltest, parameterized
+from jax import lax
+
+import polyblocks_jax as pb
+import support
+
+
+def _check_cases(test, dtype, cases, seed=0, edge=True, **tol):
+    """``cases``: (input shape, fn of one array); all run as one program."""
+    rng = np.random.default_rng(seed)
+    args = [support.random_array(rng, shape, dtype, edge=edge) for shape, _ in cases]
+    fns = [fn for _, fn in cases]
+
+    def program(*xs):
+        return tuple(fn(x) for fn, x in zip(fns, xs))
+
+    support.check_against_xla(test, program, *args, **tol)
+
+
+def _is_int(dtype):
+    return np.dtype(dtype).kind in "iu"
+
+
+def _lowest(dtype):
+    return np.iinfo(dtype).min if _is_int(dtype) else -np.inf
+
+
+def _highest(dtype):
+    return np.iinfo(dtype).max if _is_int(dtype) else np.inf
+
+
+def _pool(op, init, dims, strides=None, padding="VALID", base=None, rhs=None):
+    return lambda x: lax.reduce_window(x, np.asarray(init, x.dtype), op, dims, strides or (1,) * len(dims),
+                                       padding, base, rhs)
+
+
+class ReduceWindowTest(parameterized.TestCase):
+    @parameterized.named_parameters(("f32", np.float32), ("i32", np.int32), ("u8", np.uint8),
+                                    ("bf16", ml_dtypes.bfloat16))
+    def test_pooling_layouts(self, dtype):
+        lo, hi = _lowest(dtype), _highest(dtype)
+        _check_cases(self, dtype, [
+            ((2, 5, 6, 3), _pool(lax.max, lo, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")),          # NHWC
+            ((2, 5, 6, 3), _pool(lax.min, hi, (1, 2, 3, 1), (1, 1, 2, 1), "VALID")),
+            ((2, 5, 6, 3), _pool(lax.add, 0, (1, 2, 2, 1), (1, 2, 2, 1), ((0, 0), (1, 0), (2, 1), (0, 0)))),
+            ((2, 3, 5, 6), _pool(lax.max, lo, (1, 1, 3, 2), (1, 1, 2, 2), "SAME")),          # NCHW
+            ((2, 3, 5, 6), _pool(lax.add, 0, (1, 1, 2, 2), (1, 1, 1, 3), "VALID")),
+            ((2, 7, 3), _pool(lax.max, lo, (1, 3, 1), (1, 2, 1), "SAME")),                    # NWC
+            ((2, 3, 4, 4, 2), _pool(lax.max, lo, (1, 2, 2, 2, 1), (1, 1, 2, 2, 1), "SAME")),  # NDHWC
+        ])
+
+    @parameterized.named_parameters(("f32", np.float32), ("i32", np.int32))
+    def test_generic_windows(self, dtype):
+        lo, hi = _lowest(dtype), _highest(dtype)
+        _check_cases(self, dtype, [
+            ((7,), _pool(lax.max, lo, (3,), (2,), "SAME")),
+            ((5, 6), _pool(lax.add, 0, (2, 3), (2, 1), ((1, 2), (0, 1)))),
+            ((5, 6), _pool(lax.min, hi, (3, 2), (1, 2), "VALID", base=(2, 1), rhs=(1, 2))),
+            ((4, 5), _pool(lax.max, lo, (2, 2), (1, 1), ((1, 1), (2, 0)), base=(2, 3))),   # base dilation
+            ((6, 7), _pool(lax.add, 0, (2, 3), (2, 1), "SAME", rhs=(2, 2))),                # window dilation
+            ((5, 6), _pool(lax.max, lo, (2, 2), (1, 1), ((-1, 1), (1, -2)))),              # negative padding
+            ((2, 5, 6, 3), _pool(lax.max, lo, (2, 3, 1, 1), (2, 1, 1, 1), "SAME")),         # pools the batch dim
+            ((4, 5), _pool(lax.mul, 1, (2, 2), (1, 2), "SAME")),                            # any body
+        ])
+
+    def test_bool_windows(self):
+        _check_cases(self, np.bool_, [
+            ((5, 6), _pool(lax.bitwise_or, False, (2, 3), (1, 2), "SAME")),
+            ((2, 5, 6, 3), _pool(lax.bitwise_and, True, (1, 3, 3, 1), (1, 2, 2, 1), "VALID")),
+        ])
+
+    def test_variadic_argmax_window(self):
+        def argmax_pool(x):
+            idx = lax.broadcasted_iota(np.int32, x.shape, 1)
+
+            def body(a, b):
+                take_b = b[0] > a[0]
+                return lax.select(take_b, b[0], a[0]), lax.select(take_b, b[1], a[1])
+            return lax.reduce_window((x, idx), (np.float32(-np.inf), np.int32(-1)), body,
+                                     (1, 3), (1, 2), "SAME")
+        _check_cases(self, np.float32, [((3, 8), argmax_pool)], edge=False)
+
+    def test_flax_pooling(self):
+        _check_cases(self, np.float32, [
+            ((2, 8, 8, 3), lambda x: nn.avg_pool(x, (2, 2), strides=(2, 2))),
+            ((2, 7, 7, 3), lambda x: nn.avg_pool(x, (3, 3), strides=(2, 2), padding="SAME")),
+            ((2, 7, 7, 3), lambda x: nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")),
+            ((2, 7, 7, 3), lambda x: nn.avg_pool(x, (3, 3), padding="SAME", count_include_pad=False)),
+        ])
+
+
+class CumulativeTest(parameterized.TestCase):
+    @parameterized.named_parameters(("f32", np.float32), ("i32", np.int32), ("f64", np.float64))
+    def test_scans(self, dtype):
+        # Sums in the same sequential order as XLA: positive inputs keep float rounding close.
+        _check_cases(self, dtype, [
+            ((3, 9), lambda x: jnp.cumsum(x, axis=1)),
+            ((9, 3), lambda x: lax.cumsum(x, axis=0, reverse=True)),
+            ((4, 6), lambda x: lax.cummax(x, axis=1)),
+            ((4, 6), lambda x: lax.cummin(x, axis=0, reverse=True)),
+            ((2, 5, 3), lambda x: lax.cumprod(x, axis=1)),
+        ], edge=False)
+
+    def test_scan_edge_values(self):
+        _check_cases(self, np.float32, [
+            ((3, 9), lambda x: lax.cummax(x, axis=1)),     # NaN propagates from where it occurs
+            ((3, 9), lambda x: jnp.cumsum(x, axis=1)),
+            ((3, 9), lambda x: lax.cumlogsumexp(x, axis=1)),
+        ], seed=3)
+
+    def test_long_scan(self):
+        x = np.random.default_rng(0).random((2, 3000)).astype(np.float32)
+        support.check_against_xla(self, lambda v: jnp.cumsum(v, axis=1), x, rtol=1e-5)
+
+
+class SelectAndScatterTest(parameterized.TestCase):
+    @parameterized.named_parameters(("f32", np.float32), ("f64", np.float64))
+    def test_max_pool_gradients(self, dtype):
+        def grad_of(pool):
+            return jax.grad(lambda x: (pool(x) * jnp.arange(pool(x).size, dtype=x.dtype).reshape(pool(x).shape)).sum())
+        lo = _lowest(dtype)
+        # Small integers make ties, which XLA breaks towards the first element of the window.
+        x = np.random.default_rng(0).integers(-3, 4, (2, 7, 6, 3)).astype(dtype)
+        pools = [_pool(lax.max, lo, (1, 3, 3, 1), (1, 2, 2, 1), "SAME"),   # overlapping windows
+                 _pool(lax.max, lo, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
+                 _pool(lax.max, lo, (2, 3, 1, 1), (1, 2, 1, 1), ((0, 1), (1, 1), (0, 0), (0, 0)))]
+        support.check_against_xla(self, lambda v: tuple(grad_of(p)(v) for p in pools), x)
+
+    def test_flax_max_pool_gradient(self):
+        x = support.random_array(np.random.default_rng(1), (2, 6, 6, 4), np.float32, edge=False)
+        support.check_against_xla(
+            self, jax.grad(lambda v: nn.max_pool(v, (2, 2), strides=(2, 2)).sum()), x)
+
+    def test_padding_and_min_select(self):
+        """select_and_scatter with padding (JAX pads the operand itself) and a GE/LE select."""
+        text = """
+        func.func @main(%x: tensor<5x6xf32>, %s: tensor<3x3xf32>) -> tensor<5x6xf32> {
+          %zero = stablehlo.constant dense<0.0> : tensor<f32>
+          %r = "stablehlo.select_and_scatter"(%x, %s, %zero) <{
+              padding = dense<[[1, 1], [0, 1]]> : tensor<2x2xi64>,
+              window_dimensions = array<i64: 3, 2>, window_strides = array<i64: 2, 2>}> ({
+            ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+              %c = stablehlo.compare LE, %a, %b, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+              stablehlo.return %c : tensor<i1>
+            }, {
+            ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+              %c = stablehlo.add %a, %b : tensor<f32>
+              stablehlo.return %c : tensor<f32>
+            }) : (tensor<5x6xf32>, tensor<3x3xf32>, tensor<f32>) -> tensor<5x6xf32>
+          return %r : tensor<5x6xf32>
+        }"""
+        rng = np.random.default_rng(2)
+        x = rng.integers(-3, 4, (5, 6)).astype(np.float32)
+        s = rng.standard_normal((3, 3)).astype(np.float32)
+        (got,) = pb.compile(text)(x, s)
+        np.testing.assert_allclose(got, _select_and_scatter_min(x, s, (3, 2), (2, 2), ((1, 1), (0, 1))),
+                                   rtol=1e-6)
+
+
+def _select_and_scatter_min(x, s, window, strides, padding):
+    """Reference: each window scatters its source value onto its first minimum (padding never)."""
+    out = np.zeros_like(x)
+    for w in np.ndindex(*s.shape):
+        best = None
+        for k in np.ndindex(*window):
+            p = tuple(wi * st + ki - pad[0] for wi, st, ki, pad in zip(w, strides, k, padding))
+            if all(0 <= pi < n for pi, n in zip(p, x.shape)) and (best is None or not x[best] <= x[p]):
+                best = p
+        if best is not None:
+            out[best] += s[w]
+    return out
+
+
+if __name__ == "__main__":
+    absltest.main()
