@@ -23,7 +23,7 @@ _NOT_IN_KEY = frozenset({"dump_dir"})
 class Options:
     fusion: bool = True          # fuse elementwise producers into their consumers
     tiling: bool = True          # cache and register tiling + vectorization of matmuls
-    opt_level: int = 3           # LLVM optimization level of the target's code generator
+    opt_level: int = 2           # LLVM level; 3 costs 10-20x compile time on models for no speed
     dump_dir: str | None = None  # write the module after every stage, and stage timings
 
     def __post_init__(self) -> None:

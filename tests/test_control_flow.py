@@ -42,7 +42,7 @@ class WhileTest(absltest.TestCase):
         def program(k, live):
             def body(c):
                 i, alive = c
-                return i + 1, alive & (jnp.arange(4) * i < k)
+                return i + 1, alive & ((jnp.arange(4) + 1) * i < k)  # ends once i >= k
             return lax.while_loop(lambda c: c[1].any(), body, (np.int32(1), live))
         support.check_against_xla(self, program, np.int32(7), np.array([True, False, True, True]))
 

@@ -73,6 +73,8 @@ class ReduceWindowTest(parameterized.TestCase):
             ((5, 6), _pool(lax.max, lo, (2, 2), (1, 1), ((-1, 1), (1, -2)))),              # negative padding
             ((2, 5, 6, 3), _pool(lax.max, lo, (2, 3, 1, 1), (2, 1, 1, 1), "SAME")),         # pools the batch dim
             ((4, 5), _pool(lax.mul, 1, (2, 2), (1, 2), "SAME")),                            # any body
+            ((3, 6), _pool(lax.add, 1, (1, 6), (1, 1), ((0, 0), (5, 0)))),  # a scan, init not neutral:
+            ((5, 6), _pool(lax.max, 0, (3, 3), (2, 2), "SAME", base=(2, 1))),  # XLA folds it once, skips padding
         ])
 
     def test_bool_windows(self):

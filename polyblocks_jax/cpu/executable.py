@@ -48,7 +48,10 @@ class CpuExecutable:
             self._packed_caller(engine) if engine is not None else lambda addresses: None)
 
     def _packed_caller(self, engine) -> Callable[[list[int]], None]:
-        entry = _PACKED(engine.raw_lookup(_ENTRY_SYMBOL))
+        address = engine.raw_lookup(_ENTRY_SYMBOL)
+        if not address:  # the JIT printed which symbols it could not resolve
+            raise CompilationError("jit", f"{_ENTRY_SYMBOL} could not be materialized")
+        entry = _PACKED(address)
         slots, slot = self._slots, ctypes.sizeof(ctypes.c_void_p)
 
         def call(addresses: list[int]) -> None:

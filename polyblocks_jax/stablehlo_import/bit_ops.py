@@ -52,8 +52,8 @@ def shift_right_arithmetic(cx, op):
     _require_integer(op)
     x, amount = op.operands
     bits = op.operand_specs[0].dtype.bits
-    clamped = arith.select(_in_range(amount, bits), amount, builders.constant_like(bits - 1, amount))
-    return [arith.shrsi(x, clamped)]
+    last = builders.constant_like(bits - 1, amount)  # shifting by it leaves only the sign
+    return [arith.shrsi(x, arith.select(_in_range(amount, bits), amount, last))]
 
 
 @converts("stablehlo.popcnt")

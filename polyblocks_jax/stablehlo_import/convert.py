@@ -52,7 +52,8 @@ def _float_to_float(x: ir.Value, src: DType, dst: DType, out: ir.Type) -> ir.Val
 
 def _float_to_int(x: ir.Value, dst: DType, out: ir.Type) -> ir.Value:
     """Saturating conversion; the bounds are powers of two, exact in every float type (or inf)."""
-    lo, hi = (0, 2 ** dst.bits - 1) if dst.is_unsigned else (-2 ** (dst.bits - 1), 2 ** (dst.bits - 1) - 1)
+    half = 2 ** (dst.bits - 1)
+    lo, hi = (0, 2 * half - 1) if dst.is_unsigned else (-half, half - 1)
     converted = (arith.fptoui if dst.is_unsigned else arith.fptosi)(out, x)
     # fptosi/fptoui give poison out of range; the selects below discard those lanes.
     too_big = arith.cmpf(F.OGE, x, builders.constant_like(float(hi + 1), x))
@@ -82,7 +83,8 @@ def reduce_precision(cx, op):
     return [_reduce_precision(op.operands[0], dt, exponent_bits, mantissa_bits)]
 
 
-_FLOAT_LAYOUT = {"f64": (11, 52), "f32": (8, 23), "f16": (5, 10), "bf16": (8, 7)}  # exponent, mantissa
+# (exponent bits, mantissa bits) of each float type.
+_FLOAT_LAYOUT = {"f64": (11, 52), "f32": (8, 23), "f16": (5, 10), "bf16": (8, 7)}
 
 
 def _reduce_precision(x: ir.Value, dt: DType, dest_exp: int, dest_mant: int) -> ir.Value:
@@ -91,7 +93,8 @@ def _reduce_precision(x: ir.Value, dt: DType, dest_exp: int, dest_mant: int) -> 
     src_exp, src_mant = _FLOAT_LAYOUT[dt.name]
     bits = dt.bits
     int_t = builders.shaped_like(x, ir.IntegerType.get_signless(bits))
-    def c(value: int) -> ir.Value:
+
+    def c(value: int) -> ir.Value:  # a constant shaped like the bit pattern
         return builders.splat(value, int_t)
 
     i = arith.bitcast(int_t, x)
@@ -110,6 +113,5 @@ def _reduce_precision(x: ir.Value, dt: DType, dest_exp: int, dest_mant: int) -> 
         signed_zero = arith.andi(i, c(sign_mask))
         signed_inf = arith.ori(signed_zero, c(exp_mask))
         i = arith.select(underflows, signed_zero, arith.select(overflows, signed_inf, i))
-    result = arith.bitcast(x.type, i)
-    nan_value = x if dest_mant > 0 else builders.constant_like(float("inf"), x)
-    return arith.select(is_nan, nan_value, result)
+    # Rounding may carry a NaN's mantissa into the exponent: NaN inputs pass unchanged.
+    return arith.select(is_nan, x, arith.bitcast(x.type, i))

@@ -15,7 +15,7 @@ from mlir.dialects import func
 
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
-from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.stablehlo_import import builders, reader
 from polyblocks_jax.stablehlo_import.registry import CONVERTERS
 from polyblocks_jax.stablehlo_import.types import element_type, tensor_type
 
@@ -101,7 +101,7 @@ class Importer:
         try:
             for op in block.operations:
                 op = op.operation
-                operands = [values[v] for v in op.operands]
+                operands = [self._operand(values[v]) for v in op.operands]
                 if op.name in _TERMINATORS:
                     return operands
                 results = self._convert(op, operands)
@@ -110,6 +110,12 @@ class Importer:
             self._values = outer
             self._scalar_depth -= scalar
         raise InvalidProgramError("block without terminator")
+
+    def _operand(self, value: ir.Value) -> ir.Value:
+        # A body may capture a rank-0 tensor of the enclosing function: read its element.
+        if self.scalar and isinstance(value.type, ir.RankedTensorType):
+            return builders.to_scalar(value)
+        return value
 
     @property
     def scalar(self) -> bool:

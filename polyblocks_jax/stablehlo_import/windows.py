@@ -3,7 +3,9 @@
 reduce_window pads its operands with their init values (base dilation becomes interior
 padding), then reduces every window: with a linalg pooling named op when the body is one
 max/min/add over the spatial dims of an N..C or NC.. layout, with a linalg.generic running
-the imported body otherwise. A cumulative window (what jnp.cumsum and lax.cummax emit: one
+the imported body otherwise. XLA folds the init value once and skips padding; folding
+padding filled with the init value is the same when the init value is a constant neutral
+for the body (what JAX emits), and otherwise a mask makes the generic skip padding. A cumulative window (what jnp.cumsum and lax.cummax emit: one
 window spanning a whole dimension, padded on one side) becomes a loop carrying the running
 slice, so a scan costs O(n) rather than O(n^2).
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
+import numpy as np
 from jaxlib.mlir import ir as jir
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
@@ -44,6 +47,10 @@ class _Window:
         return _Window(ints("window_dimensions"), ints("window_strides"), ints("base_dilations"),
                        ints("window_dilations"), padding[0::2], padding[1::2])
 
+    def pads(self) -> bool:
+        """Whether the padded operand holds elements that are not the operand's."""
+        return any(p > 0 for p in self.low + self.high) or any(b > 1 for b in self.base_dilations)
+
     def padded_shape(self, shape: Sequence[int]) -> list[int]:
         return [lo + hi + (max(n - 1, 0) * b + (n > 0))
                 for n, lo, hi, b in zip(shape, self.low, self.high, self.base_dilations)]
@@ -65,6 +72,9 @@ def reduce_window(cx, op):
         return _cumulative(cx, body, xs, inits, op.operand_specs[:n], *axis)
     padded = [_pad(x, init, win) for x, init in zip(xs, inits)]
     outs = [linalg.fill(init, outs=[builders.empty(s)]) for init, s in zip(inits, op.result_specs)]
+    if win.pads() and not _is_identity(op.op.operands[n], _single_op(body), spec):
+        # XLA folds only the operand's elements, never padding: mask the padding out.
+        return _window_generic(cx, body, padded, outs, win, _mask(spec.shape, win))
     pooling = _pooling_op(body, win, op.result_specs[0])
     if pooling is not None:
         named, spatial = pooling
@@ -75,30 +85,42 @@ def reduce_window(cx, op):
 
 
 def _window_generic(cx, body: jir.Block, padded: list[ir.Value], outs: list[ir.Value],
-                    win: _Window) -> list[ir.Value]:
-    """Loops (output dims..., window dims...); output i reads padded[i*stride + k*dilation]."""
+                    win: _Window, mask: ir.Value | None = None) -> list[ir.Value]:
+    """Loops (output dims..., window dims...); output i reads padded[i*stride + k*dilation].
+
+    With ``mask`` (true where ``padded`` holds an operand element) other elements are skipped.
+    """
     rank = len(win.dims)
     d = [ir.AffineExpr.get_dim(i) for i in range(2 * rank)]
     read = _map(2 * rank, [d[i] * win.strides[i] + d[rank + i] * win.window_dilations[i]
                            for i in range(rank)])
-    maps = [read] * len(padded) + [_map(2 * rank, d[rank:])] + [_map(2 * rank, d[:rank])] * len(outs)
+    ins = padded + ([mask] if mask is not None else [])
+    maps = [read] * len(ins) + [_map(2 * rank, d[rank:])] + [_map(2 * rank, d[:rank])] * len(outs)
 
     def fold(*args):
-        n = len(outs)
-        elems, accs = args[:n], args[n + 1:]
-        return cx.import_block(body, [*accs, *elems], scalar=True)
-    return _generic([*padded, _window_tensor(win.dims)], outs, maps,
+        elems, accs = args[:len(padded)], args[len(ins) + 1:]
+        folded = cx.import_block(body, [*accs, *elems], scalar=True)
+        if mask is None:
+            return folded
+        return [arith.select(args[len(padded)], f, acc) for f, acc in zip(folded, accs)]
+    return _generic([*ins, _window_tensor(win.dims)], outs, maps,
                     ["parallel"] * rank + ["reduction"] * rank, fold)
+
+
+def _single_op(body: jir.Block) -> str | None:
+    """The name of the one op that ``body`` applies to its two arguments, if that is all it does."""
+    ops = [o.operation for o in body.operations]
+    if len(ops) != 2 or len(body.arguments) != 2 or set(ops[0].operands) != set(body.arguments):
+        return None
+    return ops[0].name if list(ops[1].operands) == list(ops[0].results) else None
 
 
 def _pooling_op(body: jir.Block, win: _Window, spec: TensorSpec) -> tuple[Callable, list[int]] | None:
     """The linalg pooling named op for a single max/min/add body and a pooling layout, if any."""
-    ops = [o.operation for o in body.operations]
-    if len(ops) != 2 or ops[0].name not in _POOLING_BODIES or spec.dtype.is_bool:
+    name = _single_op(body)
+    if name not in _POOLING_BODIES or spec.dtype.is_bool:
         return None
-    if set(ops[0].operands) != set(body.arguments) or list(ops[1].operands) != list(ops[0].results):
-        return None
-    kind = _POOLING_BODIES[ops[0].name]
+    kind = _POOLING_BODIES[name]
     if kind != "sum" and spec.dtype.is_unsigned:
         kind += "_unsigned"
     layouts = {3: ("nwc", "ncw"), 4: ("nhwc", "nchw"), 5: ("ndhwc", None)}.get(spec.rank, ())
@@ -122,6 +144,39 @@ def _cumulative_axis(win: _Window, spec: TensorSpec) -> tuple[int, bool] | None:
     if n < 2 or win.dims[axis] != n or sorted((win.low[axis], win.high[axis])) != [0, n - 1]:
         return None
     return axis, win.high[axis] == n - 1
+
+
+def _is_identity(init: jir.Value, body_op: str | None, spec: TensorSpec) -> bool:
+    """Whether ``init`` is a constant neutral for ``body_op``: padding may then hold copies
+    of it, which folding leaves the result unchanged, as XLA's skipping padding does."""
+    value = _constant(init)
+    if value is None or body_op is None:
+        return False
+    dt = spec.dtype
+    if dt.is_float:
+        low, high = -np.inf, np.inf
+    elif dt.is_bool:
+        low, high = False, True
+    else:
+        low, high = np.iinfo(dt.numpy).min, np.iinfo(dt.numpy).max
+    neutral = {"stablehlo.add": 0, "stablehlo.or": 0, "stablehlo.multiply": 1,
+               "stablehlo.maximum": low, "stablehlo.minimum": high,
+               "stablehlo.and": True if dt.is_bool else np.array(-1).astype(dt.numpy)}
+    return body_op in neutral and value == np.array(neutral[body_op]).astype(value.dtype)
+
+
+def _constant(value: jir.Value) -> np.ndarray | None:
+    """The element of a rank-0 stablehlo.constant, seen through JAX's scalar broadcast_in_dim."""
+    while isinstance(value, jir.OpResult):
+        owner = jir.OpResult(value).owner.operation
+        if owner.name == "stablehlo.broadcast_in_dim":
+            value = owner.operands[0]
+        elif owner.name == "stablehlo.constant":
+            spec = reader.tensor_spec(value.type, owner.name, reader.location(owner))
+            return reader.dense_values(owner.attributes["value"], spec).reshape(-1)[0]
+        else:
+            return None
+    return None
 
 
 def _cumulative(cx, body: jir.Block, xs: list[ir.Value], inits: list[ir.Value],
@@ -172,9 +227,8 @@ def _select(cx, body: jir.Block, x: ir.Value, spec: TensorSpec, win: _Window,
     d = [ir.AffineExpr.get_dim(i) for i in range(2 * rank)]
     read = _map(2 * rank, [d[i] * win.strides[i] + d[rank + i] for i in range(rank)])
     ins = [_pad(x, builders.splat(0, element_type(spec.dtype)), win)]
-    if any(win.low + win.high):
-        mask = builders.splat(True, ir.RankedTensorType.get(list(spec.shape), _i1()))
-        ins.append(_pad(mask, builders.splat(False, _i1()), win))
+    if win.pads():
+        ins.append(_mask(spec.shape, win))
     pos_spec = TensorSpec(src_spec.shape, spec.dtype)
     outs = [builders.empty(pos_spec),
             linalg.fill(builders.splat(-1, i64), outs=[tensor.EmptyOp(list(src_spec.shape), i64).result])]
@@ -271,6 +325,12 @@ def _pad(x: ir.Value, value: ir.Value, win: _Window) -> ir.Value:
                                   [], [], [], firsts, counts, [1] * len(src)).result
     offsets = [lo + f * b for lo, f, b in zip(win.low, firsts, steps)]
     return tensor.InsertSliceOp(x, filled, [], [], [], offsets, counts, list(steps)).result
+
+
+def _mask(shape: Sequence[int], win: _Window) -> ir.Value:
+    """Booleans shaped like the padded operand: true where an operand element lies."""
+    inside = builders.splat(True, ir.RankedTensorType.get(list(shape), _i1()))
+    return _pad(inside, builders.splat(False, _i1()), win)
 
 
 def _slice(x: ir.Value, spec: TensorSpec, offsets: list) -> ir.Value:
