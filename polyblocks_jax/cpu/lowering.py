@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import Stage
+from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
 
 
 def cpu_stages(options: Options) -> list[Stage]:
     return [
+        Stage("loops", "func.func(convert-linalg-to-loops), canonicalize"),
+        Stage("bool-buffers", widen_bool_buffers),
         Stage("to-llvm",
               "convert-vector-to-scf, "
               # expand-strided-metadata emits affine.apply: lower affine after it.

@@ -1,14 +1,13 @@
-"""The shared, target-independent pipeline: linalg on tensors -> buffers and loops.
+"""The shared, target-independent pipeline: linalg on tensors -> linalg on buffers.
 
-Targets append their own stages (vectorization, matrix units, LLVM or NVVM lowering)
-after ``shared_stages``; everything listed here serves every target.
+Targets append their own stages (loops or GPU mapping, LLVM or NVVM lowering) after
+``shared_stages``; everything listed here serves every target.
 """
 from __future__ import annotations
 
 import functools
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
 from polyblocks_jax.passes.copies import strided_copies_to_linalg
 from polyblocks_jax.passes.pipeline import Stage, run_stages
 from polyblocks_jax.passes.results import distinct_results
@@ -37,7 +36,5 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
               "buffer-results-to-out-params{hoist-static-allocs modify-public-functions}, "
               "canonicalize, buffer-deallocation-pipeline"),
         Stage("strided-copies", strided_copies_to_linalg),
-        Stage("loops", "func.func(convert-linalg-to-loops), canonicalize"),
-        Stage("bool-buffers", widen_bool_buffers),
     ]
     return stages
