@@ -9,10 +9,16 @@ memref descriptor. The JIT reaches it through the engine's packed entry point (o
 ``void**`` whose slots point at the arguments); a shared library exposes it directly.
 Outputs are out-parameters that we allocate, so no memory allocated by compiled code
 crosses the boundary.
+
+Parallel loops call the LLVM OpenMP runtime (``libomp.so`` of the cmeel-libomp wheel):
+the JIT loads it, a shared library links against it, and loading one makes it global
+first, so its ``__kmpc_*`` references resolve wherever the library was built.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
+import importlib.metadata
 import os
 import subprocess
 import tempfile
@@ -32,8 +38,22 @@ _LINKER = os.environ.get("CC", "cc")
 def jit(llvm_module, opt_level: int, shared_libs: Sequence[str] = ()):
     from mlir import execution_engine  # only the JIT path needs MLIR
     # Position-independent code, so that the object file can become a shared library.
-    return execution_engine.ExecutionEngine(llvm_module, opt_level=opt_level, shared_libs=list(shared_libs),
+    return execution_engine.ExecutionEngine(llvm_module, opt_level=opt_level,
+                                            shared_libs=[openmp_runtime(), *shared_libs],
                                             enable_object_dump=True, enable_pic=True)
+
+
+@functools.cache
+def openmp_runtime() -> str:
+    """Path of the LLVM OpenMP runtime shipped by the cmeel-libomp wheel, loaded globally once."""
+    try:
+        path = str(importlib.metadata.distribution("cmeel-libomp").locate_file("cmeel.prefix/lib/libomp.so"))
+    except importlib.metadata.PackageNotFoundError:
+        raise CompilationError("openmp", "the cmeel-libomp package is not installed") from None
+    if os.environ.get("OMP_NUM_THREADS", "unset").strip() == "":
+        del os.environ["OMP_NUM_THREADS"]  # libomp aborts the process on an empty value
+    ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+    return path
 
 
 class CpuExecutable:
@@ -94,7 +114,9 @@ class CpuExecutable:
         with tempfile.TemporaryDirectory(prefix="polyblocks-") as tmp:
             obj, lib = os.path.join(tmp, "main.o"), os.path.join(tmp, "main.so")
             self._owner.dump_to_object_file(obj)
-            done = subprocess.run([_LINKER, "-shared", "-o", lib, obj, "-lm"], capture_output=True, text=True)
+            runtime = os.path.dirname(openmp_runtime())
+            done = subprocess.run([_LINKER, "-shared", "-o", lib, obj, "-lm", f"-L{runtime}", "-lomp",
+                                   f"-Wl,-rpath,{runtime}"], capture_output=True, text=True)
             if done.returncode != 0:
                 raise CompilationError("link", f"{_LINKER} -shared failed: {done.stderr.strip()}")
             with open(lib, "rb") as f:
@@ -106,6 +128,7 @@ class CpuExecutable:
         """Load code made by ``to_shared_library``; the file is unlinked once mapped."""
         with tempfile.NamedTemporaryFile(prefix="polyblocks-", suffix=".so", delete=False) as f:
             f.write(library)
+        openmp_runtime()  # global before the library loads, whatever rpath it carries
         try:
             dll = ctypes.CDLL(f.name, mode=os.RTLD_LOCAL)
         finally:

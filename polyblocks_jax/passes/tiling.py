@@ -6,7 +6,9 @@ own; ``tile_contractions`` writes each choice on its op as ``polyblocks.tiles`` 
 in dumps), then runs one transform script per distinct choice: cache tiles, register
 tiles, vectorization, contraction lowering to outer products, and hoisting of the
 accumulator out of the reduction loop (done on tensors, before bufferization, where
-hoisting works).
+hoisting works). With ``options.parallel`` the cache tiles of the parallel dims (batch,
+m, n) form an ``scf.forall`` whose iterations the host target may spread over its cores;
+the k tiles stay an ``scf.for`` inside it (they accumulate into one tile).
 """
 from __future__ import annotations
 
@@ -73,7 +75,8 @@ def tile_contractions(module: ir.Module, options: Options, hw: Hardware) -> None
             ident = choices.setdefault((op.name, tiles), len(choices))
             op.attributes[TILE_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ident)
     for (name, tiles), ident in choices.items():
-        _apply(module, _script(name, ident, tiles, batched=name == "linalg.batch_matmul"))
+        _apply(module, _script(name, ident, tiles, batched=name == "linalg.batch_matmul",
+                               parallel=options.parallel))
     if choices:
         # Folds the slices tiling left behind so that bufferization finds them in place.
         passmanager.PassManager.parse(
@@ -100,20 +103,19 @@ def _choose_for(op: ir.Operation, hw: Hardware) -> MatmulTiles | None:
     return choose_matmul_tiles(m, n, k, 4, hw)
 
 
-def _script(op_name: str, ident: int, t: MatmulTiles, batched: bool) -> str:
+def _script(op_name: str, ident: int, t: MatmulTiles, batched: bool, parallel: bool) -> str:
     lead = "1, " if batched else ""
-    cache = lead + ", ".join(map(str, t.cache))
     reg = lead + ", ".join(map(str, t.register))
-    handles = "!transform.any_op, " * (4 if batched else 3)
+    dims = 4 if batched else 3
+    handles = ", ".join(["!transform.any_op"] * dims)
     return f"""
 module attributes {{transform.with_named_sequence}} {{
   transform.named_sequence @main(%root: !transform.any_op {{transform.readonly}}) {{
     %op = transform.structured.match ops{{["{op_name}"]}} attributes{{{TILE_ATTR} = {ident} : i64}} in %root
       : (!transform.any_op) -> !transform.any_op
-    %t1, %l1:{4 if batched else 3} = transform.structured.tile_using_for %op tile_sizes [{cache}]
-      : (!transform.any_op) -> (!transform.any_op, {handles.rstrip(', ')})
-    %t2, %l2:{4 if batched else 3} = transform.structured.tile_using_for %t1 tile_sizes [{reg}]
-      : (!transform.any_op) -> (!transform.any_op, {handles.rstrip(', ')})
+{_cache_tiling(t, lead, parallel)}
+    %t2, %l2:{dims} = transform.structured.tile_using_for %t1 tile_sizes [{reg}]
+      : (!transform.any_op) -> (!transform.any_op, {handles})
     transform.structured.vectorize %t2 : !transform.any_op
     %f = transform.structured.match ops{{["func.func"]}} in %root : (!transform.any_op) -> !transform.any_op
     transform.apply_patterns to %f {{
@@ -128,6 +130,19 @@ module attributes {{transform.with_named_sequence}} {{
     transform.yield
   }}
 }}"""
+
+
+def _cache_tiling(t: MatmulTiles, lead: str, parallel: bool) -> str:
+    """Transform ops tiling ``%op`` into cache tiles ``%t1``: m/n tiles in an scf.forall when parallel."""
+    (mc, nc, kc), dims = t.cache, (4 if lead else 3)
+    if not parallel:
+        handles = ", ".join(["!transform.any_op"] * dims)
+        return (f"    %t1, %l1:{dims} = transform.structured.tile_using_for %op tile_sizes [{lead}{mc}, {nc}, {kc}]\n"
+                f"      : (!transform.any_op) -> (!transform.any_op, {handles})")
+    return (f"    %t0, %forall = transform.structured.tile_using_forall %op tile_sizes [{lead}{mc}, {nc}, 0]\n"
+            f"      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)\n"
+            f"    %t1, %l1 = transform.structured.tile_using_for %t0 tile_sizes [{'0, ' if lead else ''}0, 0, {kc}]\n"
+            f"      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
 
 
 def _apply(module: ir.Module, script: str) -> None:

@@ -28,12 +28,13 @@ class DeferredDestroy:
         self.pending = ctypes.c_size_t.in_dll(library, "pb_pending")
         self._take = library.pb_take
         self._take.restype, self._take.argtypes = ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]
-        self._out = (ctypes.c_void_p * _BATCH)()
 
     def drain(self) -> None:
         while self.pending.value:
-            count = self._take(self._out, _BATCH)
-            for handle in self._out[:count]:
+            # A buffer per call: ctypes releases the GIL in pb_take, and threads drain at once.
+            out = (ctypes.c_void_p * _BATCH)()
+            count = self._take(out, _BATCH)
+            for handle in out[:count]:
                 obj = handles.LIVE.get(handle)
                 if obj is None or getattr(obj, "immortal", False):
                     continue

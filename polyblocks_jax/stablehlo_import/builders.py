@@ -28,6 +28,12 @@ def elem_type_of(value: ir.Value) -> ir.Type:
     return ir.ShapedType(t).element_type if isinstance(t, ir.ShapedType) else t
 
 
+def shape_of(value: ir.Value) -> list[int]:
+    """``value``'s static shape; [] for a scalar."""
+    t = value.type
+    return list(ir.RankedTensorType(t).shape) if isinstance(t, ir.RankedTensorType) else []
+
+
 def scalar_attr(value, elem: ir.Type) -> ir.Attribute:
     if isinstance(elem, ir.IntegerType):
         width = ir.IntegerType(elem).width
@@ -75,6 +81,11 @@ def empty(spec: TensorSpec) -> ir.Value:
     return tensor.EmptyOp(list(spec.shape), element_type(spec.dtype)).result
 
 
+def filled(value: ir.Value, shape: Sequence[int]) -> ir.Value:
+    """A tensor of ``shape`` holding the scalar ``value`` everywhere (linalg.fill)."""
+    return linalg.fill(value, outs=[tensor.EmptyOp(list(shape), value.type).result])
+
+
 def to_scalar(value: ir.Value) -> ir.Value:
     """The element of a rank-0 tensor (values that are scalars already pass through)."""
     if isinstance(value.type, ir.RankedTensorType):
@@ -82,28 +93,13 @@ def to_scalar(value: ir.Value) -> ir.Value:
     return value
 
 
-def parallel_generic(inputs: list[ir.Value], init: ir.Value, input_maps: list[ir.AffineMap],
-                     body: Callable[..., ir.Value]) -> ir.Value:
-    """A linalg.generic writing every element of ``init`` (identity map) once.
-
-    ``body`` receives the block arguments (inputs' elements, then init's) and returns the
-    element to yield; it may build ``linalg.IndexOp`` for the loop indices.
-    """
-    rank = ir.RankedTensorType(init.type).rank
-    maps = [*input_maps, ir.AffineMap.get_identity(rank)]
-    op = linalg.GenericOp([init.type], inputs, [init],
-                          ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
-                          ir.ArrayAttr.get([ir.Attribute.parse("#linalg.iterator_type<parallel>")] * rank))
-    block = op.regions[0].blocks.append(*[elem_type_of(v) for v in (*inputs, init)])
-    with ir.InsertionPoint(block):
-        linalg.YieldOp([body(*block.arguments)])
-    return op.result
-
-
 def generic(ins: list[ir.Value], outs: list[ir.Value], maps: list[ir.AffineMap],
             iterators: list[str], body: Callable[..., Sequence[ir.Value]]) -> list[ir.Value]:
     """A linalg.generic with ``iterators`` ("parallel"/"reduction"); ``body`` gets the block
-    arguments (ins' elements, then outs') and returns the values to yield."""
+    arguments (ins' elements, then outs') and returns the values to yield.
+
+    ``body`` may build ``linalg.IndexOp`` for the loop indices.
+    """
     op = linalg.GenericOp([v.type for v in outs], ins, outs,
                           ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
                           ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{t}>")
@@ -114,9 +110,31 @@ def generic(ins: list[ir.Value], outs: list[ir.Value], maps: list[ir.AffineMap],
     return list(op.results)
 
 
+def parallel_generic(inputs: list[ir.Value], init: ir.Value, input_maps: list[ir.AffineMap],
+                     body: Callable[..., ir.Value]) -> ir.Value:
+    """``generic`` writing every element of ``init`` (identity map) once; ``body`` returns
+    the one element to yield."""
+    rank = ir.RankedTensorType(init.type).rank
+    maps = [*input_maps, ir.AffineMap.get_identity(rank)]
+    (result,) = generic(inputs, [init], maps, ["parallel"] * rank, lambda *args: [body(*args)])
+    return result
+
+
 def index_constant(value: int) -> ir.Value:
     """An ``index`` constant."""
     return arith.ConstantOp(ir.IndexType.get(), value).result
+
+
+def for_loop(lower: ir.Value, upper: ir.Value, step: ir.Value, carried: Sequence[ir.Value],
+             body: Callable[[ir.Value, list[ir.Value]], Sequence[ir.Value]]) -> list[ir.Value]:
+    """An scf.for over ``[lower, upper)`` by ``step`` (index values), carrying ``carried``.
+
+    ``body(iv, values)`` builds one iteration and returns the new carried values.
+    """
+    loop = scf.ForOp(lower, upper, step, list(carried))
+    with ir.InsertionPoint(loop.body):
+        scf.YieldOp(list(body(loop.induction_variable, list(loop.inner_iter_args))))
+    return list(loop.results)
 
 
 def loop_nest(bounds: Sequence[int], carried: Sequence[ir.Value],
@@ -127,9 +145,7 @@ def loop_nest(bounds: Sequence[int], carried: Sequence[ir.Value],
     """
     if not bounds:
         return list(body([], list(carried)))
-    loop = scf.ForOp(index_constant(0), index_constant(bounds[0]), index_constant(1), list(carried))
-    with ir.InsertionPoint(loop.body):
-        iv = loop.induction_variable
-        scf.YieldOp(loop_nest(bounds[1:], list(loop.inner_iter_args),
-                              lambda ivs, values: body([iv, *ivs], values)))
-    return list(loop.results)
+
+    def inner(iv: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
+        return loop_nest(bounds[1:], values, lambda ivs, vs: body([iv, *ivs], vs))
+    return for_loop(index_constant(0), index_constant(bounds[0]), index_constant(1), carried, inner)

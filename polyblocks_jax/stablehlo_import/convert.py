@@ -20,25 +20,28 @@ F, I = arith.CmpFPredicate, arith.CmpIPredicate
 
 @converts("stablehlo.convert")
 def convert(cx, op):
-    x = op.operands[0]
-    src, dst = op.operand_specs[0].dtype, op.result_specs[0].dtype
-    out = builders.shaped_like(x, element_type(dst))
+    return [convert_value(op.operands[0], op.operand_specs[0].dtype, op.result_specs[0].dtype)]
+
+
+def convert_value(x: ir.Value, src: DType, dst: DType) -> ir.Value:
+    """``x`` (a tensor or a scalar) of dtype ``src`` converted to ``dst`` as XLA CPU does."""
     if src == dst:
-        return [x]
+        return x
+    out = builders.shaped_like(x, element_type(dst))
     if dst.is_bool:
         zero = builders.constant_like(0, x)
-        return [arith.cmpf(F.UNE, x, zero) if src.is_float else arith.cmpi(I.ne, x, zero)]
+        return arith.cmpf(F.UNE, x, zero) if src.is_float else arith.cmpi(I.ne, x, zero)
     if src.is_float and dst.is_float:
-        return [_float_to_float(x, src, dst, out)]
+        return _float_to_float(x, src, dst, out)
     if dst.is_float:
         via = builders.shaped_like(x, ir.F32Type.get()) if dst.bits == 16 else out
         wide = (arith.uitofp if src.is_unsigned else arith.sitofp)(via, x)
-        return [arith.truncf(out, wide) if dst.bits == 16 else wide]
+        return arith.truncf(out, wide) if dst.bits == 16 else wide
     if src.is_float:
-        return [_float_to_int(x, dst, out)]
+        return _float_to_int(x, dst, out)
     if dst.bits > src.bits:
-        return [(arith.extui if src.is_unsigned else arith.extsi)(out, x)]
-    return [arith.trunci(out, x) if dst.bits < src.bits else x]  # same width: signless alike
+        return (arith.extui if src.is_unsigned else arith.extsi)(out, x)
+    return arith.trunci(out, x) if dst.bits < src.bits else x  # same width: signless alike
 
 
 def _float_to_float(x: ir.Value, src: DType, dst: DType, out: ir.Type) -> ir.Value:

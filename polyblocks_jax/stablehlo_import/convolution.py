@@ -15,10 +15,11 @@ import dataclasses
 from jaxlib.mlir import ir as jir
 from jaxlib.mlir.dialects import stablehlo
 from mlir import ir
-from mlir.dialects import arith, linalg, tensor
+from mlir.dialects import arith, linalg
 
-from polyblocks_jax.dtypes import DType
-from polyblocks_jax.stablehlo_import import builders, reader
+from polyblocks_jax.dtypes import DTYPES, DType
+from polyblocks_jax.stablehlo_import import builders, layout, reader, slices
+from polyblocks_jax.stablehlo_import.convert import convert_value
 from polyblocks_jax.stablehlo_import.registry import converts
 from polyblocks_jax.stablehlo_import.types import element_type
 
@@ -89,19 +90,18 @@ def convolution(cx, op):
     if 0 in result.shape:
         return [builders.empty(result)]
     acc = _accumulator(result.dtype)
-    lhs = _pad_and_dilate(_transposed(op.operands[0], win.input_perm), win, lhs_spec.dtype)
-    rhs = _reversed(_transposed(op.operands[1], win.kernel_perm), win.reversal)
+    lhs = _pad_and_dilate(layout.transpose(op.operands[0], win.input_perm), win)
+    spatial = [d for d, flip in enumerate(win.reversal) if flip]
+    rhs = layout.reverse(layout.transpose(op.operands[1], win.kernel_perm), spatial)
     out_shape = [result.shape[d] for d in win.result_perm]
-    init = linalg.fill(builders.splat(0, acc), outs=[tensor.EmptyOp(out_shape, acc).result])
-    out = _convolve(lhs, rhs, init, win, op)
-    if acc != element_type(result.dtype):
-        out = arith.truncf(ir.RankedTensorType.get(out_shape, element_type(result.dtype)), out)
-    return [_transposed(out, _inverse(win.result_perm))]
+    init = builders.filled(builders.splat(0, element_type(acc)), out_shape)
+    out = convert_value(_convolve(lhs, rhs, init, win, op), acc, result.dtype)
+    return [layout.transpose(out, _inverse(win.result_perm))]
 
 
-def _accumulator(dtype: DType) -> ir.Type:
+def _accumulator(dtype: DType) -> DType:
     """Half-precision results accumulate in f32 and are rounded once, as XLA CPU does."""
-    return ir.F32Type.get() if dtype.is_float and dtype.bits == 16 else element_type(dtype)
+    return DTYPES["f32"] if dtype.is_float and dtype.bits == 16 else dtype
 
 
 def _inverse(perm: list[int]) -> list[int]:
@@ -111,56 +111,12 @@ def _inverse(perm: list[int]) -> list[int]:
     return inv
 
 
-def _shape(value: ir.Value) -> list[int]:
-    return list(ir.RankedTensorType(value.type).shape)
-
-
-def _transposed(value: ir.Value, perm: list[int]) -> ir.Value:
-    """``value`` with dim i taken from dim perm[i]; no op when perm is the identity."""
-    if perm == sorted(perm):
-        return value
-    shape = _shape(value)
-    init = tensor.EmptyOp([shape[p] for p in perm], builders.elem_type_of(value)).result
-    return linalg.transpose(value, outs=[init], permutation=perm).results[0]
-
-
-def _pad_and_dilate(x: ir.Value, win: _Window, dtype: DType) -> ir.Value:
-    """Input (N, S..., C) with lhs dilation's interior zeros and edge padding applied.
-
-    Positive padding and dilation insert ``x`` at a stride into a zero-filled tensor;
-    negative padding then crops with an extract_slice.
-    """
-    shape = _shape(x)
-    spatial = shape[1:-1]
-    dilated = [(n - 1) * d + 1 if n else 0 for n, d in zip(spatial, win.lhs_dilation)]
-    grow_lo = [max(lo, 0) for lo, _ in win.padding]
-    grow_hi = [max(hi, 0) for _, hi in win.padding]
-    if any(grow_lo) or any(grow_hi) or any(d > 1 for d in win.lhs_dilation):
-        big = [shape[0], *[lo + n + hi for lo, n, hi in zip(grow_lo, dilated, grow_hi)], shape[-1]]
-        elem = element_type(dtype)
-        zeros = linalg.fill(builders.splat(0, elem), outs=[tensor.EmptyOp(big, elem).result])
-        x = tensor.insert_slice(x, zeros, [], [], [], [0, *grow_lo, 0], shape,
-                                [1, *win.lhs_dilation, 1])
-    if any(lo < 0 or hi < 0 for lo, hi in win.padding):
-        sizes = [shape[0], *[max(lo + n + hi, 0) for (lo, hi), n in zip(win.padding, dilated)],
-                 shape[-1]]
-        crop = [0, *[max(-lo, 0) for lo, _ in win.padding], 0]
-        result = ir.RankedTensorType.get(sizes, ir.RankedTensorType(x.type).element_type)
-        x = tensor.extract_slice(result, x, [], [], [], crop, sizes, [1] * len(sizes))
-    return x
-
-
-def _reversed(kernel: ir.Value, reversal: list[bool]) -> ir.Value:
-    """Kernel (S..., I, O) with the spatial dims marked in ``reversal`` flipped."""
-    if not any(reversal):
-        return kernel
-    shape = _shape(kernel)
-    flags = [*reversal, False, False]
-    exprs = [ir.AffineConstantExpr.get(n - 1) - ir.AffineDimExpr.get(i) if flip else ir.AffineDimExpr.get(i)
-             for i, (n, flip) in enumerate(zip(shape, flags))]
-    init = tensor.EmptyOp(shape, ir.RankedTensorType(kernel.type).element_type).result
-    return builders.parallel_generic([kernel], init, [ir.AffineMap.get(len(shape), 0, exprs)],
-                                     lambda k, _: k)
+def _pad_and_dilate(x: ir.Value, win: _Window) -> ir.Value:
+    """Input (N, S..., C) with lhs dilation's interior zeros and edge padding (negative too)."""
+    low = [0, *[lo for lo, _ in win.padding], 0]
+    high = [0, *[hi for _, hi in win.padding], 0]
+    interior = [0, *[d - 1 for d in win.lhs_dilation], 0]
+    return slices.pad(x, 0, low, high, interior)
 
 
 def _convolve(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op) -> ir.Value:
@@ -171,8 +127,8 @@ def _convolve(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op) ->
         (lhs_dt.is_unsigned or rhs_dt.is_unsigned)
         and {lhs_dt, rhs_dt} != {op.result_specs[0].dtype})
     attrs = dict(strides=win.strides, dilations=win.rhs_dilation)
-    kernel_in = _shape(rhs)[-2]
-    channels = _shape(lhs)[-1]
+    kernel_in = builders.shape_of(rhs)[-2]
+    channels = builders.shape_of(lhs)[-1]
     if named and win.batch_groups == 1 and win.groups == 1:
         return _CONV[win.rank](lhs, rhs, outs=[init], **attrs)
     if named and win.batch_groups == 1 and win.groups == channels and kernel_in == 1:
@@ -182,9 +138,9 @@ def _convolve(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op) ->
 
 def _depthwise(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, attrs: dict) -> ir.Value:
     """Feature groups of one input channel each: kernel (S..., 1, C*M) read as (S..., C, M)."""
-    channels = _shape(lhs)[-1]
+    channels = builders.shape_of(lhs)[-1]
     kernel = _merge_last(rhs)  # (S..., C*M)
-    if _shape(kernel)[-1] == channels:
+    if builders.shape_of(kernel)[-1] == channels:
         return _DEPTHWISE[win.rank](lhs, kernel, outs=[init], **attrs)
     out = _DEPTHWISE_MULT[win.rank](lhs, _split_last(kernel, channels),
                                     outs=[_split_last(init, channels)], **attrs)
@@ -199,8 +155,8 @@ def _generic_conv(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op
     """
     k = win.rank
     groups = win.groups * win.batch_groups
-    batch = _shape(init)[0]
-    kernel_in = _shape(rhs)[-2]
+    batch = builders.shape_of(init)[0]
+    kernel_in = builders.shape_of(rhs)[-2]
     d = [ir.AffineDimExpr.get(j) for j in range(2 * k + 4)]
     n, outs, g, og, window, i = d[0], d[1:k + 1], d[k + 1], d[k + 2], d[k + 3:2 * k + 3], d[-1]
     lhs_map = [g * batch + n if win.batch_groups > 1 else n,
@@ -216,9 +172,10 @@ def _generic_conv(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op
 def _mac_body(op):
     """acc + lhs * rhs on scalars, operands converted to the accumulator type first."""
     lhs_dt, rhs_dt = op.operand_specs[0].dtype, op.operand_specs[1].dtype
+    acc_dt = _accumulator(op.result_specs[0].dtype)
 
     def body(a: ir.Value, b: ir.Value, acc: ir.Value) -> list[ir.Value]:
-        a, b = _cast(a, lhs_dt, acc.type), _cast(b, rhs_dt, acc.type)
+        a, b = convert_value(a, lhs_dt, acc_dt), convert_value(b, rhs_dt, acc_dt)
         if isinstance(acc.type, ir.FloatType):
             return [arith.addf(acc, arith.mulf(a, b))]
         if lhs_dt.is_bool:  # a pred convolution: or of ands
@@ -227,33 +184,16 @@ def _mac_body(op):
     return body
 
 
-def _cast(value: ir.Value, dtype: DType, to: ir.Type) -> ir.Value:
-    if value.type == to:
-        return value
-    if isinstance(to, ir.FloatType) and isinstance(value.type, ir.IntegerType):
-        return arith.uitofp(to, value) if dtype.is_unsigned else arith.sitofp(to, value)
-    if isinstance(to, ir.FloatType):
-        wider = ir.FloatType(to).width > ir.FloatType(value.type).width
-        return arith.extf(to, value) if wider else arith.truncf(to, value)
-    if ir.IntegerType(to).width < ir.IntegerType(value.type).width:
-        return arith.trunci(to, value)
-    return arith.extui(to, value) if dtype.is_unsigned else arith.extsi(to, value)
-
-
 def _split_last(value: ir.Value, groups: int) -> ir.Value:
     """(..., G*M) -> (..., G, M)."""
-    shape = _shape(value)
-    new_shape = [*shape[:-1], groups, shape[-1] // groups]
-    result = ir.RankedTensorType.get(new_shape, builders.elem_type_of(value))
-    return tensor.expand_shape(result, value, _last_pair(len(shape) - 1), [], new_shape)
+    shape = builders.shape_of(value)
+    return layout.expand(value, _last_pair(len(shape) - 1), [*shape[:-1], groups, shape[-1] // groups])
 
 
 def _merge_last(value: ir.Value) -> ir.Value:
     """(..., G, M) -> (..., G*M)."""
-    shape = _shape(value)
-    new_shape = [*shape[:-2], shape[-2] * shape[-1]]
-    result = ir.RankedTensorType.get(new_shape, builders.elem_type_of(value))
-    return tensor.collapse_shape(result, value, _last_pair(len(shape) - 2))
+    shape = builders.shape_of(value)
+    return layout.collapse(value, _last_pair(len(shape) - 2), [*shape[:-2], shape[-2] * shape[-1]])
 
 
 def _last_pair(leading: int) -> list[list[int]]:

@@ -18,10 +18,11 @@ from typing import Sequence
 
 from jaxlib.mlir.dialects import stablehlo
 from mlir import ir
-from mlir.dialects import arith, linalg, tensor
+from mlir.dialects import linalg
 
-from polyblocks_jax.dtypes import DTYPES, DType, TensorSpec
-from polyblocks_jax.stablehlo_import import builders
+from polyblocks_jax.dtypes import DTYPES, DType
+from polyblocks_jax.stablehlo_import import builders, layout
+from polyblocks_jax.stablehlo_import.convert import convert_value
 from polyblocks_jax.stablehlo_import.registry import converts
 from polyblocks_jax.stablehlo_import.types import element_type
 
@@ -47,21 +48,23 @@ def _contract(op, lhs_batch: list[int], rhs_batch: list[int],
     lhs_spec, rhs_spec = op.operand_specs
     out = op.result_specs[0]
     acc = _accumulator(out.dtype)
+    for operand in (lhs_spec, rhs_spec):
+        if operand.dtype.is_float and acc.is_integer:
+            raise op.unsupported(f"a dot of {operand.dtype.name} operands with a {acc.name} result")
     lhs_free = [d for d in range(lhs_spec.rank) if d not in lhs_batch + lhs_contract]
     rhs_free = [d for d in range(rhs_spec.rank) if d not in rhs_batch + rhs_contract]
-    (lhs, lhs_dtype), (rhs, rhs_dtype), cast = _matmul_operands(op, acc)
+    lhs, rhs, cast = _matmul_operands(op, acc)
     batched = bool(lhs_batch)  # without batch dims, a plain matmul on 2-d operands
     lhs_groups = [lhs_batch] * batched + [lhs_free, lhs_contract]
     rhs_groups = [rhs_batch] * batched + [rhs_contract, rhs_free]
-    lhs = _canonical(lhs, lhs_spec.shape, lhs_groups, lhs_dtype)
-    rhs = _canonical(rhs, rhs_spec.shape, rhs_groups, rhs_dtype)
+    lhs, rhs = _canonical(lhs, lhs_groups), _canonical(rhs, rhs_groups)
     sizes = [_prod(lhs_spec.shape, g) for g in lhs_groups[:-1]] + [_prod(rhs_spec.shape, rhs_free)]
-    init = _zeros(TensorSpec(tuple(sizes), acc))
+    init = builders.filled(builders.splat(0, element_type(acc)), sizes)
     result = (linalg.batch_matmul if batched else linalg.matmul)(lhs, rhs, outs=[init], cast=cast)
     nb, nm = len(lhs_batch), len(lhs_free)
     out_groups = [list(range(nb))] * batched + [list(range(nb, nb + nm)), list(range(nb + nm, out.rank))]
     result = _from_groups(result, out_groups, out.shape)
-    return _cast(op, result, acc, out.dtype)
+    return convert_value(result, acc, out.dtype)
 
 
 def _accumulator(out: DType) -> DType:
@@ -77,11 +80,8 @@ def _accumulator(out: DType) -> DType:
     return out
 
 
-Operand = tuple[ir.Value, DType]
-
-
-def _matmul_operands(op, acc: DType) -> tuple[Operand, Operand, ir.Attribute | None]:
-    """The operands as the matmul takes them, with their dtypes, and its ``cast`` attribute.
+def _matmul_operands(op, acc: DType) -> tuple[ir.Value, ir.Value, ir.Attribute | None]:
+    """The operands as the matmul takes them, and its ``cast`` attribute.
 
     When both operands widen to the accumulator with the same signedness, the matmul's
     own cast extends each element as it is read: the tiling passes then see the narrow
@@ -94,37 +94,13 @@ def _matmul_operands(op, acc: DType) -> tuple[Operand, Operand, ir.Attribute | N
     widening &= not (ls.dtype.is_float and acc.is_integer)
     if len(kinds) == 1 and widening:
         cast = ir.Attribute.parse("#linalg.type_fn<cast_unsigned>") if ls.dtype.is_unsigned else None
-        return (lhs, ls.dtype), (rhs, rs.dtype), cast
-    return (_cast(op, lhs, ls.dtype, acc), acc), (_cast(op, rhs, rs.dtype, acc), acc), None
+        return lhs, rhs, cast
+    return convert_value(lhs, ls.dtype, acc), convert_value(rhs, rs.dtype, acc), None
 
 
-def _cast(op, value: ir.Value, src: DType, dst: DType) -> ir.Value:
-    """Convert operands to the accumulator type and the accumulator to the result type."""
-    if src == dst:
-        return value
-    to = builders.shaped_like(value, element_type(dst))
-    if dst.is_bool:
-        return arith.cmpi(arith.CmpIPredicate.ne, value, builders.constant_like(0, value))
-    if src.is_integer and dst.is_integer:
-        if src.bits < dst.bits:
-            return arith.extui(to, value) if src.is_unsigned else arith.extsi(to, value)
-        return arith.trunci(to, value) if src.bits > dst.bits else value
-    if src.is_integer and dst.is_float:
-        return arith.uitofp(to, value) if src.is_unsigned else arith.sitofp(to, value)
-    if src.is_float and dst.is_float:
-        if src.bits == dst.bits:  # bf16 <-> f16: through f32, exact on the way up
-            value = _cast(op, value, src, DTYPES["f32"])
-            src = DTYPES["f32"]
-        return arith.extf(to, value) if src.bits < dst.bits else arith.truncf(to, value)
-    raise op.unsupported(f"a dot of {src.name} operands with a {dst.name} result")
-
-
-def _canonical(value: ir.Value, shape: Sequence[int], groups: list[list[int]], dtype: DType) -> ir.Value:
+def _canonical(value: ir.Value, groups: list[list[int]]) -> ir.Value:
     """Transpose ``value`` so that ``groups`` follow each other, then collapse each to one dim."""
-    perm = [d for g in groups for d in g]
-    if perm != list(range(len(perm))):
-        dest = builders.empty(TensorSpec(tuple(shape[d] for d in perm), dtype))
-        value = linalg.transpose(value, outs=[dest], permutation=perm).results[0]
+    value = layout.transpose(value, [d for g in groups for d in g])
     sizes = [len(g) for g in groups]
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return _to_groups(value, [list(range(s, s + k)) for s, k in zip(starts, sizes)])
@@ -132,17 +108,17 @@ def _canonical(value: ir.Value, shape: Sequence[int], groups: list[list[int]], d
 
 def _to_groups(value: ir.Value, groups: list[list[int]]) -> ir.Value:
     """Collapse each group of consecutive dims to one dim; an empty group becomes a unit dim."""
-    shape = ir.RankedTensorType(value.type).shape
+    shape = builders.shape_of(value)
     nonempty = [g for g in groups if g]
-    value = _collapse(value, nonempty, [_prod(shape, g) for g in nonempty])
-    return _expand(value, _unit_reassociation(groups), [_prod(shape, g) for g in groups])
+    value = layout.collapse(value, nonempty, [_prod(shape, g) for g in nonempty])
+    return layout.expand(value, _unit_reassociation(groups), [_prod(shape, g) for g in groups])
 
 
 def _from_groups(value: ir.Value, groups: list[list[int]], shape: Sequence[int]) -> ir.Value:
     """The inverse of _to_groups: expand dim i of ``value`` into the dims ``groups[i]`` of ``shape``."""
     nonempty = [g for g in groups if g]
-    value = _collapse(value, _unit_reassociation(groups), [_prod(shape, g) for g in nonempty])
-    return _expand(value, nonempty, list(shape))
+    value = layout.collapse(value, _unit_reassociation(groups), [_prod(shape, g) for g in nonempty])
+    return layout.expand(value, nonempty, list(shape))
 
 
 def _unit_reassociation(groups: list[list[int]]) -> list[list[int]]:
@@ -164,35 +140,6 @@ def _unit_reassociation(groups: list[list[int]]) -> list[list[int]]:
     return reassociation
 
 
-def _collapse(value: ir.Value, reassociation: list[list[int]], shape: list[int]) -> ir.Value:
-    if list(ir.RankedTensorType(value.type).shape) == shape:
-        return value
-    t = ir.RankedTensorType.get(shape, _elem(value))
-    return tensor.collapse_shape(t, value, _reassociation_attr(reassociation))
-
-
-def _expand(value: ir.Value, reassociation: list[list[int]], shape: list[int]) -> ir.Value:
-    if list(ir.RankedTensorType(value.type).shape) == shape:
-        return value
-    t = ir.RankedTensorType.get(shape, _elem(value))
-    return tensor.expand_shape(t, value, _reassociation_attr(reassociation), [], shape)
-
-
-def _reassociation_attr(reassociation: list[list[int]]) -> ir.ArrayAttr:
-    i64 = ir.IntegerType.get_signless(64)
-    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, d) for d in g])
-                             for g in reassociation])
-
-
-def _zeros(spec: TensorSpec) -> ir.Value:
-    zero = builders.splat(0, element_type(spec.dtype))
-    return linalg.fill(zero, outs=[builders.empty(spec)])
-
-
 def _prod(shape: Sequence[int], dims: Sequence[int]) -> int:
     return math.prod(shape[d] for d in dims)
-
-
-def _elem(value: ir.Value) -> ir.Type:
-    return ir.RankedTensorType(value.type).element_type
 

@@ -228,7 +228,7 @@ _INT_PREDICATES = {
 }
 
 
-def _total_order_key(x: ir.Value, bits: int) -> ir.Value:
+def total_order_key(x: ir.Value, bits: int) -> ir.Value:
     """An integer whose signed order is the IEEE total order of the float ``x``."""
     int_t = ir.IntegerType.get_signless(bits)
     i = arith.bitcast(builders.shaped_like(x, int_t), x)
@@ -248,7 +248,7 @@ def compare(cx, op):
     if kind == "FLOAT" and dt.is_float:
         return [arith.cmpf(_FLOAT_PREDICATES[direction], lhs, rhs)]
     if kind == "TOTALORDER" and dt.is_float:
-        lhs, rhs, kind = _total_order_key(lhs, dt.bits), _total_order_key(rhs, dt.bits), "SIGNED"
+        lhs, rhs, kind = total_order_key(lhs, dt.bits), total_order_key(rhs, dt.bits), "SIGNED"
     elif kind not in _INT_PREDICATES or dt.is_float:
         raise op.unsupported(f"compare_type {kind} on {dt.name}")
     return [arith.cmpi(_INT_PREDICATES[kind][direction], lhs, rhs)]

@@ -13,7 +13,7 @@ from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.stablehlo_import import builders, reader
+from polyblocks_jax.stablehlo_import import builders, reader, slices
 from polyblocks_jax.stablehlo_import.registry import converts
 
 
@@ -25,16 +25,8 @@ def _start_indices(indices: ir.Value, spec: TensorSpec, batch: Sequence[ir.Value
         pos = list(batch)
         if index_vector_dim < spec.rank:
             pos.insert(index_vector_dim, builders.index_constant(k))
-        value = tensor.ExtractOp(indices, pos).result
-        cast = arith.index_castui if spec.dtype.is_unsigned else arith.index_cast
-        starts.append(cast(ir.IndexType.get(), value))
+        starts.append(slices.to_index(tensor.ExtractOp(indices, pos).result, spec.dtype.is_unsigned))
     return starts
-
-
-def _clamp(start: ir.Value, high: int, unsigned: bool) -> ir.Value:
-    """``start`` clamped to ``[0, high]``."""
-    clamped = (arith.minui if unsigned else arith.minsi)(start, builders.index_constant(high))
-    return clamped if unsigned else arith.maxsi(clamped, builders.index_constant(0))
 
 
 def _in_range(start: ir.Value, high: int, unsigned: bool) -> ir.Value:
@@ -72,7 +64,7 @@ def gather(cx, op):
         pos = [builders.index_constant(0)] * operand_spec.rank
         starts = _start_indices(indices, indices_spec, batch, ivd, len(dn.start_index_map))
         for d, start in zip(dn.start_index_map, starts):
-            pos[d] = _clamp(start, operand_spec.shape[d] - slice_sizes[d], unsigned)
+            pos[d] = slices.clamp_start(start, operand_spec.shape[d] - slice_sizes[d], unsigned)
         for d, idim in zip(dn.operand_batching_dims, dn.start_indices_batching_dims):
             pos[d] = _batch_position(batch, idim, ivd)
         for d, out_dim in zip(window_dims, offset_dims):

@@ -12,10 +12,11 @@ from typing import Callable, Sequence
 
 from jaxlib.mlir import ir as jir
 from mlir import ir
-from mlir.dialects import arith, linalg, scf, tensor
+from mlir.dialects import arith, linalg, tensor
 
 from polyblocks_jax.dtypes import DType, TensorSpec
-from polyblocks_jax.stablehlo_import import builders, reader
+from polyblocks_jax.stablehlo_import import builders, reader, slices
+from polyblocks_jax.stablehlo_import.elementwise import total_order_key
 from polyblocks_jax.stablehlo_import.registry import converts
 from polyblocks_jax.stablehlo_import.types import element_type
 
@@ -58,24 +59,20 @@ def _merge_pass(src: list[ir.Value], shape: Sequence[int], dimension: int, width
         def at(k):
             return ivs[:dimension] + [k] + ivs[dimension:]
 
-        run_loop = scf.ForOp(builders.index_constant(0), builders.index_constant(n),
-                             builders.index_constant(2 * width), dst)
-        with ir.InsertionPoint(run_loop.body):
-            lo = run_loop.induction_variable
+        def runs(lo, dst):
             mid = _min_index(arith.addi(lo, builders.index_constant(width)), n)
             hi = _min_index(arith.addi(lo, builders.index_constant(2 * width)), n)
-            scf.YieldOp(_merge_runs(src, list(run_loop.inner_iter_args), lo, mid, hi, n, at, less))
-        return list(run_loop.results)
+            return _merge_runs(src, dst, lo, mid, hi, n, at, less)
+        return builders.for_loop(builders.index_constant(0), builders.index_constant(n),
+                                 builders.index_constant(2 * width), dst, runs)
 
     return builders.loop_nest(rows, dst, row)
 
 
 def _merge_runs(src, dst, lo, mid, hi, n, at, less) -> list[ir.Value]:
     """Merge ``src[lo:mid]`` and ``src[mid:hi]`` into ``dst[lo:hi]`` (one scf.for over k)."""
-    loop = scf.ForOp(lo, hi, builders.index_constant(1), [lo, mid, *dst])
-    with ir.InsertionPoint(loop.body):
-        k = loop.induction_variable
-        i, j, *out = loop.inner_iter_args
+    def step(k, carried):
+        i, j, *out = carried
         # Loads stay in bounds; a clamped position is read but never chosen.
         left = [tensor.ExtractOp(s, at(_min_index(i, n - 1))).result for s in src]
         right = [tensor.ExtractOp(s, at(_min_index(j, n - 1))).result for s in src]
@@ -87,8 +84,8 @@ def _merge_runs(src, dst, lo, mid, hi, n, at, less) -> list[ir.Value]:
         one = builders.index_constant(1)
         next_i = arith.select(take_right, i, arith.addi(i, one))
         next_j = arith.select(take_right, arith.addi(j, one), j)
-        scf.YieldOp([next_i, next_j, *out])
-    return list(loop.results)[2:]
+        return [next_i, next_j, *out]
+    return builders.for_loop(lo, hi, builders.index_constant(1), [lo, mid, *dst], step)[2:]
 
 
 def _min_index(value: ir.Value, bound: int) -> ir.Value:
@@ -120,11 +117,9 @@ def _iota(spec: TensorSpec, dimension: int) -> ir.Value:
 
 def leading(value: ir.Value, dimension: int, k: int) -> ir.Value:
     """The first ``k`` elements of ``value`` along ``dimension``."""
-    shape = ir.RankedTensorType(value.type).shape
+    shape = builders.shape_of(value)
     sizes = [k if d == dimension else s for d, s in enumerate(shape)]
-    return tensor.ExtractSliceOp(
-        ir.RankedTensorType.get(sizes, builders.elem_type_of(value)), value, [], [], [],
-        [0] * len(shape), sizes, [1] * len(shape)).result
+    return slices.extract_slice(value, sizes, [0] * len(shape))
 
 
 def _total_order_less(a: ir.Value, b: ir.Value, dtype: DType) -> ir.Value:
@@ -132,13 +127,5 @@ def _total_order_less(a: ir.Value, b: ir.Value, dtype: DType) -> ir.Value:
     if not dtype.is_float:
         pred = arith.CmpIPredicate.ult if dtype.is_unsigned else arith.CmpIPredicate.slt
         return arith.cmpi(pred, a, b)
-    return arith.cmpi(arith.CmpIPredicate.slt, _sortable_bits(a, dtype), _sortable_bits(b, dtype))
+    return arith.cmpi(arith.CmpIPredicate.slt, total_order_key(a, dtype.bits), total_order_key(b, dtype.bits))
 
-
-def _sortable_bits(x: ir.Value, dtype: DType) -> ir.Value:
-    """The float's bits as a signed integer that orders like the float's total order."""
-    int_type = ir.IntegerType.get_signless(dtype.bits)
-    bits = arith.bitcast(int_type, x)
-    sign = arith.shrsi(bits, builders.splat(dtype.bits - 1, int_type))
-    magnitude_mask = arith.andi(sign, builders.splat(2 ** (dtype.bits - 1) - 1, int_type))
-    return arith.xori(bits, magnitude_mask)  # negative floats: flip all but the sign bit

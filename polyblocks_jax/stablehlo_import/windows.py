@@ -23,9 +23,8 @@ from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.stablehlo_import import builders, reader
+from polyblocks_jax.stablehlo_import import builders, reader, slices
 from polyblocks_jax.stablehlo_import.registry import converts
-from polyblocks_jax.stablehlo_import.types import element_type, tensor_type
 
 _POOLING_BODIES = {"stablehlo.maximum": "max", "stablehlo.minimum": "min", "stablehlo.add": "sum"}
 
@@ -51,10 +50,6 @@ class _Window:
         """Whether the padded operand holds elements that are not the operand's."""
         return any(p > 0 for p in self.low + self.high) or any(b > 1 for b in self.base_dilations)
 
-    def padded_shape(self, shape: Sequence[int]) -> list[int]:
-        return [lo + hi + (max(n - 1, 0) * b + (n > 0))
-                for n, lo, hi, b in zip(shape, self.low, self.high, self.base_dilations)]
-
 
 # ---------------------------------------------------------------- reduce_window
 
@@ -71,7 +66,7 @@ def reduce_window(cx, op):
     if axis is not None:
         return _cumulative(cx, body, xs, inits, op.operand_specs[:n], *axis)
     padded = [_pad(x, init, win) for x, init in zip(xs, inits)]
-    outs = [linalg.fill(init, outs=[builders.empty(s)]) for init, s in zip(inits, op.result_specs)]
+    outs = [builders.filled(init, s.shape) for init, s in zip(inits, op.result_specs)]
     if win.pads() and not _is_identity(op.op.operands[n], _single_op(body), spec):
         # XLA folds only the operand's elements, never padding: mask the padding out.
         return _window_generic(cx, body, padded, outs, win, _mask(spec.shape, win))
@@ -103,8 +98,8 @@ def _window_generic(cx, body: jir.Block, padded: list[ir.Value], outs: list[ir.V
         if mask is None:
             return folded
         return [arith.select(args[len(padded)], f, acc) for f, acc in zip(folded, accs)]
-    return _generic([*ins, _window_tensor(win.dims)], outs, maps,
-                    ["parallel"] * rank + ["reduction"] * rank, fold)
+    return builders.generic([*ins, _window_tensor(win.dims)], outs, maps,
+                            ["parallel"] * rank + ["reduction"] * rank, fold)
 
 
 def _single_op(body: jir.Block) -> str | None:
@@ -183,20 +178,20 @@ def _cumulative(cx, body: jir.Block, xs: list[ir.Value], inits: list[ir.Value],
                 specs: list[TensorSpec], axis: int, reverse: bool) -> list[ir.Value]:
     """A loop along ``axis`` folding each slice into the running one, then storing it."""
     n = specs[0].shape[axis]
-    slices = [TensorSpec(tuple(1 if i == axis else s for i, s in enumerate(sp.shape)), sp.dtype)
-              for sp in specs]
-    running = [linalg.fill(init, outs=[builders.empty(s)]) for init, s in zip(inits, slices)]
+    slice_specs = [TensorSpec(tuple(1 if i == axis else s for i, s in enumerate(sp.shape)), sp.dtype)
+                   for sp in specs]
+    running = [builders.filled(init, s.shape) for init, s in zip(inits, slice_specs)]
     results = [builders.empty(s) for s in specs]
     identity = ir.AffineMap.get_identity(specs[0].rank)
 
     def step(ivs, carried):
         pos = arith.subi(builders.index_constant(n - 1), ivs[0]) if reverse else ivs[0]
         offsets = [pos if i == axis else 0 for i in range(specs[0].rank)]
-        cur = [_slice(x, s, offsets) for x, s in zip(xs, slices)]
+        cur = [slices.extract_slice(x, s.shape, offsets) for x, s in zip(xs, slice_specs)]
         k = len(xs)
-        new = _generic(cur, carried[k:], [identity] * (2 * k), ["parallel"] * specs[0].rank,
-                       lambda *a: cx.import_block(body, [*a[k:], *a[:k]], scalar=True))
-        stored = [_insert(v, s, out, offsets) for v, s, out in zip(new, slices, carried[:k])]
+        new = builders.generic(cur, carried[k:], [identity] * (2 * k), ["parallel"] * specs[0].rank,
+                               lambda *a: cx.import_block(body, [*a[k:], *a[:k]], scalar=True))
+        stored = [slices.insert_slice(v, out, offsets) for v, out in zip(new, carried[:k])]
         return stored + new
     return builders.loop_nest([n], results + running, step)[:len(xs)]
 
@@ -212,7 +207,7 @@ def select_and_scatter(cx, op):
     win = _Window.read(op, spec.rank)
     select_body, scatter_body = (r.blocks[0] for r in op.op.regions)
     selected = _select(cx, select_body, x, spec, win, src_spec)
-    out = linalg.fill(builders.to_scalar(init), outs=[builders.empty(op.result_specs[0])])
+    out = builders.filled(builders.to_scalar(init), op.result_specs[0].shape)
     return [_scatter(cx, scatter_body, source, selected, out, win, src_spec)]
 
 
@@ -226,12 +221,12 @@ def _select(cx, body: jir.Block, x: ir.Value, spec: TensorSpec, win: _Window,
     i64 = ir.IntegerType.get_signless(64)
     d = [ir.AffineExpr.get_dim(i) for i in range(2 * rank)]
     read = _map(2 * rank, [d[i] * win.strides[i] + d[rank + i] for i in range(rank)])
-    ins = [_pad(x, builders.splat(0, element_type(spec.dtype)), win)]
+    ins = [_pad(x, 0, win)]
     if win.pads():
         ins.append(_mask(spec.shape, win))
     pos_spec = TensorSpec(src_spec.shape, spec.dtype)
     outs = [builders.empty(pos_spec),
-            linalg.fill(builders.splat(-1, i64), outs=[tensor.EmptyOp(list(src_spec.shape), i64).result])]
+            builders.filled(builders.splat(-1, i64), src_spec.shape)]
     maps = [read] * len(ins) + [_map(2 * rank, d[rank:])] + [_map(2 * rank, d[:rank])] * 2
 
     def pick(cand, *rest):
@@ -243,8 +238,8 @@ def _select(cx, body: jir.Block, x: ir.Value, spec: TensorSpec, win: _Window,
         if valid:
             take = arith.andi(take, valid[0])
         return [arith.select(take, cand, cur), arith.select(take, offset, cur_pos)]
-    return _generic([*ins, _window_tensor(win.dims)], outs, maps,
-                    ["parallel"] * rank + ["reduction"] * rank, pick)[1]
+    return builders.generic([*ins, _window_tensor(win.dims)], outs, maps,
+                            ["parallel"] * rank + ["reduction"] * rank, pick)[1]
 
 
 def _scatter(cx, body: jir.Block, source: ir.Value, selected: ir.Value, out: ir.Value,
@@ -276,24 +271,11 @@ def _scatter(cx, body: jir.Block, source: ir.Value, selected: ir.Value, out: ir.
             hit = arith.andi(hit, h)
         (folded,) = cx.import_block(body, [acc, tensor.extract(source, windows)], scalar=True)
         return [arith.select(hit, folded, acc)]
-    return _generic([_window_tensor(win.dims)], [out], maps,
-                    ["parallel"] * rank + ["reduction"] * rank, gather)[0]
+    return builders.generic([_window_tensor(win.dims)], [out], maps,
+                            ["parallel"] * rank + ["reduction"] * rank, gather)[0]
 
 
 # ---------------------------------------------------------------- helpers
-
-def _generic(ins: list[ir.Value], outs: list[ir.Value], maps: list[ir.AffineMap],
-             iterators: list[str], body: Callable[..., Sequence[ir.Value]]) -> list[ir.Value]:
-    """A linalg.generic; ``body`` gets the block arguments and returns the yielded values."""
-    op = linalg.GenericOp([v.type for v in outs], ins, outs,
-                          ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
-                          ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{t}>")
-                                            for t in iterators]))
-    block = op.regions[0].blocks.append(*[builders.elem_type_of(v) for v in (*ins, *outs)])
-    with ir.InsertionPoint(block):
-        linalg.YieldOp(list(body(*block.arguments)))
-    return list(op.results)
-
 
 def _map(n_dims: int, exprs: Sequence[ir.AffineExpr]) -> ir.AffineMap:
     return ir.AffineMap.get(n_dims, 0, list(exprs))
@@ -304,51 +286,15 @@ def _window_tensor(dims: Sequence[int]) -> ir.Value:
     return tensor.EmptyOp(list(dims), _i1()).result
 
 
-def _pad(x: ir.Value, value: ir.Value, win: _Window) -> ir.Value:
-    """``x`` inside a tensor filled with ``value``: edge padding, base dilation as interior.
-
-    Negative padding drops the operand elements that fall outside.
-    """
-    src = ir.RankedTensorType(x.type).shape
-    shape = win.padded_shape(src)
-    if shape == list(src):
-        return x
-    filled = linalg.fill(value, outs=[tensor.EmptyOp(shape, builders.elem_type_of(x)).result])
-    steps = win.base_dilations
-    firsts = [-(lo // b) if lo < 0 else 0 for lo, b in zip(win.low, steps)]  # ceil(-lo / b)
-    lasts = [min(n - 1, (m - 1 - lo) // b) for n, m, lo, b in zip(src, shape, win.low, steps)]
-    counts = [last - first + 1 for first, last in zip(firsts, lasts)]
-    if min(counts, default=1) <= 0:
-        return filled
-    if counts != list(src):
-        x = tensor.ExtractSliceOp(ir.RankedTensorType.get(counts, builders.elem_type_of(x)), x,
-                                  [], [], [], firsts, counts, [1] * len(src)).result
-    offsets = [lo + f * b for lo, f, b in zip(win.low, firsts, steps)]
-    return tensor.InsertSliceOp(x, filled, [], [], [], offsets, counts, list(steps)).result
+def _pad(x: ir.Value, value: ir.Value | bool, win: _Window) -> ir.Value:
+    """``x`` inside a tensor filled with ``value``: edge padding, base dilation as interior."""
+    return slices.pad(x, value, win.low, win.high, [b - 1 for b in win.base_dilations])
 
 
 def _mask(shape: Sequence[int], win: _Window) -> ir.Value:
     """Booleans shaped like the padded operand: true where an operand element lies."""
     inside = builders.splat(True, ir.RankedTensorType.get(list(shape), _i1()))
-    return _pad(inside, builders.splat(False, _i1()), win)
-
-
-def _slice(x: ir.Value, spec: TensorSpec, offsets: list) -> ir.Value:
-    dynamic, static = _split(offsets)
-    return tensor.ExtractSliceOp(tensor_type(spec), x, dynamic, [], [], static,
-                                 list(spec.shape), [1] * spec.rank).result
-
-
-def _insert(x: ir.Value, spec: TensorSpec, dest: ir.Value, offsets: list) -> ir.Value:
-    dynamic, static = _split(offsets)
-    return tensor.InsertSliceOp(x, dest, dynamic, [], [], static, list(spec.shape), [1] * spec.rank).result
-
-
-def _split(offsets: list) -> tuple[list[ir.Value], list[int]]:
-    dynamic = [o for o in offsets if isinstance(o, ir.Value)]
-    static = [ir.ShapedType.get_dynamic_stride_or_offset() if isinstance(o, ir.Value) else o
-              for o in offsets]
-    return dynamic, static
+    return _pad(inside, False, win)
 
 
 def _linearize(indices: Sequence[ir.Value], dims: Sequence[int]) -> ir.Value:

@@ -1,0 +1,174 @@
+"""Single kernels on XLA CPU and on polyblocks, side by side in one process.
+
+f32 matmuls, a 3x3 and a 1x1 NHWC convolution, softmax attention and layernorm+GELU(erf):
+median latency after warm-up, maximum relative error against XLA, and the ratio
+XLA time / polyblocks time (> 1: polyblocks is faster). Prints a table and writes
+bench/results/ops-<machine>.json.
+
+    python bench/ops.py                    # the issue's sizes
+    python bench/ops.py --quick            # small sizes, seconds
+    python bench/ops.py --ops conv3x3,attention --repeat 20
+    POLYBLOCKS_FLAGS=no-vectorize python bench/ops.py --tag no-vectorize
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+if __package__ in (None, ""):  # run as a script: make `bench` importable from the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench import models, runner  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    fn: Callable
+    shapes: tuple[tuple[int, ...], ...]  # f32 arguments
+    flops: float                         # useful floating-point operations, for GFLOP/s
+
+
+def matmul(n: int) -> Case:
+    return Case(lambda a, b: a @ b, ((n, n), (n, n)), 2.0 * n ** 3)
+
+
+def conv(batch: int, size: int, cin: int, cout: int, window: int) -> Case:
+    def fn(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    flops = 2.0 * batch * size * size * cin * cout * window * window
+    return Case(fn, ((batch, size, size, cin), (window, window, cin, cout)), flops)
+
+
+def attention(batch: int, heads: int, seq: int, dim: int) -> Case:
+    def fn(q, k, v):
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(dim)
+        return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
+    shape = (batch, heads, seq, dim)
+    return Case(fn, (shape, shape, shape), 4.0 * batch * heads * seq * seq * dim)
+
+
+def layernorm_gelu(batch: int, seq: int, dim: int) -> Case:
+    def fn(x, scale, bias):
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        y = (x - mean) * jax.lax.rsqrt(var + 1e-6) * scale + bias
+        return jax.nn.gelu(y, approximate=False)
+    return Case(fn, ((batch, seq, dim), (dim,), (dim,)), 20.0 * batch * seq * dim)
+
+
+def cases(quick: bool) -> dict[str, Case]:
+    if quick:
+        return {"matmul128": matmul(128), "matmul256": matmul(256),
+                "conv3x3": conv(2, 14, 32, 32, 3), "conv1x1": conv(2, 14, 32, 64, 1),
+                "attention": attention(1, 2, 128, 64), "layernorm_gelu": layernorm_gelu(2, 64, 256)}
+    return {"matmul512": matmul(512), "matmul1024": matmul(1024), "matmul2048": matmul(2048),
+            "conv3x3": conv(8, 56, 64, 64, 3), "conv1x1": conv(8, 56, 64, 256, 1),
+            "attention": attention(1, 8, 512, 64), "layernorm_gelu": layernorm_gelu(8, 512, 768)}
+
+
+@dataclasses.dataclass
+class Row:
+    op: str
+    xla_ms: float
+    pb_ms: float | None = None
+    xla_gflops: float = 0.0
+    pb_gflops: float | None = None
+    pb_compile_s: float | None = None
+    max_rel_error: float | None = None
+    ratio: float | None = None   # XLA time / polyblocks time: > 1 means polyblocks is faster
+    error: str = ""
+
+
+def measure(name: str, case: Case, repeat: int) -> Row:
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s, np.float32) for s in case.shapes]
+    xla = runner.compile_xla(case.fn, *args)
+    expected = runner.flat_numpy(xla.call())
+    row = Row(name, 1e3 * runner.median_latency(xla, repeat))
+    row.xla_gflops = case.flops / row.xla_ms / 1e6
+    try:
+        pbc = runner.compile_polyblocks(case.fn, *args)
+        row.pb_compile_s = pbc.compile_s
+        row.max_rel_error = runner.max_relative_error(runner.flat_numpy(pbc.call()), expected)
+        row.pb_ms = 1e3 * runner.median_latency(pbc, repeat)
+        row.pb_gflops = case.flops / row.pb_ms / 1e6
+        row.ratio = row.xla_ms / row.pb_ms
+    except Exception as e:  # noqa: BLE001 (a failing op is a row of the table, not a crash)
+        row.error = " ".join(runner.failure(e))
+    return row
+
+
+def format_table(rows: list[Row]) -> str:
+    head = (f"{'op':<15} {'xla ms':>9} {'GFLOP/s':>8} {'pb ms':>9} {'GFLOP/s':>8} "
+            f"{'compile s':>9} {'max rel err':>11} {'xla/pb':>7}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        left = f"{r.op:<15} {r.xla_ms:>9.3f} {r.xla_gflops:>8.1f} "
+        if r.pb_ms is None:
+            lines.append(left + f"FAILED: {r.error}")
+        else:
+            lines.append(left + f"{r.pb_ms:>9.3f} {r.pb_gflops:>8.1f} {r.pb_compile_s:>9.2f} "
+                         f"{r.max_rel_error:>11.2e} {r.ratio:>6.2f}x")
+    return "\n".join(lines)
+
+
+def write_results(rows: list[Row], args: argparse.Namespace) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    suffix = ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
+    report = {
+        "machine": models.machine_slug(), "cpu": models.cpu_name(), "cores": models.cores(),
+        "jax": jax.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "quick": args.quick, "repeat": args.repeat,
+        "flags": os.environ.get("POLYBLOCKS_FLAGS", ""), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "rows": [dataclasses.asdict(r) for r in rows],
+    }
+    path = RESULTS / f"ops-{models.machine_slug()}{suffix}.json"
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    return path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes")
+    parser.add_argument("--ops", default="", help="comma-separated subset of the ops (default: all)")
+    parser.add_argument("--repeat", type=int, default=None, help="timed calls (default 10, 5 with --quick)")
+    parser.add_argument("--tag", default="", help="suffix of the results file, e.g. no-vectorize")
+    args = parser.parse_args(argv)
+    args.repeat = args.repeat or (5 if args.quick else 10)
+    known = cases(args.quick)
+    args.ops = [o for o in args.ops.split(",") if o] or list(known)
+    unknown = set(args.ops) - set(known)
+    if unknown:
+        parser.error(f"unknown ops: {', '.join(sorted(unknown))}; known: {', '.join(known)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    known = cases(args.quick)
+    rows = []
+    for name in args.ops:
+        rows.append(measure(name, known[name], args.repeat))
+        print(format_table(rows[-1:]).splitlines()[-1], flush=True)
+    print(f"\n{models.machine_slug()} ({models.cpu_name()}, {models.cores()} cores), "
+          f"median of {args.repeat}, flags {os.environ.get('POLYBLOCKS_FLAGS', '') or '(default)'}")
+    print(format_table(rows))
+    print(f"wrote {write_results(rows, args)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Which loop nests run on all cores: a tiny cost model, then one parallel level per nest.
+
+Input: buffers and loops, where every ``scf.parallel`` came from a parallel iterator of a
+linalg op or from the matmul's cache tiles (``scf.forall``); loops that carry dependences
+(scatter, sort, reduction dims) are ``scf.for`` and stay so. Choosing is separate from
+doing: ``choose_parallel_loops`` writes on the outermost ``scf.parallel`` of each nest whose
+work per entry (trip count times body size, a rough count of operations) pays for a
+fork/join how many of its outer dims to share out (``PARALLEL_ATTR``), just enough for
+every thread to get a few chunks; ``split_parallel_loops`` keeps those dims parallel and
+turns every other dimension, and every unmarked ``scf.parallel``, into ``scf.for``. One
+parallel level per nest, with sequential inner loops that LLVM can vectorize (a collapsed
+multi-dimensional parallel loop recomputes its indices with divisions every iteration).
+"""
+from __future__ import annotations
+
+import math
+
+from mlir import ir
+from mlir.dialects import scf
+
+from polyblocks_jax.options import Options
+
+PARALLEL_ATTR = "polyblocks.parallel"  # i64: how many outer dims run in parallel
+# Estimated operations per entry below which a fork/join (some microseconds with an
+# OpenMP runtime, more when the threads sleep) costs more than sharing the work saves.
+MIN_PARALLEL_WORK = 1 << 16
+CHUNKS_PER_THREAD = 4  # enough iterations of the parallel dims to balance the threads
+_LOOPS = ("scf.for", "scf.parallel")
+_FREE = ("scf.reduce", "scf.yield", "arith.constant")  # no code of their own in the loop
+_VECTOR_LANES = 8  # a vector op on n elements counts as n / 8 operations
+
+
+def parallelize_loops(module: ir.Module, options: Options, threads: int) -> None:
+    """Choose the nests worth ``threads`` threads, then make every other loop sequential."""
+    if options.parallel and threads > 1:
+        choose_parallel_loops(module.operation, threads)
+    split_parallel_loops(module.operation)
+
+
+def choose_parallel_loops(root: ir.Operation, threads: int, min_work: int = MIN_PARALLEL_WORK) -> None:
+    """Mark each outermost ``scf.parallel`` whose estimated work is at least ``min_work``."""
+    for op in _outermost_parallel(root):
+        trips = _dim_trips(op)
+        if math.prod(trips) > 1 and work(op) >= min_work:
+            dims, shared = 0, 1
+            while dims < len(trips) and shared < CHUNKS_PER_THREAD * threads:
+                dims, shared = dims + 1, shared * trips[dims]
+            op.attributes[PARALLEL_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), dims)
+
+
+def work(op: ir.Operation) -> int:
+    """Estimated operations executed by one run of ``op``, nested loops multiplied out."""
+    inner = sum(work(child.operation) for region in op.regions
+                for block in region.blocks for child in block.operations)
+    if op.name in _LOOPS:
+        return math.prod(_dim_trips(op)) * max(inner, 1)
+    return _own_cost(op) + inner
+
+
+def _own_cost(op: ir.Operation) -> int:
+    if op.name in _FREE:
+        return 0
+    elements = 1
+    for result in op.results:
+        if isinstance(result.type, ir.VectorType):
+            elements = max(elements, math.prod(ir.VectorType(result.type).shape) // _VECTOR_LANES)
+    return elements
+
+
+def _dim_trips(op: ir.Operation) -> list[int]:
+    """Iterations per dim of an ``scf.for``/``scf.parallel``; 1 where bounds are not constant."""
+    trips = []
+    for lb, ub, step in _bounds(op):
+        lb, ub, step = _constant(lb), _constant(ub), _constant(step)
+        known = None not in (lb, ub, step) and step > 0
+        trips.append(max(0, -(-(ub - lb) // step)) if known else 1)
+    return trips
+
+
+def _bounds(op: ir.Operation) -> list[tuple[ir.Value, ir.Value, ir.Value]]:
+    view = op.opview
+    if op.name == "scf.for":
+        return [(view.lowerBound, view.upperBound, view.step)]
+    return list(zip(view.lowerBound, view.upperBound, view.step))
+
+
+def _constant(value: ir.Value) -> int | None:
+    owner = value.owner  # an OpView for results, a Block for arguments
+    if isinstance(owner, ir.OpView) and owner.operation.name == "arith.constant":
+        return ir.IntegerAttr(owner.operation.attributes["value"]).value
+    return None
+
+
+def _outermost_parallel(op: ir.Operation):
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                if child.operation.name == "scf.parallel":
+                    yield child.operation
+                else:
+                    yield from _outermost_parallel(child.operation)
+
+
+def split_parallel_loops(root: ir.Operation) -> None:
+    """Keep the marked outer dims of each ``scf.parallel`` parallel; every other dim becomes ``scf.for``."""
+    for op in list(_all_parallel(root)):
+        keep = ir.IntegerAttr(op.attributes[PARALLEL_ATTR]).value if PARALLEL_ATTR in op.attributes else 0
+        if keep < len(_bounds(op)):
+            _split(op, keep)
+
+
+def _all_parallel(op: ir.Operation):
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                if child.operation.name == "scf.parallel":
+                    yield child.operation
+                yield from _all_parallel(child.operation)
+
+
+def _split(op: ir.Operation, keep: int) -> None:
+    """An ``scf.parallel`` over the first ``keep`` dims around one ``scf.for`` per other dim.
+
+    The body moves rather than being cloned, so nested loops keep their identity.
+    """
+    if len(op.results):  # reductions across iterations: never produced by our stages
+        raise ValueError(f"scf.parallel with results cannot be split: {op.location}")
+    bounds, ivs = _bounds(op), []
+    point = ir.InsertionPoint(op)
+    if keep:
+        with point, op.location:
+            outer = scf.ParallelOp([], *[[b[i] for b in bounds[:keep]] for i in range(3)], [])
+            outer.attributes[PARALLEL_ATTR] = op.attributes[PARALLEL_ATTR]
+            block = outer.region.blocks.append(*[ir.IndexType.get()] * keep)
+            with ir.InsertionPoint(block):
+                terminator = scf.ReduceOp([], 0)
+        point, ivs = ir.InsertionPoint(terminator), list(block.arguments)
+    for lb, ub, step in bounds[keep:]:
+        with point, op.location:
+            loop = scf.ForOp(lb, ub, step)
+            with ir.InsertionPoint(loop.body):
+                terminator = scf.YieldOp([])
+        point = ir.InsertionPoint(terminator)
+        ivs.append(loop.induction_variable)
+    body = op.opview.region.blocks[0]
+    for arg, iv in zip(body.arguments, ivs):
+        arg.replace_all_uses_with(iv)
+    for child in list(body.operations)[:-1]:  # all but the scf.reduce terminator
+        child.operation.move_before(terminator.operation)
+    op.erase()

@@ -1,0 +1,62 @@
+"""Polynomial exp on f32 vectors, in arith ops.
+
+LLVM lowers a vector ``math.exp`` to one libm call per lane; this build of MLIR has no
+``math-polynomial-approximation`` pass. So vectorized code gets Cephes' expf: x = n ln2 + r
+with |r| <= ln2/2, a degree-6 polynomial for e^r (about 1 ulp), and 2^n built from its
+exponent bits in two halves so that n from -150 to 128 stays exact (gradual underflow).
+NaN propagates through the clamp; x above the f32 range gives +inf. Scalar exps (loops
+left scalar) keep libm.
+"""
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith, math
+
+from polyblocks_jax.passes.tiling import _walk
+
+_LOG2E = 1.44269504088896341
+_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
+_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+         1.6666665459e-1, 5.0000001201e-1)
+_MAX, _MIN = 88.72283905206835, -104.0  # e^_MAX is the largest f32; below _MIN rounds to 0
+
+
+def expand_vector_exps(module: ir.Module) -> None:
+    """Replace every ``math.exp`` on an f32 vector with the polynomial."""
+    for op in [o for o in _walk(module.operation) if o.name == "math.exp"]:
+        vtype = op.results[0].type
+        if isinstance(vtype, ir.VectorType) and isinstance(vtype.element_type, ir.F32Type):
+            with ir.InsertionPoint(op), op.location:
+                value = _exp(op.operands[0], vtype)
+            op.results[0].replace_all_uses_with(value)
+            op.erase()
+
+
+def _exp(x: ir.Value, vtype: ir.VectorType) -> ir.Value:
+    def const(v: float) -> ir.Value:
+        return arith.constant(vtype, ir.DenseElementsAttr.get_splat(vtype, ir.FloatAttr.get_f32(v)))
+
+    itype = ir.VectorType.get(vtype.shape, ir.IntegerType.get_signless(32))
+    clamped = arith.minimumf(arith.maximumf(x, const(_MIN)), const(_MAX))
+    n = math.floor(arith.addf(arith.mulf(clamped, const(_LOG2E)), const(0.5)))
+    r = arith.subf(arith.subf(clamped, arith.mulf(n, const(_LN2_HI))), arith.mulf(n, const(_LN2_LO)))
+    poly = const(_POLY[0])
+    for c in _POLY[1:]:
+        poly = arith.addf(arith.mulf(poly, r), const(c))
+    y = arith.addf(arith.addf(arith.mulf(poly, arith.mulf(r, r)), r), const(1.0))
+    ni = arith.fptosi(itype, n)
+    half = arith.shrsi(ni, _int(itype, 1))
+    y = arith.mulf(arith.mulf(y, _pow2(half, vtype, itype)), _pow2(arith.subi(ni, half), vtype, itype))
+    overflow = arith.cmpf(arith.CmpFPredicate.OGT, x, const(_MAX))
+    return arith.select(overflow, const(float("inf")), y)
+
+
+def _pow2(n: ir.Value, vtype: ir.VectorType, itype: ir.VectorType) -> ir.Value:
+    """2^n for n in [-126, 127], from the exponent bits."""
+    bits = arith.shli(arith.addi(n, _int(itype, 127)), _int(itype, 23))
+    return arith.bitcast(vtype, bits)
+
+
+def _int(itype: ir.VectorType, v: int) -> ir.Value:
+    return arith.constant(itype, ir.DenseElementsAttr.get_splat(
+        itype, ir.IntegerAttr.get(ir.IntegerType.get_signless(32), v)))

@@ -1,0 +1,258 @@
+"""Vectorization of the linalg ops matmul tiling leaves scalar: elementwise ops, reductions,
+contractions that fusion turned into linalg.generic, and (through conv_tiling) convolutions.
+
+Choosing is separate from doing, as in tiling.py: ``choose_vector_tiles`` is a pure function
+of the loop nest and the vector width; ``vectorize_ops`` writes each choice on its op as
+``polyblocks.vector`` (visible in dumps), then runs one transform script per distinct
+choice: tile to one register block, vectorize, lower to 1-D vectors and hoist accumulators
+out of reduction loops (on tensors, before bufferization, where hoisting works).
+
+Plans, by the loop that carries the vector:
+- the innermost dim of the result (elementwise ops, reductions over outer dims,
+  contractions): one vector block along it, a few rows of the next result dim when the op
+  reduces (a register tile of accumulators), every other loop stepping by one;
+- the innermost dim of the input when it is reduced (row sums, row norms): a chunk of it,
+  reduced with a reassociating horizontal add.
+Tiles divide their loops exactly, so neither masks nor remainder loops are needed; an op
+whose loops do not divide stays scalar (LLVM's auto-vectorizer may still take it).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from mlir import ir, passmanager
+
+from polyblocks_jax.options import Options
+from polyblocks_jax.passes import conv_tiling, vector_math
+from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, _apply, _walk
+
+VECTOR_ATTR = "polyblocks.vector"
+_VECTORIZED_OPS = ("linalg.generic", "linalg.reduce")
+# Body ops the linalg vectorizer turns into vector ops one for one.
+_BODY_DIALECTS = ("arith.", "math.")
+_COMBINERS = frozenset({
+    "arith.addf", "arith.mulf", "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf",
+    "arith.addi", "arith.muli", "arith.andi", "arith.ori", "arith.xori",
+    "arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui"})
+_MAX_CHUNK_VECTORS = 16  # an inner-reduction chunk: at most this many vectors in flight
+_ELEMENTWISE_VECTORS = 4  # vectors per step of an elementwise op
+_MAX_ROWS = 4            # accumulator rows of a reducing op's register tile ...
+_ROW_VECTORS = 2         # ... by this many vectors: 8 accumulators, registers left for operands
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopNest:
+    """What the planner reads of a linalg op: loop extents, which loops reduce, and for
+    each operand (inputs, then the result) the loop indexing each of its dims (None when
+    the index is not a plain loop, e.g. a constant 0 of a broadcast)."""
+    ranges: tuple[int, ...]
+    reductions: frozenset[int]
+    inputs: tuple[tuple[int | None, ...], ...]
+    result: tuple[int | None, ...]
+
+
+def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware) -> tuple[int, ...] | None:
+    """Tile size per loop for one vectorized block, or None when the op should stay scalar."""
+    lanes = hw.vector_bits // (8 * elem_bytes)
+    tiles = [1] * len(nest.ranges)
+    inner = nest.result[-1] if nest.result and nest.result[-1] not in nest.reductions else None
+    inner_in = [dims[-1] for dims in nest.inputs if dims and dims[-1] is not None]
+    if inner is None or (inner not in inner_in and any(d in nest.reductions for d in inner_in)):
+        # Reducing along contiguous memory: a chunk of the reduced loop per step.
+        dim = next((d for d in inner_in if d in nest.reductions), None)
+        if dim is None:
+            return None
+        return _with(tiles, dim, _vector_block(nest.ranges[dim], lanes, _MAX_CHUNK_VECTORS))
+    if not nest.reductions:
+        return _with(tiles, inner, _vector_block(nest.ranges[inner], lanes, _ELEMENTWISE_VECTORS))
+    # A register tile of accumulators: rows of the next result dim by a few vectors.
+    if len(nest.result) > 1 and nest.result[-2] is not None and nest.result[-2] not in nest.reductions:
+        row = nest.result[-2]
+        tiles[row] = max(r for r in range(1, _MAX_ROWS + 1) if nest.ranges[row] % r == 0)
+    return _with(tiles, inner, _vector_block(nest.ranges[inner], lanes, _ROW_VECTORS))
+
+
+def _vector_block(extent: int, lanes: int, max_vectors: int) -> int | None:
+    """The largest multiple of ``lanes`` dividing ``extent``, at most ``max_vectors`` vectors."""
+    sizes = [v * lanes for v in range(1, max_vectors + 1) if extent % (v * lanes) == 0]
+    return max(sizes) if sizes else None
+
+
+def _with(tiles: list[int], dim: int, size: int | None) -> tuple[int, ...] | None:
+    if size is None:
+        return None
+    tiles[dim] = size
+    return tuple(tiles)
+
+
+def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
+    """Annotate each op a plan exists for with its tiles, then tile and vectorize them."""
+    choices: dict[tuple[str, tuple[int, ...], frozenset[int]], int] = {}
+    for op in _walk(module.operation):
+        plan = conv_tiling.loop_tiles(op, hw) or _plan(op, hw)
+        if plan is not None:
+            ident = choices.setdefault((op.name, *plan), len(choices))
+            op.attributes[VECTOR_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ident)
+    for (name, tiles, reductions), ident in choices.items():
+        _apply(module, script(name, ident, tiles, reductions, options.parallel, decompose="conv" in name))
+    if choices:
+        _reassociate_reductions(module)
+        vector_math.expand_vector_exps(module)
+        passmanager.PassManager.parse(
+            "builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
+            module.context).run(module.operation)
+        _private_inits(module)
+
+
+def _plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int]] | None:
+    """Tile sizes and reduction loops of a generic or reduce op, or None."""
+    if op.name not in _VECTORIZED_OPS or TILE_ATTR in op.attributes or not _vectorizable(op):
+        return None
+    nest = loop_nest(op)
+    tiles = choose_vector_tiles(nest, 4, hw) if nest is not None and nest.ranges else None
+    return (tiles, nest.reductions) if tiles is not None else None
+
+
+def _vectorizable(op: ir.Operation) -> bool:
+    """32-bit elements throughout, a body of arith/math ops, and one recognizable combiner per
+    reduced result (the linalg vectorizer rejects anything else)."""
+    for value in [*op.operands, *op.results]:
+        if not isinstance(value.type, ir.RankedTensorType):
+            return False
+        elem = value.type.element_type
+        if not (isinstance(elem, ir.F32Type) or isinstance(elem, ir.IntegerType) and elem.width == 32):
+            return False
+    block = op.regions[0].blocks[0]
+    body = list(block.operations)
+    if not all(b.operation.name.startswith(_BODY_DIALECTS) for b in body[:-1]):
+        return False
+    if op.name == "linalg.generic" and "reduction" not in str(op.attributes["iterator_types"]):
+        return True
+    outputs = list(block.arguments)[len(block.arguments) - len(op.results):]
+    for arg, value in zip(outputs, body[-1].operands):
+        uses = list(arg.uses)
+        owner = value.owner
+        if (len(uses) != 1 or not isinstance(owner, (ir.Operation, ir.OpView))
+                or owner.name not in _COMBINERS or uses[0].owner.operation != owner.operation):
+            return False
+    return True
+
+
+def loop_nest(op: ir.Operation) -> LoopNest | None:
+    """The loop nest of a linalg.generic or linalg.reduce with static shapes."""
+    shapes = [list(ir.RankedTensorType(v.type).shape) for v in op.operands]
+    if op.name == "linalg.reduce":
+        rank = len(shapes[0])
+        reduced = frozenset(ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
+        n_inputs = len(op.operands) - len(op.results)
+        dims = [tuple(range(rank))] * n_inputs + [tuple(d for d in range(rank) if d not in reduced)] * len(op.results)
+    else:
+        iterators = str(op.attributes["iterator_types"])
+        maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+        rank = maps[0].n_dims
+        reduced = frozenset(i for i, part in enumerate(iterators.split(",")) if "reduction" in part)
+        dims = [tuple(e.position if isinstance(e, ir.AffineDimExpr) else None
+                      for e in m.results) for m in maps]
+    ranges: list[int | None] = [None] * rank
+    for shape, operand_dims in zip(shapes, dims):
+        for size, d in zip(shape, operand_dims):
+            if d is not None:
+                ranges[d] = size
+    if any(r is None or r < 0 for r in ranges):
+        return None
+    n_inputs = len(op.operands) - len(op.results)
+    return LoopNest(tuple(ranges), reduced, tuple(dims[:n_inputs]), dims[n_inputs])
+
+
+def script(op_name: str, ident: int, tiles: tuple[int, ...], reductions: frozenset[int],
+           parallel: bool, decompose: bool = False) -> str:
+    """Tile ``op_name`` ops marked ``ident`` to one register block, vectorize, lower, hoist;
+    ``parallel``: the parallel loops form an scf.forall the target may spread over cores.
+    ``decompose`` turns a tiled 2-D convolution (one kernel row) into a 1-D one first."""
+    vectorized = "%d" if decompose else "%t"
+    decomposed = ("%d = transform.structured.decompose %t : (!transform.any_op) -> !transform.any_op"
+                  if decompose else "")
+    return f"""
+module attributes {{transform.with_named_sequence}} {{
+  transform.named_sequence @main(%root: !transform.any_op {{transform.readonly}}) {{
+    %op = transform.structured.match ops{{["{op_name}"]}} attributes{{{VECTOR_ATTR} = {ident} : i64}} in %root
+      : (!transform.any_op) -> !transform.any_op
+{_tiling(tiles, reductions, parallel)}
+    {decomposed}
+    transform.structured.vectorize {vectorized} : !transform.any_op
+    %f = transform.structured.match ops{{["func.func"]}} in %root : (!transform.any_op) -> !transform.any_op
+    // Canonicalization first: it folds a reduction over a one-step loop into plain
+    // elementwise ops, which the lowering below would split into one reduction per element.
+    transform.apply_patterns to %f {{
+      transform.apply_patterns.vector.cast_away_vector_leading_one_dim
+      transform.apply_patterns.canonicalization
+    }} : !transform.any_op
+    transform.apply_patterns to %f {{
+      transform.apply_patterns.vector.lower_contraction lowering_strategy = outerproduct
+      transform.apply_patterns.vector.lower_multi_reduction lowering_strategy = innerreduction
+      transform.apply_patterns.vector.transfer_permutation_patterns
+      transform.apply_patterns.vector.lower_transfer max_transfer_rank = 1
+      transform.apply_patterns.canonicalization
+    }} : !transform.any_op
+    transform.apply_cse to %f : !transform.any_op
+    %all = transform.structured.match ops{{["scf.for"]}} in %f : (!transform.any_op) -> !transform.any_op
+    transform.loop.hoist_loop_invariant_subsets %all : !transform.any_op
+    transform.yield
+  }}
+}}"""
+
+
+def _tiling(tiles: tuple[int, ...], reductions: frozenset[int], parallel: bool) -> str:
+    """Transform ops tiling ``%op`` into ``%t``: one scf.for per loop, or, when parallel, an
+    scf.forall over the parallel loops and scf.for over the reduction loops inside it."""
+    def tile_for(target: str, sizes: list[int]) -> str:
+        count = sum(1 for s in sizes if s)
+        handles = ", ".join(["!transform.any_op"] * count)
+        return (f"    %t, %loops:{count} = transform.structured.tile_using_for {target} tile_sizes "
+                f"[{', '.join(map(str, sizes))}] : (!transform.any_op) -> (!transform.any_op, {handles})")
+    if not parallel:
+        return tile_for("%op", list(tiles))
+    outer = [0 if d in reductions else t for d, t in enumerate(tiles)]
+    inner = [t if d in reductions else 0 for d, t in enumerate(tiles)]
+    forall = (f"    %t0, %forall = transform.structured.tile_using_forall %op tile_sizes "
+              f"[{', '.join(map(str, outer))}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
+    if not reductions:
+        return forall.replace("%t0,", "%t,")
+    return forall + "\n" + tile_for("%t0", inner)
+
+
+def _private_inits(module: ir.Module) -> None:
+    """Give each tiled loop nest its own tensor.empty (or fill of one) to write into.
+
+    CSE merges identical inits; two loop nests writing into one would make bufferization
+    copy a whole buffer (and the program's result) instead of writing in place.
+    """
+    for op in _walk(module.operation):
+        if op.name != "scf.for":
+            continue
+        for index in range(3, len(op.operands)):  # lower bound, upper bound, step, then inits
+            init = op.operands[index]
+            owner = init.owner
+            if not isinstance(owner, (ir.Operation, ir.OpView)) or len(list(init.uses)) < 2:
+                continue
+            if owner.name == "tensor.empty" or owner.name == "linalg.fill" and owner.operands[1].owner.name == "tensor.empty":
+                op.operands[index] = _clone_before(owner.operation, op)
+
+
+def _clone_before(init: ir.Operation, user: ir.Operation) -> ir.Value:
+    """A copy of ``init`` (an empty tensor or a fill of one) just before ``user``."""
+    with ir.InsertionPoint(user):
+        clone = init.clone()
+        if init.name == "linalg.fill":
+            clone.operands[1] = init.operands[1].owner.operation.clone().results[0]
+            clone.move_after(clone.operands[1].owner)
+    return clone.results[0]
+
+
+def _reassociate_reductions(module: ir.Module) -> None:
+    """Horizontal float sums and products may reassociate (a tree, not a serial chain), as
+    XLA's vectorized reductions do."""
+    reassoc = ir.Attribute.parse("#arith.fastmath<reassoc>")
+    for op in _walk(module.operation):
+        if op.name == "vector.reduction" and isinstance(op.results[0].type, ir.FloatType):
+            op.attributes["fastmath"] = reassoc

@@ -1,0 +1,83 @@
+"""Slices of whole tensors: extract, insert, pad, and start indices clamped into range.
+
+Offsets may be static (int) or computed at run time (``index`` values); sizes and
+strides are static. Slices inserted into a fresh destination bufferize in place.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from mlir import ir
+from mlir.dialects import arith, tensor
+
+from polyblocks_jax.stablehlo_import import builders
+
+Offset = int | ir.Value  # a static offset, or an index value computed at run time
+
+
+def extract_slice(x: ir.Value, sizes: Sequence[int], offsets: Sequence[Offset],
+                  strides: Sequence[int] | None = None) -> ir.Value:
+    """The ``sizes`` slice of ``x`` at ``offsets`` (stride 1 unless given)."""
+    elem = builders.elem_type_of(x)
+    if 0 in sizes:
+        return tensor.EmptyOp(list(sizes), elem).result  # the verifier rejects offsets into a zero-size dim
+    dynamic, static = _split_offsets(offsets)
+    strides = list(strides) if strides is not None else [1] * len(sizes)
+    return tensor.ExtractSliceOp(ir.RankedTensorType.get(list(sizes), elem), x, dynamic, [], [],
+                                 static, list(sizes), strides).result
+
+
+def insert_slice(x: ir.Value, dest: ir.Value, offsets: Sequence[Offset],
+                 strides: Sequence[int] | None = None) -> ir.Value:
+    """``dest`` with all of ``x`` written at ``offsets`` (stride 1 unless given)."""
+    sizes = builders.shape_of(x)
+    dynamic, static = _split_offsets(offsets)
+    strides = list(strides) if strides is not None else [1] * len(sizes)
+    return tensor.InsertSliceOp(x, dest, dynamic, [], [], static, sizes, strides).result
+
+
+def _split_offsets(offsets: Sequence[Offset]) -> tuple[list[ir.Value], list[int]]:
+    """Operands and the static attribute of mixed offsets (dynamic ones get a sentinel)."""
+    dynamic = [o for o in offsets if isinstance(o, ir.Value)]
+    sentinel = ir.ShapedType.get_dynamic_stride_or_offset()
+    static = [sentinel if isinstance(o, ir.Value) else o for o in offsets]
+    return dynamic, static
+
+
+def pad(x: ir.Value, value: ir.Value | float, low: Sequence[int], high: Sequence[int],
+        interior: Sequence[int]) -> ir.Value:
+    """``x`` inside a tensor filled with ``value`` (a scalar, rank-0 tensor or Python number):
+    ``low``/``high`` elements at the edges of each dim, ``interior`` between neighbours.
+
+    Negative edge padding drops the operand elements that fall outside.
+    """
+    if not any([*low, *high, *interior]):
+        return x  # rank-0 scalars of reduction bodies included
+    src = builders.shape_of(x)
+    steps = [i + 1 for i in interior]
+    shape = [max(lo + hi + ((n - 1) * s + 1 if n else 0), 0)
+             for n, lo, hi, s in zip(src, low, high, steps)]
+    if not isinstance(value, ir.Value):
+        value = builders.splat(value, builders.elem_type_of(x))
+    filled = builders.filled(builders.to_scalar(value), shape)
+    # Operand element i lands at lo + i * step; keep those from first to last.
+    firsts = [-(lo // s) if lo < 0 else 0 for lo, s in zip(low, steps)]  # ceil(-lo / step)
+    lasts = [min(n - 1, (m - 1 - lo) // s) for n, m, lo, s in zip(src, shape, low, steps)]
+    counts = [last - first + 1 for first, last in zip(firsts, lasts)]
+    if min(counts) <= 0:
+        return filled
+    if counts != src:
+        x = extract_slice(x, counts, firsts)
+    offsets = [lo + first * s for lo, first, s in zip(low, firsts, steps)]
+    return insert_slice(x, filled, offsets, steps)
+
+
+def to_index(value: ir.Value, unsigned: bool) -> ir.Value:
+    """An integer scalar as an ``index`` (zero-extended when ``unsigned``)."""
+    return (arith.index_castui if unsigned else arith.index_cast)(ir.IndexType.get(), value)
+
+
+def clamp_start(start: ir.Value, high: int, unsigned: bool) -> ir.Value:
+    """An ``index`` start clamped into ``[0, high]``, as XLA clamps slice starts."""
+    clamped = (arith.minui if unsigned else arith.minsi)(start, builders.index_constant(high))
+    return clamped if unsigned else arith.maxsi(clamped, builders.index_constant(0))

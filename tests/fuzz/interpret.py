@@ -1,0 +1,146 @@
+"""Turns a program spec (programs.py) into a JAX function, and draws its arguments."""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import lax
+
+import support
+
+LAX_UNARY = {"neg": lax.neg, "abs": lax.abs, "exp": lax.exp, "tanh": lax.tanh, "floor": lax.floor,
+             "sign": lax.sign, "log": lax.log, "sin": lax.sin, "sqrt": lax.sqrt, "rsqrt": lax.rsqrt,
+             "ceil": lax.ceil, "round": lax.round, "logistic": lax.logistic, "expm1": lax.expm1,
+             "log1p": lax.log1p, "cos": lax.cos, "erf": lax.erf, "not": lax.bitwise_not,
+             "population_count": lax.population_count, "clz": lax.clz}
+LAX_BINARY = {"add": lax.add, "sub": lax.sub, "mul": lax.mul, "max": lax.max, "min": lax.min,
+              "div": lax.div, "rem": lax.rem, "pow": lax.pow, "atan2": lax.atan2, "and": lax.bitwise_and,
+              "or": lax.bitwise_or, "xor": lax.bitwise_xor, "shift_left": lax.shift_left,
+              "shift_right_logical": lax.shift_right_logical,
+              "shift_right_arithmetic": lax.shift_right_arithmetic}
+LAX_COMPARE = {"lt": lax.lt, "le": lax.le, "eq": lax.eq, "ne": lax.ne, "gt": lax.gt, "ge": lax.ge}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def _reduce(x, fn: str, axes):
+    dtype = x.dtype
+    if fn == "sum":
+        return lax.reduce(x, np.array(0, dtype), lax.add, axes)
+    if fn == "prod":
+        return lax.reduce(x, np.array(1, dtype), lax.mul, axes)
+    if dtype == np.bool_:
+        init = np.array(fn == "min")
+    elif jnp.issubdtype(dtype, jnp.floating):
+        init = np.array(np.inf if fn == "min" else -np.inf, dtype)
+    else:
+        info = jnp.iinfo(dtype)
+        init = np.array(info.max if fn == "min" else info.min, dtype)
+    return lax.reduce(x, init, lax.min if fn == "min" else lax.max, axes)
+
+
+def _conv(x, w, op: dict):
+    n = len(op["windows"])
+    spatial = "HW"[:n] if n == 2 else "H"
+    lhs = "NC" + spatial if op["layout"] == "first" else "N" + spatial + "C"
+    return lax.conv_general_dilated(
+        x, w, window_strides=[s["stride"] for s in op["windows"]],
+        padding=[tuple(s["pad"]) for s in op["windows"]],
+        lhs_dilation=[s["lhs_dil"] for s in op["windows"]],
+        rhs_dilation=[s["rhs_dil"] for s in op["windows"]],
+        dimension_numbers=(lhs, "OI" + spatial, lhs), feature_group_count=op["groups"])
+
+
+def _scatter(x, idx, upd, fn: str, mode: str):
+    ref = x.at[idx]
+    return getattr(ref, fn)(upd, mode=mode)
+
+
+def _cumulative(x, op: dict):
+    fn = {"cumsum": lax.cumsum, "cummax": lax.cummax, "cummin": lax.cummin}[op["op"]]
+    return fn(x, axis=op["axis"], reverse=op["reverse"])
+
+
+def _apply(op: dict, v: list):
+    """The JAX value of one non-input op, given the values ``v`` defined before it."""
+    k = op["op"]
+    x = v[op["x"]] if "x" in op else None
+    if k == "unary":
+        return LAX_UNARY[op["fn"]](x)
+    if k == "binary":
+        return LAX_BINARY[op["fn"]](x, v[op["y"]])
+    if k == "compare":
+        return LAX_COMPARE[op["fn"]](x, v[op["y"]])
+    if k == "select":
+        return lax.select(v[op["p"]], x, v[op["y"]])
+    if k == "cast":
+        return lax.convert_element_type(x, numpy_dtype(op["dtype"]))
+    if k == "broadcast":
+        return lax.broadcast_in_dim(x, op["shape"], op["dims"])
+    if k == "reduce":
+        return _reduce(x, op["fn"], op["axes"])
+    if k == "dot":
+        return lax.dot_general(x, v[op["y"]], (op["contract"], op["batch"]))
+    if k == "conv":
+        return _conv(x, v[op["w"]], op)
+    if k == "gather":
+        return jnp.take(x, v[op["idx"]], axis=op["axis"], mode=op["mode"])
+    if k == "scatter":
+        return _scatter(x, v[op["idx"]], v[op["upd"]], op["fn"], op["mode"])
+    if k == "dynamic_slice":
+        return lax.dynamic_slice(x, [v[s] for s in op["starts"]], op["sizes"])
+    if k == "dynamic_update_slice":
+        return lax.dynamic_update_slice(x, v[op["upd"]], [v[s] for s in op["starts"]])
+    if k == "slice":
+        return lax.slice(x, op["start"], op["limit"], op["stride"])
+    if k == "reshape":
+        return lax.reshape(x, op["shape"])
+    if k == "transpose":
+        return lax.transpose(x, op["perm"])
+    if k == "rev":
+        return lax.rev(x, op["dims"])
+    if k == "concat":
+        return lax.concatenate([v[i] for i in op["xs"]], op["axis"])
+    if k == "pad":
+        return lax.pad(x, np.array(0, x.dtype), [tuple(c) for c in op["config"]])
+    if k == "cond":
+        return _cond(v[op["p"]], x, op["fns"])
+    if k == "fori":
+        y, fn = v[op["y"]], LAX_BINARY[op["fn"]]
+        return lax.fori_loop(0, op["n"], lambda i, acc: fn(acc, y), x)
+    if k == "sort":
+        return lax.sort(x, dimension=op["axis"])
+    if k in ("cumsum", "cummax", "cummin"):
+        return _cumulative(x, op)
+    raise ValueError(f"unknown op {k!r}")
+
+
+def _cond(p, x, fns):
+    first = lax.reshape(p, (p.size,))[0]  # the predicate: p's first element is nonzero
+    pred = first if first.dtype == np.bool_ else first != 0
+    return lax.cond(pred, LAX_UNARY[fns[0]], LAX_UNARY[fns[1]], x)
+
+
+def build(spec: dict) -> Callable:
+    """The JAX function of ``spec``: one argument per input op, a tuple of the outputs."""
+    inputs = [i for i, op in enumerate(spec["ops"]) if op["op"] == "input"]
+
+    def program(*args):
+        v: list = [None] * len(spec["ops"])
+        for i, a in zip(inputs, args):
+            v[i] = a
+        for i, op in enumerate(spec["ops"]):
+            if op["op"] != "input":
+                v[i] = _apply(op, v)
+        return tuple(v[i] for i in spec["outputs"])
+    return program
+
+
+def make_inputs(spec: dict) -> list[np.ndarray]:
+    rng = np.random.default_rng(spec["seed"])
+    return [support.random_array(rng, op["shape"], numpy_dtype(op["dtype"]), edge=op["edge"])
+            for op in spec["ops"] if op["op"] == "input"]

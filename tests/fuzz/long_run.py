@@ -1,0 +1,137 @@
+"""Long fuzzing: random programs until the time is up; failures become replayable regressions.
+
+    python -m tests.fuzz.long_run --minutes 30 --out tests/fuzz/regressions/
+
+A supervisor runs workers in child processes so that a crash (a signal, not an
+exception) is also a finding: the program a worker was running when it died is kept.
+Workers run hypothesis in batches of fresh seeds; hypothesis minimizes each failing
+program (re-checking only the failing setting, to shrink fast) and the minimal spec
+is written as ``<out>/<signature>.json`` with status "open", which
+tests/fuzz/test_regressions.py replays. One file per distinct failure signature.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+
+from hypothesis import HealthCheck, given, seed, settings
+
+from . import differential, programs
+
+INFLIGHT = ".inflight.json"  # the program a worker is running right now
+
+
+def signature(spec: dict, setting: str, error: str) -> str:
+    """A stable name for a failure: setting, the minimal program's op kinds, the error's gist."""
+    lines = [line for line in error.splitlines() if line.strip()]
+    gist = re.sub(r"[0-9]+", "N", " ".join(lines[:2]) if lines else "")
+    kinds = sorted({op["op"] for op in spec["ops"]})
+    digest = hashlib.sha256(f"{setting}|{kinds}|{gist}".encode()).hexdigest()[:10]
+    return f"{re.sub(r'[^a-z]+', '-', setting.lower()).strip('-')}-{digest}"
+
+
+def save(out: str, spec: dict, setting: str, error: str) -> bool:
+    """Write a regression file unless this failure signature is already kept; True if new."""
+    path = os.path.join(out, signature(spec, setting, error) + ".json")
+    if os.path.exists(path):
+        return False
+    case = {"status": "open", "found": "tests/fuzz/long_run.py", "setting": setting,
+            "error": error[:2000], "spec": spec}
+    with open(path + ".tmp", "w") as f:
+        json.dump(case, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return True
+
+
+def _batch(out: str, batch_seed: int, examples: int) -> tuple[int, int]:
+    """One hypothesis run of up to ``examples`` programs; returns (programs, new failures)."""
+    count, failure, focus = [0], {}, {}
+
+    @seed(batch_seed)
+    @settings(max_examples=examples, deadline=None, database=None, report_multiple_bugs=False,
+              suppress_health_check=list(HealthCheck))
+    @given(programs.programs(max_ops=8))
+    def run(spec):
+        count[0] += 1
+        with open(os.path.join(out, INFLIGHT), "w") as f:
+            json.dump(spec, f)
+        try:
+            differential.check(spec, focus or differential.ALL_SETTINGS)
+        except differential.Mismatch as e:
+            focus.setdefault(e.setting, differential.ALL_SETTINGS[e.setting])  # shrink on it only
+            failure.update(spec=spec, setting=e.setting, error=f"{type(e.error).__name__}: {e.error}")
+            raise
+    try:
+        run()
+    except differential.Mismatch:
+        pass  # hypothesis replayed the minimal failing program last: it is in ``failure``
+    new = bool(failure) and save(out, failure["spec"], failure["setting"], failure["error"])
+    return count[0], int(new)
+
+
+def worker(out: str, deadline: float, first_seed: int, examples: int) -> None:
+    batch_seed = first_seed
+    while time.time() < deadline:
+        ran, new = _batch(out, batch_seed, examples)
+        print(json.dumps({"programs": ran, "new_failures": new, "seed": batch_seed}), flush=True)
+        batch_seed += 1
+
+
+def supervise(out: str, minutes: float, examples: int) -> dict:
+    """Run workers until the deadline; a worker that dies leaves its program as a crash case."""
+    deadline, totals = time.time() + 60 * minutes, {"programs": 0, "mismatches": 0, "crashes": 0}
+    next_seed = random.SystemRandom().randrange(2**31)
+    while time.time() < deadline:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.fuzz.long_run", "--worker", "--out", out, "--deadline",
+             str(deadline), "--seed", str(next_seed), "--examples", str(examples)],
+            stdout=subprocess.PIPE, text=True)
+        for line in child.stdout:
+            report = json.loads(line)
+            totals["programs"] += report["programs"]
+            totals["mismatches"] += report["new_failures"]
+            next_seed = report["seed"] + 1
+            print(f"[{time.strftime('%H:%M:%S')}] {json.dumps(totals)}", flush=True)
+        if child.wait() != 0:
+            totals["crashes"] += _keep_crash(out, child.returncode)
+            next_seed += 1  # do not rerun the batch that killed the worker
+    return totals
+
+
+def _keep_crash(out: str, returncode: int) -> int:
+    try:
+        with open(os.path.join(out, INFLIGHT)) as f:
+            spec = json.load(f)
+    except (OSError, ValueError):
+        return 0
+    return int(save(out, spec, "process", f"worker died with exit status {returncode}"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "regressions"))
+    parser.add_argument("--examples", type=int, default=50, help="programs per hypothesis batch")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if args.worker:
+        return worker(args.out, args.deadline, args.seed, args.examples)
+    start = time.time()
+    totals = supervise(args.out, args.minutes, args.examples)
+    print(f"long run: {totals['programs']} programs (shrinking included) in {(time.time() - start) / 60:.1f} min, "
+          f"{totals['mismatches']} distinct mismatches, {totals['crashes']} crashes; "
+          f"regressions in {args.out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

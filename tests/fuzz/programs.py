@@ -1,0 +1,325 @@
+"""Random valid JAX programs as plain JSON specs, drawn by hypothesis strategies.
+
+A spec is data, not code, so a failing program can be written to a file and replayed:
+``{"seed": int, "ops": [...], "outputs": [...]}``. Op ``k`` defines value ``k``; an
+``input`` op adds a function argument. interpret.py turns a spec into a JAX function
+and its arguments.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from hypothesis import strategies as st
+
+FLOATS = ("float32", "float16", "bfloat16", "float64")
+INTS = ("int32", "int8", "uint8", "uint32", "int64")
+DTYPES = FLOATS + INTS + ("bool",)
+
+UNARY = {
+    "float": ("neg", "abs", "exp", "tanh", "floor", "sign", "log", "sin", "sqrt", "rsqrt", "ceil",
+              "round", "logistic", "expm1", "log1p", "cos", "erf"),
+    "int": ("neg", "abs", "not", "sign", "population_count", "clz"),
+    "uint": ("neg", "not", "sign", "population_count", "clz"),
+    "bool": ("not",),
+}
+BINARY = {
+    "float": ("add", "sub", "mul", "max", "min", "div", "rem", "pow", "atan2"),
+    "int": ("add", "sub", "mul", "max", "min", "div", "rem", "and", "or", "xor",
+            "shift_left", "shift_right_logical", "shift_right_arithmetic"),
+    "uint": ("add", "sub", "mul", "max", "min", "div", "rem", "and", "or", "xor",
+             "shift_left", "shift_right_logical", "shift_right_arithmetic"),
+    "bool": ("and", "or", "xor", "max", "min"),
+}
+COMPARES = ("lt", "le", "eq", "ne", "gt", "ge")
+REDUCERS = ("sum", "max", "min", "prod")
+
+
+
+def kind(dtype: str) -> str:
+    if dtype in FLOATS or dtype == "bool":
+        return "float" if dtype in FLOATS else "bool"
+    return "uint" if dtype.startswith("u") else "int"
+
+
+# ---------------------------------------------------------------- generation
+
+
+class _Program:
+    """The spec under construction and the (shape, dtype) of every value so far."""
+
+    def __init__(self, draw) -> None:
+        self.draw, self.ops, self.values = draw, [], []
+
+    def add(self, op: dict, shape, dtype: str) -> int:
+        self.ops.append(op)
+        self.values.append((tuple(shape), dtype))
+        return len(self.values) - 1
+
+    def new_input(self, shape, dtype: str) -> int:
+        edge = self.draw(st.booleans())
+        return self.add({"op": "input", "shape": list(shape), "dtype": dtype, "edge": edge}, shape, dtype)
+
+    def pick(self, predicate: Callable[[tuple, str], bool] = lambda s, d: True) -> int | None:
+        """A value satisfying ``predicate``, preferring recent ones (shrinks toward the last)."""
+        found = [i for i in reversed(range(len(self.values))) if predicate(*self.values[i])]
+        return self.draw(st.sampled_from(found)) if found else None
+
+    def partner(self, x: int) -> int:
+        """A value of x's shape and dtype: an existing one, or a new input broadcast to it."""
+        shape, dtype = self.values[x]
+        same = self.pick(lambda s, d: s == shape and d == dtype)
+        if self.draw(st.booleans()):
+            return same
+        dims = sorted(self.draw(st.sets(st.sampled_from(range(len(shape))))) if shape else [])
+        y = self.new_input([shape[d] for d in dims], dtype)
+        return self.add({"op": "broadcast", "x": y, "shape": list(shape), "dims": dims}, shape, dtype)
+
+
+def _shape(draw, min_rank: int = 0, max_rank: int = 3) -> list[int]:
+    return draw(st.lists(st.integers(1, 5), min_size=min_rank, max_size=max_rank))
+
+
+def _gen_unary(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    p.add({"op": "unary", "fn": p.draw(st.sampled_from(UNARY[kind(dtype)])), "x": x}, shape, dtype)
+
+
+def _gen_binary(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    fn = p.draw(st.sampled_from(BINARY[kind(dtype)]))
+    p.add({"op": "binary", "fn": fn, "x": x, "y": p.partner(x)}, shape, dtype)
+
+
+def _gen_compare_select(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    pred = p.add({"op": "compare", "fn": p.draw(st.sampled_from(COMPARES)), "x": x, "y": p.partner(x)},
+                 shape, "bool")
+    if p.draw(st.booleans()):
+        p.add({"op": "select", "p": pred, "x": x, "y": p.partner(x)}, shape, dtype)
+
+
+def _gen_cast(p: _Program, x: int) -> None:
+    shape, _ = p.values[x]
+    dtype = p.draw(st.sampled_from(DTYPES))
+    p.add({"op": "cast", "x": x, "dtype": dtype}, shape, dtype)
+
+
+def _gen_broadcast(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    if len(shape) >= 4:
+        return _gen_unary(p, x)
+    at = p.draw(st.integers(0, len(shape)))
+    out = list(shape[:at]) + [p.draw(st.integers(1, 4))] + list(shape[at:])
+    dims = [d if d < at else d + 1 for d in range(len(shape))]
+    p.add({"op": "broadcast", "x": x, "shape": out, "dims": dims}, out, dtype)
+
+
+def _gen_reduce(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    axes = sorted(p.draw(st.sets(st.sampled_from(range(len(shape))), min_size=1))) if shape else []
+    fn = p.draw(st.sampled_from(REDUCERS[1:3] if dtype == "bool" else REDUCERS))
+    out = [n for d, n in enumerate(shape) if d not in axes]
+    p.add({"op": "reduce", "fn": fn, "x": x, "axes": axes}, out, dtype)
+
+
+def _gen_dot(p: _Program, x: int) -> None:
+    """dot_general of x with a new operand: some dims of x batch, some contract, the rest stay free."""
+    shape, dtype = p.values[x]
+    if dtype == "bool" or not shape:
+        return _gen_binary(p, x)
+    roles = p.draw(st.lists(st.sampled_from(("free", "contract", "batch")), min_size=len(shape),
+                            max_size=len(shape)))
+    batch = [d for d, r in enumerate(roles) if r == "batch"]
+    contract = [d for d, r in enumerate(roles) if r == "contract"]
+    free_y = _shape(p.draw, 0, 1)
+    y_shape = [shape[d] for d in batch] + [shape[d] for d in contract] + free_y
+    y = p.new_input(y_shape, dtype)
+    nb = len(batch)
+    out = ([shape[d] for d in batch] + [shape[d] for d in range(len(shape)) if roles[d] == "free"] + free_y)
+    if len(out) > 4:
+        return None
+    p.add({"op": "dot", "x": x, "y": y, "contract": [contract, list(range(nb, nb + len(contract)))],
+           "batch": [batch, list(range(nb))]}, out, dtype)
+
+
+def _conv_window(draw, size: int) -> tuple[dict, int]:
+    """One spatial dim's kernel size, stride, padding and dilations with an output of at least 1."""
+    lhs_dil, rhs_dil, stride = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    lo, hi = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+    span = (size - 1) * lhs_dil + 1 + lo + hi
+    k = draw(st.integers(1, max(1, min(3, (span - 1) // rhs_dil + 1))))
+    if (k - 1) * rhs_dil + 1 > span:
+        k, rhs_dil = 1, 1
+    out = (span - (k - 1) * rhs_dil - 1) // stride + 1
+    return {"k": k, "stride": stride, "pad": [lo, hi], "lhs_dil": lhs_dil, "rhs_dil": rhs_dil}, out
+
+
+def _gen_conv(p: _Program, x: int) -> None:
+    """A 1-D or 2-D convolution, channels first or last, maybe grouped; x is the image if it fits."""
+    shape, dtype = p.values[x]
+    layout = p.draw(st.sampled_from(("first", "last")))
+    if kind(dtype) != "float" or len(shape) not in (3, 4):
+        dtype = dtype if kind(dtype) == "float" else "float32"
+        shape = _shape(p.draw, 3, 4)
+        x = p.new_input(shape, dtype)
+    spatial = list(shape[2:]) if layout == "first" else list(shape[1:-1])
+    channels = shape[1] if layout == "first" else shape[-1]
+    groups = p.draw(st.sampled_from([g for g in (1, 2, 3) if channels % g == 0]))
+    windows, outs = zip(*[_conv_window(p.draw, n) for n in spatial])
+    features = groups * p.draw(st.integers(1, 2))
+    kernel = [features, channels // groups] + [w["k"] for w in windows]  # OI + spatial
+    w = p.new_input(kernel, dtype)
+    out = [shape[0], features] + list(outs) if layout == "first" else [shape[0]] + list(outs) + [features]
+    p.add({"op": "conv", "x": x, "w": w, "layout": layout, "groups": groups, "windows": list(windows)},
+          out, dtype)
+
+
+def _gen_gather(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    if not shape:
+        return _gen_unary(p, x)
+    axis = p.draw(st.integers(0, len(shape) - 1))
+    idx_shape = _shape(p.draw, 0, 2)
+    out = list(shape[:axis]) + idx_shape + list(shape[axis + 1:])
+    if len(out) > 4:
+        return None
+    idx = p.new_input(idx_shape, p.draw(st.sampled_from(("int32", "int64", "uint8"))))
+    mode = p.draw(st.sampled_from(("clip", "fill", "wrap")))
+    p.add({"op": "gather", "x": x, "idx": idx, "axis": axis, "mode": mode}, out, dtype)
+
+
+def _gen_scatter(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    if not shape:
+        return _gen_unary(p, x)
+    idx = p.new_input(_shape(p.draw, 1, 1), "int32")
+    upd = p.new_input(list(p.values[idx][0]) + list(shape[1:]), dtype)
+    fn = p.draw(st.sampled_from(("set", "add", "max", "min")))
+    mode = p.draw(st.sampled_from(("drop", "clip")))
+    p.add({"op": "scatter", "fn": fn, "x": x, "idx": idx, "upd": upd, "mode": mode}, shape, dtype)
+
+
+def _gen_dynamic_slice(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    starts = [p.new_input([], "int32") for _ in shape]
+    sizes = [p.draw(st.integers(1, n)) for n in shape]
+    if p.draw(st.booleans()):
+        p.add({"op": "dynamic_slice", "x": x, "starts": starts, "sizes": sizes}, sizes, dtype)
+    else:
+        upd = p.new_input(sizes, dtype)
+        p.add({"op": "dynamic_update_slice", "x": x, "upd": upd, "starts": starts}, shape, dtype)
+
+
+def _gen_slice(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    start = [p.draw(st.integers(0, n - 1)) for n in shape]
+    limit = [p.draw(st.integers(s + 1, n)) for s, n in zip(start, shape)]
+    stride = [p.draw(st.integers(1, 2)) for _ in shape]
+    out = [(hi - lo + s - 1) // s for lo, hi, s in zip(start, limit, stride)]
+    p.add({"op": "slice", "x": x, "start": start, "limit": limit, "stride": stride}, out, dtype)
+
+
+def _gen_reshape(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    size, out = math.prod(shape), []
+    while size > 1 and len(out) < 3:
+        d = p.draw(st.sampled_from([f for f in range(1, size + 1) if size % f == 0]))
+        out.append(d)
+        size //= d
+    if size > 1 or not out:
+        out.append(size)
+    p.add({"op": "reshape", "x": x, "shape": out}, out, dtype)
+
+
+def _gen_transpose(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    perm = p.draw(st.permutations(range(len(shape))))
+    p.add({"op": "transpose", "x": x, "perm": list(perm)}, [shape[d] for d in perm], dtype)
+
+
+def _gen_rev(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    dims = sorted(p.draw(st.sets(st.sampled_from(range(len(shape))), min_size=1))) if shape else []
+    p.add({"op": "rev", "x": x, "dims": dims}, shape, dtype)
+
+
+def _gen_concat(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    if not shape:
+        return _gen_unary(p, x)
+    axis = p.draw(st.integers(0, len(shape) - 1))
+    other = list(shape)
+    other[axis] = p.draw(st.integers(1, 4))
+    y = p.pick(lambda s, d: d == dtype and len(s) == len(shape)
+               and all(a == b for i, (a, b) in enumerate(zip(s, shape)) if i != axis))
+    y = y if y is not None and p.draw(st.booleans()) else p.new_input(other, dtype)
+    out = list(shape)
+    out[axis] += p.values[y][0][axis]
+    p.add({"op": "concat", "xs": [x, y], "axis": axis}, out, dtype)
+
+
+def _gen_pad(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    config = []
+    for n in shape:
+        interior = p.draw(st.integers(0, 1))
+        full = n + (n - 1) * interior
+        lo, hi = p.draw(st.integers(-min(1, full - 1), 2)), p.draw(st.integers(-min(1, full - 1), 2))
+        if full + lo + hi < 1:
+            lo, hi = 0, 0
+        config.append([lo, hi, interior])
+    out = [n + (n - 1) * i + lo + hi for n, (lo, hi, i) in zip(shape, config)]
+    p.add({"op": "pad", "x": x, "config": config}, out, dtype)
+
+
+def _gen_cond(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    fns = [p.draw(st.sampled_from(UNARY[kind(dtype)])) for _ in range(2)]
+    p.add({"op": "cond", "p": p.pick(), "x": x, "fns": fns}, shape, dtype)
+
+
+def _gen_fori(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    fn = p.draw(st.sampled_from(BINARY[kind(dtype)]))
+    p.add({"op": "fori", "x": x, "y": p.partner(x), "fn": fn, "n": p.draw(st.integers(0, 4))}, shape, dtype)
+
+
+def _gen_sort(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    if not shape:
+        return _gen_unary(p, x)
+    p.add({"op": "sort", "x": x, "axis": p.draw(st.integers(0, len(shape) - 1))}, shape, dtype)
+
+
+def _gen_cumulative(p: _Program, x: int) -> None:
+    shape, dtype = p.values[x]
+    if not shape or dtype == "bool":
+        return _gen_unary(p, x)
+    fn = p.draw(st.sampled_from(("cumsum", "cummax", "cummin")))
+    p.add({"op": fn, "x": x, "axis": p.draw(st.integers(0, len(shape) - 1)),
+           "reverse": p.draw(st.booleans())}, shape, dtype)
+
+
+# Simplest first: hypothesis shrinks a sampled choice toward the start of the list.
+GENERATORS = {"unary": _gen_unary, "binary": _gen_binary, "compare": _gen_compare_select,
+              "cast": _gen_cast, "broadcast": _gen_broadcast, "reduce": _gen_reduce,
+              "reshape": _gen_reshape, "transpose": _gen_transpose, "slice": _gen_slice,
+              "concat": _gen_concat, "pad": _gen_pad, "rev": _gen_rev, "dot": _gen_dot,
+              "conv": _gen_conv, "gather": _gen_gather, "scatter": _gen_scatter,
+              "dynamic_slice": _gen_dynamic_slice, "cond": _gen_cond, "fori": _gen_fori,
+              "sort": _gen_sort, "cumulative": _gen_cumulative}
+
+
+@st.composite
+def programs(draw, max_ops: int = 6, kinds: tuple[str, ...] = tuple(GENERATORS)) -> dict:
+    """A random valid program spec of up to ``max_ops`` op steps drawn from ``kinds``."""
+    p = _Program(draw)
+    p.new_input(_shape(draw), draw(st.sampled_from(DTYPES)))
+    for _ in range(draw(st.integers(1, max_ops))):
+        x = p.pick(lambda s, d: math.prod(s) <= 256)
+        GENERATORS[draw(st.sampled_from(kinds))](p, x if x is not None else len(p.values) - 1)
+    computed = [i for i, op in enumerate(p.ops) if op["op"] != "input"]
+    extra = draw(st.sets(st.sampled_from(computed), max_size=2))
+    outputs = sorted(extra | {computed[-1]}) if computed else [0]
+    return {"seed": draw(st.integers(0, 2**16)), "ops": p.ops, "outputs": outputs}

@@ -1,0 +1,326 @@
+"""Hostile input and resource behaviour: a clear Python exception, and a process that keeps working.
+
+What tests/test_errors.py and tests/test_pjrt.py already cover is not repeated here
+(unsupported op through compile and the plugin, truncated artifact, malformed text,
+wrong arguments, garbage persistent-cache entries, memory over a call loop, a clean
+exit with live arrays); this file adds the nastier variants.
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import unittest
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from absl.testing import absltest
+
+import polyblocks_jax as pb
+import support  # noqa: F401 (enables x64 like every test)
+from polyblocks_jax import compiler
+from polyblocks_jax.stablehlo_import import reader
+
+# The child's address space is capped so that "more than memory" fails fast and the
+# same way on any machine, instead of swapping or drawing the OOM killer.
+_CHILD_MEMORY_LIMIT = 8 << 30
+
+
+def run_child(code: str, limit_memory: bool = False, timeout: int = 180) -> subprocess.CompletedProcess:
+    preamble = ""
+    if limit_memory:
+        preamble = (f"import resource; resource.setrlimit(resource.RLIMIT_AS, "
+                    f"({_CHILD_MEMORY_LIMIT}, {_CHILD_MEMORY_LIMIT}))\n")
+    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", preamble + textwrap.dedent(code)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def pb_device():
+    return jax.devices("polyblocks")[0]
+
+
+def lowered(fn, *args):
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
+
+
+def artifact(fn, *args) -> bytes:
+    """``fn``'s VHLO portable artifact, the bytes the PJRT plugin receives."""
+    from jaxlib.mlir.dialects import stablehlo
+    ctx = reader.new_context()
+    with ctx:
+        module = reader.parse(lowered(fn, *args).as_text(), ctx)
+        return stablehlo.serialize_portable_artifact(module, stablehlo.get_current_version())
+
+
+class UnsupportedDtypeTest(absltest.TestCase):
+    def test_float8_through_the_plugin(self):
+        x = jax.device_put(np.ones(4, ml_dtypes.float8_e4m3fn), pb_device())
+        with self.assertRaisesRegex(Exception, "f8E4M3FN|float8"):
+            jax.jit(lambda a: a * a)(x).block_until_ready()
+        y = jax.device_put(np.ones(4, np.float32), pb_device())
+        np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: a * 3)(y)), np.full(4, 3.0))
+
+
+class CorruptedArtifactTest(absltest.TestCase):
+    @unittest.expectedFailure  # open: reported to the lead (issue 8)
+    def test_bit_flips_raise_our_error_or_compile(self):
+        # In a child: one flipped bit (offset 373, bit 7 of this 588-byte artifact) makes
+        # jaxlib's stablehlo.deserialize_portable_artifact (reader.parse) SIGSEGV; the MLIR
+        # bytecode reader is not hardened against malformed input. Most flips are rejected
+        # with InvalidProgramError naming the bytecode error.
+        done = run_child("""
+            import sys, numpy as np, jax.numpy as jnp
+            sys.path.insert(0, %r)
+            import test_hostile, polyblocks_jax as pb
+            data = test_hostile.artifact(lambda a, b: jnp.tanh(a @ b).sum(0),
+                                         np.ones((3, 4), np.float32), np.ones((4, 2), np.float32))
+            rng = np.random.default_rng(0)
+            for pos in rng.choice(len(data), size=24, replace=False):
+                bad = bytearray(data)
+                bad[pos] ^= 1 << int(rng.integers(8))
+                try:
+                    pb.compile(bytes(bad))
+                except pb.PolyblocksError:
+                    pass
+            pb.compile(data)
+            print("survived")
+        """ % os.path.dirname(os.path.abspath(__file__)), limit_memory=True)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertIn("survived", done.stdout)
+
+    def test_empty_and_prefix_only_artifacts(self):
+        data = artifact(lambda a: a + 1, np.ones(3, np.float32))
+        for bad in (b"", data[:4], data[:16], data + b"\x00" * 7):
+            with self.assertRaises(pb.PolyblocksError, msg=repr(bad[:20])):
+                pb.compile(bad)
+
+
+class CorruptedCacheEntryTest(absltest.TestCase):
+    def test_entry_corrupted_inside_a_valid_jax_wrapper(self):
+        # tests/test_pjrt.py overwrites entries with garbage, which JAX itself rejects while
+        # decompressing; here the wrapper stays valid and our serialized executable is damaged.
+        child = """
+            import jax, numpy as np
+            from polyblocks_jax import compiler
+            jax.config.update("jax_compilation_cache_dir", {cache!r})
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+            x = jax.device_put(np.arange(4, dtype=np.float32), jax.devices("polyblocks")[0])
+            print(np.asarray(jax.jit(lambda a: a * 5)(x)).tolist(), len(compiler.CACHE._entries))
+        """
+        from jax._src import compilation_cache as cc
+        with tempfile.TemporaryDirectory() as cache:
+            code = child.format(cache=cache)
+            first = run_child(code)
+            self.assertEqual(first.returncode, 0, first.stderr[-2000:])
+            entries = [os.path.join(cache, n) for n in os.listdir(cache) if not n.startswith(".")]
+            self.assertNotEmpty(entries)
+            for path in entries:
+                with open(path, "rb") as f:
+                    inner = bytearray(cc.decompress_executable(f.read()))
+                for pos in range(len(inner) // 3, len(inner) // 3 + 64):
+                    inner[pos] ^= 0x5A
+                with open(path, "wb") as f:
+                    f.write(cc.compress_executable(bytes(inner)))
+            again = run_child(code)
+            self.assertEqual(again.returncode, 0, again.stderr[-2000:])
+            self.assertIn("[0.0, 5.0, 10.0, 15.0] 1", again.stdout)  # rejected, then recompiled
+
+
+class RejectedShapesTest(absltest.TestCase):
+    PROGRAMS = {
+        "mismatched operands": """
+            func.func @main(%a: tensor<3xf32>, %b: tensor<4xf32>) -> tensor<3xf32> {
+              %0 = stablehlo.add %a, %b : (tensor<3xf32>, tensor<4xf32>) -> tensor<3xf32>
+              return %0 : tensor<3xf32>
+            }""",
+        "reshape changing size": """
+            func.func @main(%a: tensor<6xf32>) -> tensor<4xf32> {
+              %0 = stablehlo.reshape %a : (tensor<6xf32>) -> tensor<4xf32>
+              return %0 : tensor<4xf32>
+            }""",
+        "dot with unequal contraction": """
+            func.func @main(%a: tensor<2x3xf32>, %b: tensor<4x5xf32>) -> tensor<2x5xf32> {
+              %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0]
+                : (tensor<2x3xf32>, tensor<4x5xf32>) -> tensor<2x5xf32>
+              return %0 : tensor<2x5xf32>
+            }""",
+        "negative dimension": """
+            func.func @main(%a: tensor<-3xf32>) -> tensor<-3xf32> {
+              return %a : tensor<-3xf32>
+            }""",
+        "result shape lies": """
+            func.func @main(%a: tensor<2x3xf32>) -> tensor<3x3xf32> {
+              %0 = stablehlo.transpose %a, dims = [1, 0] : (tensor<2x3xf32>) -> tensor<3x3xf32>
+              return %0 : tensor<3x3xf32>
+            }""",
+    }
+
+    def test_invalid_shapes_are_rejected_before_compiling(self):
+        for name, body in self.PROGRAMS.items():
+            with self.subTest(name), self.assertRaises(pb.InvalidProgramError):
+                pb.compile("module {\n" + textwrap.dedent(body) + "\n}")
+        np.testing.assert_array_equal(pb.compile(lowered(lambda a: a + a, np.ones(2, np.float32)))(
+            np.ones(2, np.float32))[0], np.full(2, 2.0))
+
+
+class MemoryExhaustionTest(absltest.TestCase):
+    CHILD = """
+        import jax, jax.numpy as jnp, numpy as np
+        x = jax.device_put(np.ones((1 << 16,), np.float32), jax.devices("polyblocks")[0])
+        try:
+            jax.jit({fn})(x).block_until_ready()
+            print("no error")
+        except Exception as e:
+            print("raised", type(e).__name__, str(e)[:200])
+        print("alive", np.asarray(jax.jit(lambda a: a + 1)(x[:2])).tolist())
+    """
+
+    def test_output_larger_than_memory(self):
+        done = run_child(self.CHILD.format(fn="lambda a: jnp.outer(a, a)"), limit_memory=True)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertIn("RESOURCE_EXHAUSTED", done.stdout)
+        self.assertIn("alive [2.0, 2.0]", done.stdout)
+
+    @unittest.expectedFailure  # open: see the note below, reported to the lead (issue 8)
+    def test_intermediate_larger_than_memory(self):
+        # A 16 GiB intermediate is malloc'ed by the compiled code itself; malloc returns NULL
+        # and the code stores through it: SIGSEGV, the process dies. Outputs are allocated by
+        # us (memref.aligned_empty -> MemoryError) but intermediates never reach Python, so the
+        # fix belongs in the pipeline (check allocations, or size them at compile time).
+        done = run_child(self.CHILD.format(fn="lambda a: jnp.sort(jnp.outer(a, a).reshape(-1))[:4]"),
+                         limit_memory=True)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertIn("raised", done.stdout)
+        self.assertIn("alive [2.0, 2.0]", done.stdout)
+
+
+class DeletedBufferTest(absltest.TestCase):
+    def test_donated_buffer_passed_again(self):
+        f = jax.jit(lambda a: a * 2, donate_argnums=0)
+        x = jax.device_put(np.arange(4, dtype=np.float32), pb_device())
+        y = f(x)
+        with self.assertRaisesRegex(Exception, "deleted|donated"):
+            f(x).block_until_ready()
+        with self.assertRaisesRegex(Exception, "deleted|donated"):
+            jax.jit(lambda a, b: a + b)(x, y).block_until_ready()
+        np.testing.assert_array_equal(np.asarray(f(y)), np.arange(4, dtype=np.float32) * 4)
+
+    def test_explicitly_deleted_buffer(self):
+        x = jax.device_put(np.ones(3, np.float32), pb_device())
+        g = jax.jit(lambda a: a - 1)
+        g(x).block_until_ready()
+        x.delete()
+        with self.assertRaisesRegex(Exception, "deleted"):
+            g(x).block_until_ready()
+        z = jax.device_put(np.ones(3, np.float32), pb_device())
+        np.testing.assert_array_equal(np.asarray(g(z)), np.zeros(3))
+
+
+class ShutdownTest(absltest.TestCase):
+    def test_exit_with_executables_buffers_and_loaded_libraries_alive(self):
+        done = run_child("""
+            import threading, jax, jax.numpy as jnp, numpy as np, polyblocks_jax as pb
+            from polyblocks_jax import compiler
+            d = jax.devices("polyblocks")[0]
+            x = jax.device_put(np.ones((64, 64), np.float32), d)
+            fns = [jax.jit(lambda a, k=k: jnp.tanh(a @ a) + k) for k in range(4)]
+            outs = [f(x) for f in fns]                      # executables and buffers alive
+            low = jax.jit(lambda a: a * 2).trace(np.ones(3, np.float32)).lower(lowering_platforms=("cpu",))
+            exe = pb.compile(low)
+            loaded = compiler.deserialize(exe.serialize())  # a dlopen'ed library alive
+            # A thread that ran executables and ended; one still executing at exit is left out:
+            # CPython 3.11 ends daemon threads with a forced unwind that aborts inside jaxlib's
+            # C++ dispatch, on XLA's CPU backend as well ("FATAL: exception not rethrown").
+            worker = threading.Thread(target=lambda: [fns[0](x).block_until_ready() for _ in range(20)])
+            worker.start()
+            worker.join()
+            print("ready", loaded(np.ones(3, np.float32))[0].tolist(), float(outs[3][0, 0]))
+        """)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertIn("ready [2.0, 2.0, 2.0]", done.stdout)
+        self.assertNotIn("Fatal Python error", done.stderr)
+
+
+def _lower_tiny(k: int):
+    return lowered(lambda a: a * float(k) + 1.0, np.ones(4, np.float32))
+
+
+# One lowering per k, kept: the text carries the caller's location, hence the cache key.
+_tiny_program = functools.cache(_lower_tiny)
+
+
+class ResourceTest(absltest.TestCase):
+    def setUp(self):
+        self._capacity = compiler.CACHE.capacity
+        compiler.CACHE.capacity = 4
+        compiler.CACHE.clear()
+
+    def tearDown(self):
+        compiler.CACHE.capacity = self._capacity
+        compiler.CACHE.clear()
+
+    def test_cache_evicts_least_recently_used(self):
+        exes = [pb.compile(_tiny_program(k)) for k in range(4)]
+        self.assertIs(pb.compile(_tiny_program(0)), exes[0])  # a hit makes 0 the most recent
+        pb.compile(_tiny_program(4))                            # evicts 1, the least recent
+        self.assertLen(compiler.CACHE._entries, 4)
+        self.assertIs(pb.compile(_tiny_program(0)), exes[0])
+        self.assertIsNot(pb.compile(_tiny_program(1)), exes[1])  # recompiled
+        self.assertLen(compiler.CACHE._entries, 4)
+        np.testing.assert_array_equal(exes[1](np.ones(4, np.float32))[0], np.full(4, 2.0))  # still usable
+
+    def test_memory_stable_over_distinct_compilations(self):
+        def compile_distinct(first: int) -> None:
+            for k in range(first, first + 30):
+                pb.compile(_lower_tiny(k))(np.ones(4, np.float32))
+            gc.collect()
+        compile_distinct(100)  # warm up: lazily loaded passes, allocator pools, a full cache
+        before = _rss_bytes()
+        compile_distinct(200)
+        grown = (_rss_bytes() - before) / 2**20
+        self.assertLen(compiler.CACHE._entries, 4)
+        self.assertLess(grown, 16, f"RSS grew by {grown:.1f} MiB over 30 distinct compilations")
+
+    def test_no_file_descriptor_or_thread_leaks(self):
+        d = pb_device()
+        x = jax.device_put(np.ones((32, 32), np.float32), d)
+
+        def workload(k):
+            exe = pb.compile(_tiny_program(300 + k))
+            compiler.deserialize(exe.serialize())(np.ones(4, np.float32))  # temp files, cc, dlopen
+            jax.jit(lambda a: a @ a + k)(x).block_until_ready()
+            with self.assertRaises(pb.PolyblocksError):
+                pb.compile(b"\x00not a program")
+        workload(0)  # warm up: thread pools and caches that live for the whole process
+        gc.collect()
+        before = (_fds(), threading.active_count(), _native_threads())
+        for k in range(1, 9):
+            workload(k)
+        gc.collect()
+        self.assertEqual((_fds(), threading.active_count(), _native_threads()), before,
+                         "(open fds, Python threads, native threads) changed")
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _native_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+if __name__ == "__main__":
+    absltest.main()

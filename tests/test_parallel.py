@@ -1,0 +1,175 @@
+"""Parallel loops (OpenMP): the cost model's choices on IR, and results with parallel on and off."""
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from mlir import ir
+
+import polyblocks_jax as pb
+import support
+from polyblocks_jax import compiler
+from polyblocks_jax.passes import parallel
+
+_NESTS = """
+func.func @f(%a: memref<512x512xf32>, %b: memref<8xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  %c512 = arith.constant 512 : index
+  %x = arith.constant 1.0 : f32
+  scf.parallel (%i) = (%c0) to (%c512) step (%c1) {
+    scf.parallel (%j) = (%c0) to (%c512) step (%c1) {
+      memref.store %x, %a[%i, %j] : memref<512x512xf32>
+    }
+  }
+  scf.parallel (%i) = (%c0) to (%c8) step (%c1) {
+    memref.store %x, %b[%i] : memref<8xf32>
+  }
+  scf.for %i = %c0 to %c512 step %c1 {
+    scf.parallel (%j) = (%c0) to (%c512) step (%c1) {
+      memref.store %x, %a[%i, %j] : memref<512x512xf32>
+    }
+  }
+  return
+}
+"""
+
+_DIMS = """
+func.func @f(%a: memref<8192x8192xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  %c512 = arith.constant 512 : index
+  %c8192 = arith.constant 8192 : index
+  %x = arith.constant 1.0 : f32
+  scf.parallel (%i, %j) = (%c0, %c0) to (%c512, %c512) step (%c1, %c1) {
+    memref.store %x, %a[%i, %j] : memref<8192x8192xf32>
+  }
+  scf.parallel (%i, %j) = (%c0, %c0) to (%c4, %c8192) step (%c1, %c1) {
+    memref.store %x, %a[%i, %j] : memref<8192x8192xf32>
+    memref.store %x, %a[%j, %i] : memref<8192x8192xf32>
+  }
+  return
+}
+"""
+
+
+def _ops(module: ir.Module, name: str) -> list[ir.Operation]:
+    found = []
+    module.operation.walk(lambda op: (found.append(op) if op.name == name else None, ir.WalkResult.ADVANCE)[1],
+                          ir.WalkOrder.PRE_ORDER)
+    return found
+
+
+class CostModelTest(absltest.TestCase):
+    def test_only_large_outermost_nest_stays_parallel(self):
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(_NESTS)
+            self.assertEqual(parallel.work(_ops(module, "scf.parallel")[0]), 512 * 512)  # one store per iteration
+            parallel.parallelize_loops(module, pb.Options(), threads=2)
+            loops = _ops(module, "scf.parallel")
+            self.assertEqual(len(loops), 1)  # nested, small and per-row nests were serialized
+            self.assertIn(parallel.PARALLEL_ATTR, loops[0].attributes)
+            self.assertEqual(len(_ops(module, "scf.for")), 4)  # 3 serialized + the row loop
+
+    def test_shares_out_only_the_outer_dims_needed(self):
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(_DIMS)
+            parallel.parallelize_loops(module, pb.Options(), threads=2)
+            loops = _ops(module, "scf.parallel")
+            # (512, 512): the rows give every thread enough chunks; (4, 512): 4 rows do not.
+            self.assertEqual([len(op.opview.lowerBound) for op in loops], [1, 2])
+            self.assertEqual(len(_ops(module, "scf.for")), 1)
+
+    def test_switched_off_or_one_core_serializes_everything(self):
+        for options, threads in ((pb.Options(parallel=False), 2), (pb.Options(), 1)):
+            with ir.Context(), ir.Location.unknown():
+                module = ir.Module.parse(_NESTS)
+                parallel.parallelize_loops(module, options, threads=threads)
+                self.assertEqual(_ops(module, "scf.parallel"), [])
+
+
+def _compile(fn, *args, options: pb.Options) -> tuple[compiler.Executable, bool]:
+    """The executable, and whether its LLVM module forks threads."""
+    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
+    with tempfile.TemporaryDirectory() as d:
+        exe = compiler._compile_uncached(lowered.as_text(), options.replace(dump_dir=d), "k")
+        (last,) = [f for f in os.listdir(os.path.join(d, "k")) if f.endswith("to-llvm.mlir")]
+        with open(os.path.join(d, "k", last)) as f:
+            return exe, "omp.parallel" in f.read()
+
+
+class ParallelResultsTest(absltest.TestCase):
+    def _check(self, fn, *args, rtol=None, atol=None):
+        """Parallel code forks, serial code does not; both equal each other and XLA."""
+        on, forks = _compile(fn, *args, options=pb.Options())
+        off, serial_forks = _compile(fn, *args, options=pb.Options(parallel=False))
+        self.assertTrue(forks, "expected a parallel loop")
+        self.assertFalse(serial_forks, "no-parallel still forks")
+        got = on(*args)
+        for a, b in zip(got, off(*args)):
+            np.testing.assert_array_equal(a, b)
+        support.assert_close(self, list(got), support.xla_cpu(fn, *args), rtol=rtol, atol=atol)
+
+    def test_matmul_and_batch_matmul(self):
+        rng = np.random.default_rng(0)
+        x, y = rng.standard_normal((64, 96), np.float32), rng.standard_normal((96, 256), np.float32)
+        b = rng.standard_normal((2, 32, 96), np.float32)
+        # Summation order differs from XLA's library kernel (as in test_tiling).
+        self._check(lambda p, q, r: (p @ q, jnp.einsum("bmk,kn->bmn", r, q)), x, y, b, rtol=1e-5, atol=1e-5)
+
+    def test_elementwise_and_reductions(self):
+        rng = np.random.default_rng(1)
+        x = support.random_array(rng, (256, 384), np.float32)
+        i = support.random_array(rng, (256, 384), np.int32)
+        # No NaN in what max reduces: XLA CPU's max reduction drops NaN (ours propagates it).
+        r = support.random_array(rng, (256, 384), np.float32, edge=False)
+
+        def fn(a, k, c):
+            return (jnp.tanh(a) * 2 + a, k * 3 - (k >> 2), c.sum(axis=1), c.max(axis=0),
+                    jnp.argmax(c, axis=1), k.sum())
+        self._check(fn, x, i, r, rtol=1e-5, atol=1e-5)  # f32 sums in another order than XLA's
+
+    def test_small_model(self):
+        rng = np.random.default_rng(2)
+        x = rng.standard_normal((64, 128), np.float32)
+        w1, w2 = rng.standard_normal((128, 256), np.float32) * 0.1, rng.standard_normal((256, 128), np.float32) * 0.1
+
+        def mlp(a, p, q):
+            h = jax.nn.relu(a @ p)
+            z = h @ q
+            return jax.nn.softmax(z, axis=-1), jnp.cumsum(z, axis=0)  # cumsum: a carried loop
+        self._check(mlp, x, w1, w2, rtol=1e-4, atol=1e-5)
+
+
+class ParallelSerializationTest(absltest.TestCase):
+    def test_deserialized_openmp_code_runs_in_another_process(self):
+        x = np.arange(256 * 512, dtype=np.float32).reshape(256, 512) / 1000
+        exe, forks = _compile(lambda a: jnp.sin(a) + a, x, options=pb.Options())
+        self.assertTrue(forks)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "exe.bin")
+            with open(path, "wb") as f:
+                f.write(exe.serialize())
+            code = f"""
+                import numpy as np
+                from polyblocks_jax import compiler
+                with open({path!r}, "rb") as f:
+                    exe = compiler.deserialize(f.read())
+                x = np.arange(256 * 512, dtype=np.float32).reshape(256, 512) / 1000
+                np.save({os.path.join(d, 'out.npy')!r}, exe(x)[0])
+            """
+            done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                                  text=True, timeout=120)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            np.testing.assert_array_equal(np.load(os.path.join(d, "out.npy")), exe(x)[0])
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,161 @@
+"""Vectorization of convolutions, elementwise ops, reductions and generic contractions:
+the planners' choices, the IR the stage leaves, and results against XLA with it on and off.
+
+Convolutions and contractions accumulate in another order than XLA (register tiles,
+reassociated horizontal sums), hence rtol/atol 1e-5 there, as for tiled matmuls.
+"""
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest, parameterized
+from mlir import ir
+
+import polyblocks_jax as pb
+import support
+from polyblocks_jax import passes
+from polyblocks_jax.passes.conv_tiling import choose_conv_tiles
+from polyblocks_jax.passes.tiling import Hardware
+from polyblocks_jax.passes.vectorize import LoopNest, choose_vector_tiles
+from polyblocks_jax.stablehlo_import import import_program
+
+AVX2 = Hardware(vector_bits=256, vector_registers=16, l1_bytes=32 << 10, l2_bytes=512 << 10)
+AVX512 = Hardware(vector_bits=512, vector_registers=32, l1_bytes=48 << 10, l2_bytes=2 << 20)
+ACCUMULATE = dict(rtol=1e-5, atol=1e-5)
+_NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+class PlannerTest(parameterized.TestCase):
+    def test_elementwise_vectors_along_the_result_row(self):
+        nest = LoopNest((4, 64), frozenset(), ((0, 1), (None, 1)), (0, 1))
+        self.assertEqual(choose_vector_tiles(nest, 4, AVX2), (1, 32))
+        self.assertEqual(choose_vector_tiles(nest, 4, AVX512), (1, 64))
+
+    def test_row_reduction_takes_chunks_of_the_row(self):
+        nest = LoopNest((8, 768), frozenset({1}), ((0, 1),), (0,))
+        tiles = choose_vector_tiles(nest, 4, AVX2)
+        self.assertEqual(tiles[0], 1)
+        self.assertEqual(768 % tiles[1], 0)
+        self.assertEqual(tiles[1] % 8, 0)
+
+    def test_contraction_gets_a_register_tile(self):
+        # (b, m, n, k): A (b, m, k), B (b, k, n) -> C (b, m, n)
+        nest = LoopNest((2, 12, 64, 32), frozenset({3}), ((0, 1, 3), (0, 3, 2)), (0, 1, 2))
+        self.assertEqual(choose_vector_tiles(nest, 4, AVX2), (1, 4, 16, 1))
+
+    def test_indivisible_rows_stay_scalar(self):
+        self.assertIsNone(choose_vector_tiles(LoopNest((3, 5), frozenset(), ((0, 1),), (0, 1)), 4, AVX2))
+
+    @parameterized.product(hw=[AVX2, AVX512], shape=[(56, 64, 64), (28, 256, 3), (7, 16, 128)])
+    def test_conv_tiles_fit_registers(self, hw, shape):
+        ow, f, c = shape
+        t = choose_conv_tiles(ow, f, c, 4, hw)
+        lanes = hw.vector_bits // 32
+        if f % lanes:
+            self.assertIsNone(t)
+            return
+        self.assertEqual((ow % t.width, f % t.channels, c % t.reduce), (0, 0, 0))
+        self.assertLessEqual(t.width * t.channels // lanes + t.channels // lanes + 1, hw.vector_registers)
+
+    def test_conv_channels_not_filling_a_vector(self):
+        self.assertIsNone(choose_conv_tiles(56, 3, 64, 4, AVX2))
+
+
+def _staged(fn, *args) -> str:
+    """The module after the shared stages (through vectorize), as text."""
+    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
+    options = pb.Options()
+    stages = [s for s in passes.shared_stages(options, AVX2)]
+    stages = stages[:[s.name for s in stages].index("vectorize") + 1]
+    with ir.Context() as context, ir.Location.unknown():
+        module = import_program(lowered, context).module
+        passes.run_stages(module, stages, options)
+        return str(module)
+
+
+class StageTest(absltest.TestCase):
+    def test_conv_is_decomposed_and_vectorized(self):
+        x, w = np.zeros((1, 6, 16, 8), np.float32), np.zeros((3, 3, 8, 16), np.float32)
+        text = _staged(functools.partial(jax.lax.conv_general_dilated, window_strides=(1, 1), padding="SAME",
+                                         dimension_numbers=_NHWC), x, w)
+        self.assertNotIn("linalg.conv_2d", text)
+        self.assertRegex(text, r"vector\.(outerproduct|fma) ")  # outer products over input channels
+
+    def test_softmax_runs_on_vectors(self):
+        text = _staged(lambda x: jax.nn.softmax(jnp.exp(x), axis=-1), np.zeros((4, 64), np.float32))
+        self.assertIn("vector.reduction <add>", text)
+        self.assertNotIn("math.exp", text)  # the polynomial, on vectors
+        self.assertRegex(text, r"math\.floor %\w+ : vector<\d+xf32>")
+
+
+class VectorizedResultsTest(parameterized.TestCase):
+    """Each program with vectorize on (serial and parallel tiles) and off."""
+
+    def _check(self, fn, *args, **tolerance):
+        for options in (pb.Options(), pb.Options(parallel=False), pb.Options(vectorize=False)):
+            support.check_against_xla(self, fn, *args, options=options, **tolerance)
+
+    def test_layernorm_gelu(self):
+        def fn(x, scale, bias):
+            mean = x.mean(-1, keepdims=True)
+            y = (x - mean) * jax.lax.rsqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-6)
+            return jax.nn.gelu(y * scale + bias, approximate=False)
+        rng = np.random.default_rng(0)
+        self._check(fn, rng.standard_normal((2, 8, 64), np.float32),
+                    rng.standard_normal(64, np.float32), rng.standard_normal(64, np.float32), **ACCUMULATE)
+
+    def test_elementwise_with_edge_values(self):
+        rng = np.random.default_rng(1)
+        x = support.random_array(rng, (4, 48), np.float32)
+        y = support.random_array(rng, (48,), np.float32)
+        self._check(lambda a, b: (jnp.maximum(a, b) * 2 - jnp.where(a > b, a, -b), jnp.abs(a) + b), x, y)
+
+    def test_indivisible_shapes(self):
+        rng = np.random.default_rng(2)
+        x = rng.standard_normal((3, 5, 7), np.float32)
+        self._check(lambda a: (jax.nn.softmax(a, -1), a.sum(0) * 3), x, **ACCUMULATE)
+
+    def test_reductions(self):
+        rng = np.random.default_rng(3)
+        # No NaN: XLA CPU's max reduction drops NaN operands (with or without vectorize, we keep them).
+        x = support.random_array(rng, (6, 40, 32), np.float32, edge=False)
+        i = rng.integers(-50, 50, (6, 40, 32)).astype(np.int32)
+        self._check(lambda a, b: (a.sum(-1), a.max(-1), a.sum(1), b.sum(-1), b.max(0), jnp.prod(b % 3, -1)),
+                    x, i, **ACCUMULATE)
+
+    def test_attention(self):
+        def fn(q, k, v):
+            scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])
+            return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
+        rng = np.random.default_rng(4)
+        q, k, v = (rng.standard_normal((1, 2, 24, 16), np.float32) for _ in range(3))
+        self._check(fn, q, k, v, **ACCUMULATE)
+
+    @parameterized.named_parameters(
+        ("same_3x3", (2, 6, 16, 8), (3, 3, 8, 16), dict(padding="SAME")),
+        ("valid_stride2", (1, 9, 18, 16), (3, 3, 16, 8), dict(padding="VALID", window_strides=(2, 2))),
+        ("pointwise", (2, 4, 8, 24), (1, 1, 24, 32), dict(padding="VALID")),
+        ("dilated", (1, 8, 12, 4), (2, 3, 4, 8), dict(padding="SAME", rhs_dilation=(2, 2))),
+        ("odd_channels", (1, 5, 6, 3), (3, 3, 3, 5), dict(padding="SAME")),
+    )
+    def test_conv(self, lhs_shape, rhs_shape, kwargs):
+        rng = np.random.default_rng(sum(lhs_shape))
+        kwargs.setdefault("window_strides", (1, 1))
+        fn = functools.partial(jax.lax.conv_general_dilated, dimension_numbers=_NHWC, **kwargs)
+        self._check(fn, rng.standard_normal(lhs_shape, np.float32),
+                    rng.standard_normal(rhs_shape, np.float32), **ACCUMULATE)
+
+    def test_depthwise_conv_with_bias_relu(self):
+        rng = np.random.default_rng(5)
+        x = rng.standard_normal((2, 7, 8, 16), np.float32)
+        w = rng.standard_normal((3, 3, 1, 16), np.float32)
+        b = rng.standard_normal(16, np.float32)
+        fn = lambda x, w, b: jax.nn.relu(jax.lax.conv_general_dilated(  # noqa: E731
+            x, w, (1, 1), "SAME", dimension_numbers=_NHWC, feature_group_count=16) + b)
+        self._check(fn, x, w, b, **ACCUMULATE)
+
+
+if __name__ == "__main__":
+    absltest.main()
