@@ -157,7 +157,8 @@ def compile(program, options: Options | None = None) -> Executable:  # noqa: A00
 def _compile_uncached(source: str | bytes, options: Options, key: str) -> Executable:
     with ir.Context() as context, ir.Location.unknown():
         imported = import_program(source, context)
-        stages: Sequence[passes.Stage] = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
+        stages: Sequence[passes.Stage] = (passes.shared_stages(options, cpu.host().hardware())
+                                          + cpu.cpu_stages(options))
         timings = passes.run_stages(imported.module, stages, options, label=key)
         exe = cpu.build(imported.module, imported.inputs, imported.outputs, options)
     return Executable(exe, key, timings)

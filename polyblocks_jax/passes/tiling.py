@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 
 from mlir import ir, passmanager
-from mlir.dialects.transform import interpreter
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.transform import apply_script, walk
 
 TILE_ATTR = "polyblocks.tiles"
 _TILED_OPS = ("linalg.matmul", "linalg.batch_matmul")
@@ -69,27 +69,19 @@ def _largest_multiple_divisor(n: int, step: int, limit: int) -> int:
 def tile_contractions(module: ir.Module, options: Options, hw: Hardware) -> None:
     """Annotate matmuls with the cost model's tiles, then tile and vectorize them."""
     choices: dict[tuple[str, MatmulTiles], int] = {}
-    for op in _walk(module.operation):
+    for op in walk(module.operation):
         tiles = _choose_for(op, hw)
         if tiles is not None:
             ident = choices.setdefault((op.name, tiles), len(choices))
             op.attributes[TILE_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ident)
     for (name, tiles), ident in choices.items():
-        _apply(module, _script(name, ident, tiles, batched=name == "linalg.batch_matmul",
+        apply_script(module, _script(name, ident, tiles, batched=name == "linalg.batch_matmul",
                                parallel=options.parallel))
     if choices:
         # Folds the slices tiling left behind so that bufferization finds them in place.
         passmanager.PassManager.parse(
             "builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
             module.context).run(module.operation)
-
-
-def _walk(op: ir.Operation):
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                yield child.operation
-                yield from _walk(child.operation)
 
 
 def _choose_for(op: ir.Operation, hw: Hardware) -> MatmulTiles | None:
@@ -143,10 +135,3 @@ def _cache_tiling(t: MatmulTiles, lead: str, parallel: bool) -> str:
             f"      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)\n"
             f"    %t1, %l1 = transform.structured.tile_using_for %t0 tile_sizes [{'0, ' if lead else ''}0, 0, {kc}]\n"
             f"      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
-
-
-def _apply(module: ir.Module, script: str) -> None:
-    transform_module = ir.Module.parse(script, module.context)
-    sequence = next(op for op in transform_module.body.operations
-                    if op.operation.name == "transform.named_sequence")
-    interpreter.apply_named_sequence(module.operation, sequence, transform_module)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, math
 
-from polyblocks_jax.passes.tiling import _walk
+from polyblocks_jax.passes.transform import walk
 
 _LOG2E = 1.44269504088896341
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
@@ -23,7 +23,7 @@ _MAX, _MIN = 88.72283905206835, -104.0  # e^_MAX is the largest f32; below _MIN 
 
 def expand_vector_exps(module: ir.Module) -> None:
     """Replace every ``math.exp`` on an f32 vector with the polynomial."""
-    for op in [o for o in _walk(module.operation) if o.name == "math.exp"]:
+    for op in [o for o in walk(module.operation) if o.name == "math.exp"]:
         vtype = op.results[0].type
         if isinstance(vtype, ir.VectorType) and isinstance(vtype.element_type, ir.F32Type):
             with ir.InsertionPoint(op), op.location:

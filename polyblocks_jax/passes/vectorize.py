@@ -24,7 +24,8 @@ from mlir import ir, passmanager
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import conv_tiling, vector_math
-from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, _apply, _walk
+from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR
+from polyblocks_jax.passes.transform import apply_script, walk
 
 VECTOR_ATTR = "polyblocks.vector"
 _VECTORIZED_OPS = ("linalg.generic", "linalg.reduce")
@@ -88,13 +89,13 @@ def _with(tiles: list[int], dim: int, size: int | None) -> tuple[int, ...] | Non
 def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
     """Annotate each op a plan exists for with its tiles, then tile and vectorize them."""
     choices: dict[tuple[str, tuple[int, ...], frozenset[int]], int] = {}
-    for op in _walk(module.operation):
+    for op in walk(module.operation):
         plan = conv_tiling.loop_tiles(op, hw) or _plan(op, hw)
         if plan is not None:
             ident = choices.setdefault((op.name, *plan), len(choices))
             op.attributes[VECTOR_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ident)
     for (name, tiles, reductions), ident in choices.items():
-        _apply(module, script(name, ident, tiles, reductions, options.parallel, decompose="conv" in name))
+        apply_script(module, script(name, ident, tiles, reductions, options.parallel, decompose="conv" in name))
     if choices:
         _reassociate_reductions(module)
         vector_math.expand_vector_exps(module)
@@ -227,7 +228,7 @@ def _private_inits(module: ir.Module) -> None:
     CSE merges identical inits; two loop nests writing into one would make bufferization
     copy a whole buffer (and the program's result) instead of writing in place.
     """
-    for op in _walk(module.operation):
+    for op in walk(module.operation):
         if op.name != "scf.for":
             continue
         for index in range(3, len(op.operands)):  # lower bound, upper bound, step, then inits
@@ -253,6 +254,6 @@ def _reassociate_reductions(module: ir.Module) -> None:
     """Horizontal float sums and products may reassociate (a tree, not a serial chain), as
     XLA's vectorized reductions do."""
     reassoc = ir.Attribute.parse("#arith.fastmath<reassoc>")
-    for op in _walk(module.operation):
+    for op in walk(module.operation):
         if op.name == "vector.reduction" and isinstance(op.results[0].type, ir.FloatType):
             op.attributes["fastmath"] = reassoc
