@@ -157,5 +157,14 @@ class VectorizedResultsTest(parameterized.TestCase):
         self._check(fn, x, w, b, **ACCUMULATE)
 
 
+class FullReductionTest(absltest.TestCase):
+    def test_full_reduction_feeding_cond_with_parallel_tiles(self):
+        # A full reduction has no parallel loop: tiling it into an scf.forall aborted MLIR.
+        x = np.random.default_rng(3).standard_normal((64, 64)).astype(np.float32)
+        fn = lambda a: jax.lax.cond(a.sum() > 0, jnp.sin, jnp.cos, a)  # noqa: E731
+        for options in (pb.Options(), pb.Options(fusion=False)):
+            support.check_against_xla(self, fn, x, options=options)
+
+
 if __name__ == "__main__":
     absltest.main()

@@ -211,10 +211,10 @@ def _tiling(tiles: tuple[int, ...], reductions: frozenset[int], parallel: bool) 
         handles = ", ".join(["!transform.any_op"] * count)
         return (f"    %t, %loops:{count} = transform.structured.tile_using_for {target} tile_sizes "
                 f"[{', '.join(map(str, sizes))}] : (!transform.any_op) -> (!transform.any_op, {handles})")
-    if not parallel:
-        return tile_for("%op", list(tiles))
     outer = [0 if d in reductions else t for d, t in enumerate(tiles)]
     inner = [t if d in reductions else 0 for d, t in enumerate(tiles)]
+    if not parallel or not any(outer):  # a full reduction has no parallel loop to spread
+        return tile_for("%op", list(tiles))
     forall = (f"    %t0, %forall = transform.structured.tile_using_forall %op tile_sizes "
               f"[{', '.join(map(str, outer))}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
     if not reductions:
