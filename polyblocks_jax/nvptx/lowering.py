@@ -17,6 +17,7 @@ from polyblocks_jax.nvptx.target import NvptxTarget
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import Stage
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
+from polyblocks_jax.passes.transform import walk
 
 
 def mapping_stages(options: Options) -> list[Stage]:
@@ -70,7 +71,7 @@ def sink_globals(module: ir.Module, options: Options) -> None:
     module.operation.walk(visit)
     for launch in launches:
         start = ir.InsertionPoint.at_block_begin(launch.regions[0].blocks[0])
-        for user in _ops_within(launch):
+        for user in list(walk(launch)):
             for i, operand in enumerate(user.operands):
                 chain = _global_chain(operand)
                 if chain and not _inside(chain[-1], launch):
@@ -127,21 +128,11 @@ def merge_kernel_modules(module: ir.Module, options: Options) -> None:
             symbols.add(ir.StringAttr(op.attributes["sym_name"]).value)
             ir.InsertionPoint(target).insert(op.detach_from_parent())
         other.erase()
-    for launch in _ops_within(module.operation):
+    for launch in list(walk(module.operation)):
         if launch.name == "gpu.launch_func":
             path = tuple(ir.SymbolRefAttr(launch.attributes["kernel"]).value)
             if path in renamed:
                 launch.attributes["kernel"] = ir.SymbolRefAttr.get([first_name, renamed[path]])
-
-
-def _ops_within(root: ir.Operation) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-    for region in root.regions:
-        for block in region.blocks:
-            for op in block.operations:
-                found.append(op.operation)
-                found.extend(_ops_within(op.operation))
-    return found
 
 
 def _inside(op: ir.Operation, ancestor: ir.Operation) -> bool:

@@ -24,6 +24,7 @@ from mlir.dialects import arith, linalg, scf
 
 from polyblocks_jax.errors import UnsupportedError
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.transform import walk
 
 # Ops that stay on the host: they only name or shape device buffers.
 HOST_OPS = frozenset({
@@ -57,7 +58,7 @@ def host_runs_to_kernels(module: ir.Module, options: Options) -> None:
         _wrap_in_kernel(run)
         for op in body.operations:
             if op.name == "scf.parallel":
-                for nested in _collect_within(op, "scf.parallel"):
+                for nested in [o for o in walk(op) if o.name == "scf.parallel"]:
                     _sequentialize(nested)
 
 
@@ -87,18 +88,6 @@ def _collect(module: ir.Module, name: str) -> list[ir.Operation]:
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    return found
-
-
-def _collect_within(root: ir.Operation, name: str) -> list[ir.Operation]:
-    """Ops named ``name`` strictly inside ``root``, outermost first."""
-    found: list[ir.Operation] = []
-    for region in root.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                if child.name == name:
-                    found.append(child.operation)
-                found.extend(_collect_within(child.operation, name))
     return found
 
 

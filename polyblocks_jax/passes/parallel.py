@@ -19,6 +19,7 @@ from mlir import ir
 from mlir.dialects import scf
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.transform import walk
 
 PARALLEL_ATTR = "polyblocks.parallel"  # i64: how many outer dims run in parallel
 # Estimated operations per entry below which a fork/join (some microseconds with an
@@ -103,19 +104,10 @@ def _outermost_parallel(op: ir.Operation):
 
 def split_parallel_loops(root: ir.Operation) -> None:
     """Keep the marked outer dims of each ``scf.parallel`` parallel; every other dim becomes ``scf.for``."""
-    for op in list(_all_parallel(root)):
+    for op in [o for o in walk(root) if o.name == "scf.parallel"]:
         keep = ir.IntegerAttr(op.attributes[PARALLEL_ATTR]).value if PARALLEL_ATTR in op.attributes else 0
         if keep < len(_bounds(op)):
             _split(op, keep)
-
-
-def _all_parallel(op: ir.Operation):
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                if child.operation.name == "scf.parallel":
-                    yield child.operation
-                yield from _all_parallel(child.operation)
 
 
 def _split(op: ir.Operation, keep: int) -> None:

@@ -17,7 +17,7 @@ import dataclasses
 from mlir import ir, passmanager
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.transform import apply_script, walk
+from polyblocks_jax.passes.transform import apply_script, lower_vectors_and_hoist, walk
 
 TILE_ATTR = "polyblocks.tiles"
 _TILED_OPS = ("linalg.matmul", "linalg.batch_matmul")
@@ -110,15 +110,7 @@ module attributes {{transform.with_named_sequence}} {{
       : (!transform.any_op) -> (!transform.any_op, {handles})
     transform.structured.vectorize %t2 : !transform.any_op
     %f = transform.structured.match ops{{["func.func"]}} in %root : (!transform.any_op) -> !transform.any_op
-    transform.apply_patterns to %f {{
-      transform.apply_patterns.vector.lower_contraction lowering_strategy = outerproduct
-      transform.apply_patterns.vector.transfer_permutation_patterns
-      transform.apply_patterns.vector.lower_transfer max_transfer_rank = 1
-      transform.apply_patterns.canonicalization
-    }} : !transform.any_op
-    transform.apply_cse to %f : !transform.any_op
-    %loops = transform.structured.match ops{{["scf.for"]}} in %f : (!transform.any_op) -> !transform.any_op
-    transform.loop.hoist_loop_invariant_subsets %loops : !transform.any_op
+{lower_vectors_and_hoist()}
     transform.yield
   }}
 }}"""

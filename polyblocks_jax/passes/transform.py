@@ -22,3 +22,18 @@ def apply_script(module: ir.Module, script: str) -> None:
     sequence = next(op for op in transform_module.body.operations
                     if op.operation.name == "transform.named_sequence")
     interpreter.apply_named_sequence(module.operation, sequence, transform_module)
+
+
+def lower_vectors_and_hoist(*extra_patterns: str) -> str:
+    """Script lines run on function ``%f`` after vectorization: contractions to outer products
+    (plus ``extra_patterns``), 1-D transfers, CSE, then the accumulator slices hoisted out of
+    every scf.for (on tensors, where hoisting works)."""
+    patterns = ["vector.lower_contraction lowering_strategy = outerproduct", *extra_patterns,
+                "vector.transfer_permutation_patterns", "vector.lower_transfer max_transfer_rank = 1",
+                "canonicalization"]
+    body = "".join(f"      transform.apply_patterns.{p}\n" for p in patterns)
+    return ("    transform.apply_patterns to %f {\n" + body + "    } : !transform.any_op\n"
+            "    transform.apply_cse to %f : !transform.any_op\n"
+            '    %for_loops = transform.structured.match ops{["scf.for"]} in %f'
+            " : (!transform.any_op) -> !transform.any_op\n"
+            "    transform.loop.hoist_loop_invariant_subsets %for_loops : !transform.any_op")

@@ -25,7 +25,7 @@ from mlir import ir, passmanager
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import conv_tiling, vector_math
 from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR
-from polyblocks_jax.passes.transform import apply_script, walk
+from polyblocks_jax.passes.transform import apply_script, lower_vectors_and_hoist, walk
 
 VECTOR_ATTR = "polyblocks.vector"
 _VECTORIZED_OPS = ("linalg.generic", "linalg.reduce")
@@ -188,16 +188,7 @@ module attributes {{transform.with_named_sequence}} {{
       transform.apply_patterns.vector.cast_away_vector_leading_one_dim
       transform.apply_patterns.canonicalization
     }} : !transform.any_op
-    transform.apply_patterns to %f {{
-      transform.apply_patterns.vector.lower_contraction lowering_strategy = outerproduct
-      transform.apply_patterns.vector.lower_multi_reduction lowering_strategy = innerreduction
-      transform.apply_patterns.vector.transfer_permutation_patterns
-      transform.apply_patterns.vector.lower_transfer max_transfer_rank = 1
-      transform.apply_patterns.canonicalization
-    }} : !transform.any_op
-    transform.apply_cse to %f : !transform.any_op
-    %all = transform.structured.match ops{{["scf.for"]}} in %f : (!transform.any_op) -> !transform.any_op
-    transform.loop.hoist_loop_invariant_subsets %all : !transform.any_op
+{lower_vectors_and_hoist("vector.lower_multi_reduction lowering_strategy = innerreduction")}
     transform.yield
   }}
 }}"""
