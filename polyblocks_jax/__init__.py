@@ -1,29 +1,25 @@
 """polyblocks_jax: a JAX backend that compiles StableHLO itself, through MLIR.
 
 ``compile(program)`` turns StableHLO (text, a VHLO artifact, or ``jax.jit(f).lower(...)``)
-into an ``Executable`` called with numpy arrays. The PJRT plugin (``polyblocks_jax.pjrt``)
-makes the same compiler the platform ``"polyblocks"`` of ``jax.jit``.
+into an ``Executable`` called with numpy arrays; ``Executable.serialize`` and
+``deserialize`` carry it to a process where MLIR is not installed. The PJRT plugin
+(``polyblocks_jax.pjrt``) makes the same compiler the platform ``"polyblocks"`` of ``jax.jit``.
 """
 from __future__ import annotations
 
 from polyblocks_jax.errors import (CompilationError, InvalidArgumentError, InvalidProgramError,
-                                   PolyblocksError, UnsupportedError)
+                                   PolyblocksError, ResourceExhaustedError, UnsupportedError)
 from polyblocks_jax.options import Options
+from polyblocks_jax.runtime.executable import Executable, deserialize  # no MLIR: loads anywhere
 
 __version__ = "0.1.0"
 
-__all__ = ["compile", "Executable", "Options", "PolyblocksError", "UnsupportedError",
-           "CompilationError", "InvalidProgramError", "InvalidArgumentError"]
+__all__ = ["compile", "deserialize", "Executable", "Options", "PolyblocksError", "UnsupportedError",
+           "CompilationError", "InvalidProgramError", "InvalidArgumentError", "ResourceExhaustedError"]
 
 
-def compile(program, options: Options | None = None):  # noqa: A001 (mirrors jax's naming)
+def compile(program, options: Options | None = None, donate_argnums=None):  # noqa: A001 (mirrors jax's naming)
     """Compile ``program`` for the host CPU; see ``polyblocks_jax.compiler.compile``."""
     from polyblocks_jax import compiler  # the MLIR stack loads on first compile, not on import
-    return compiler.compile(program, options)
+    return compiler.compile(program, options, donate_argnums)
 
-
-def __getattr__(name: str):
-    if name == "Executable":
-        from polyblocks_jax.compiler import Executable
-        return Executable
-    raise AttributeError(name)

@@ -1,112 +1,28 @@
 """The driver: program -> import -> shared stages -> target stages -> executable.
 
-Compiled executables are cached in memory by a fingerprint of the program text and
-the options that change code generation; the cache is bounded and evicts the least
-recently used entry.
+Compiled executables are cached in memory, keyed by the program printed without its
+debug locations (the same program traced from two source lines compiles once), the
+options that change code generation and the requested donation; the cache is bounded
+and evicts the least recently used entry. This module loads MLIR: the runtime
+(``polyblocks_jax.runtime``) runs what it builds without it.
 """
 from __future__ import annotations
 
 import collections
 import hashlib
-import json
-import struct
 import threading
 from typing import Sequence
 
-import numpy as np
 from mlir import ir
 
-from polyblocks_jax import cpu, dtypes, passes
-from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.errors import InvalidProgramError
+from polyblocks_jax import cpu, donation, passes
+from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.options import Options
-from polyblocks_jax.stablehlo_import import import_program, reader
+from polyblocks_jax.passes import results
+from polyblocks_jax.runtime.executable import Executable, deserialize  # noqa: F401 (compiler.deserialize)
+from polyblocks_jax.stablehlo_import import ImportedProgram, import_program, reader
 
 CACHE_CAPACITY = 256
-
-# Serialized executables: magic, format version, header length, JSON header, shared library.
-_MAGIC = b"PBLKEXE\0"
-_FORMAT = 1
-_PREFIX = struct.Struct("<8sII")
-
-
-class Executable:
-    """A compiled program: call it with numpy arrays, get a tuple of numpy arrays."""
-
-    def __init__(self, target_executable: cpu.CpuExecutable, fingerprint: str,
-                 timings: dict[str, float]) -> None:
-        self._exe = target_executable
-        self.fingerprint = fingerprint
-        self.timings = timings
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return self._exe.inputs
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return self._exe.outputs
-
-    def __call__(self, *arrays) -> tuple[np.ndarray, ...]:
-        return self._exe(*arrays)
-
-    def run(self, args, outs) -> None:
-        """Execute into caller-allocated ``outs`` (C-contiguous, 64-byte aligned, right specs)."""
-        self._exe.run(args, outs)
-
-    def run_addresses(self, data) -> None:
-        """``run`` on data addresses: inputs then outputs, as ``run`` requires them."""
-        self._exe.run_addresses(data)
-
-    def serialize(self) -> bytes:
-        """Bytes that ``deserialize`` turns back into this executable in another process.
-
-        The code travels as a shared library linked from the JIT's object file, so loading
-        needs no MLIR and no recompilation; the header pins the target it was built for.
-        """
-        library = self._exe.to_shared_library()
-        header = json.dumps({
-            "fingerprint": self.fingerprint, "target": cpu.host().description(),
-            "inputs": [_spec_json(s) for s in self.inputs], "outputs": [_spec_json(s) for s in self.outputs],
-            "sha256": hashlib.sha256(library).hexdigest(),
-        }).encode()
-        return _PREFIX.pack(_MAGIC, _FORMAT, len(header)) + header + library
-
-
-def deserialize(data: bytes) -> Executable:
-    """Load bytes from ``Executable.serialize``; foreign or corrupted bytes raise InvalidProgramError."""
-    data = bytes(data)
-    if len(data) < _PREFIX.size:
-        raise InvalidProgramError("not a polyblocks executable: too short")
-    magic, version, size = _PREFIX.unpack_from(data)
-    if magic != _MAGIC or version != _FORMAT:
-        raise InvalidProgramError(f"not a polyblocks executable of format {_FORMAT}")
-    try:
-        header = json.loads(data[_PREFIX.size:_PREFIX.size + size])
-        library = data[_PREFIX.size + size:]
-        inputs = [_spec_from_json(s) for s in header["inputs"]]
-        outputs = [_spec_from_json(s) for s in header["outputs"]]
-        checksum, target, key = header["sha256"], header["target"], header["fingerprint"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise InvalidProgramError(f"corrupted polyblocks executable header: {e}") from None
-    if hashlib.sha256(library).hexdigest() != checksum:
-        raise InvalidProgramError("corrupted polyblocks executable: code checksum mismatch")
-    if target != cpu.host().description():
-        raise InvalidProgramError(f"polyblocks executable built for {target!r}, "
-                                  f"this host is {cpu.host().description()!r}")
-    return Executable(cpu.CpuExecutable.from_shared_library(library, inputs, outputs), key, {})
-
-
-def _spec_json(spec: TensorSpec) -> list:
-    return [list(spec.shape), spec.dtype.name]
-
-
-def _spec_from_json(value) -> TensorSpec:
-    shape, name = value
-    dtype = dtypes.dtype(name)
-    if dtype is None or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ValueError(f"bad tensor spec {value!r}")
-    return TensorSpec(tuple(shape), dtype)
 
 
 class _Cache:
@@ -136,29 +52,73 @@ class _Cache:
 CACHE = _Cache(CACHE_CAPACITY)
 
 
-def fingerprint(source: str | bytes, options: Options) -> str:
-    data = source.encode() if isinstance(source, str) else source
-    return hashlib.sha256(data).hexdigest()[:32] + "-" + options.cache_key()
+def fingerprint(source: str | bytes, options: Options, donate_argnums: Sequence[int] | None = None) -> str:
+    """The cache key of ``source`` (text or bytes of a program) compiled with ``options``."""
+    return _key(_read(source)[0], options, donate_argnums)
 
 
-def compile(program, options: Options | None = None) -> Executable:  # noqa: A001 (public API name)
-    """Compile StableHLO text, VHLO artifact bytes or a ``jax.stages.Lowered`` for the host."""
+def compile(program, options: Options | None = None,  # noqa: A001 (public API name)
+            donate_argnums: Sequence[int] | None = None) -> Executable:
+    """Compile StableHLO text, VHLO artifact bytes or a ``jax.stages.Lowered`` for the host.
+
+    ``donate_argnums``: the arguments whose buffers the outputs may reuse (None: those the
+    program marks, as ``jax.jit(f, donate_argnums=...)`` does); see ``polyblocks_jax.donation``.
+    """
     options = options or Options.from_env()
     source = reader.program_source(program)
-    key = fingerprint(source, options)
+    text, marks = _read(source)
+    key = _key(text, options, donate_argnums)
     cached = CACHE.get(key)
     if cached is not None:
         return cached
-    exe = _compile_uncached(source, options, key)
+    exe = _compile_uncached(source, options, key, marks, donate_argnums)
     CACHE.put(key, exe)
     return exe
 
 
-def _compile_uncached(source: str | bytes, options: Options, key: str) -> Executable:
+def _read(source: str | bytes) -> tuple[str, dict[int, int | None]]:
+    """The program's text without locations, and its donation marks (one parse)."""
+    context = reader.new_context()
+    module = reader.parse(source, context)
+    with context:
+        mains = [op for op in module.body.operations
+                 if op.operation.name == "func.func" and op.attributes["sym_name"].value == "main"]
+        marks = donation.program_marks(mains[0]) if mains else {}
+        return module.operation.get_asm(enable_debug_info=False), marks
+
+
+def _key(text: str, options: Options, donate_argnums: Sequence[int] | None) -> str:
+    requested = "" if donate_argnums is None else "-donate" + ",".join(map(str, donate_argnums))
+    return hashlib.sha256(text.encode()).hexdigest()[:32] + "-" + options.cache_key() + requested
+
+
+def _compile_uncached(source: str | bytes, options: Options, key: str,
+                      marks: dict[int, int | None] | None = None,
+                      donate_argnums: Sequence[int] | None = None) -> Executable:
     with ir.Context() as context, ir.Location.unknown():
         imported = import_program(source, context)
-        stages: Sequence[passes.Stage] = (passes.shared_stages(options, cpu.host().hardware())
-                                          + cpu.cpu_stages(options))
-        timings = passes.run_stages(imported.module, stages, options, label=key)
-        exe = cpu.build(imported.module, imported.inputs, imported.outputs, options)
-    return Executable(exe, key, timings)
+        inputs, outputs = imported.inputs, imported.outputs
+        donated = donation.plan(donation.requested_marks(marks or {}, donate_argnums, len(inputs)), inputs, outputs)
+        try:
+            return _compile_imported(imported, options, key, donated)
+        except CompilationError as e:
+            if e.stage != "bufferize" or not donated.aliases:
+                raise
+    # Bufferization cannot always honour a tie (a loop carrying the donated argument may
+    # leave a conflict it cannot resolve): compile again with the inputs given up, not reused.
+    with ir.Context() as context, ir.Location.unknown():
+        imported = import_program(source, context)
+        return _compile_imported(imported, options, key, donation.Donation(donated.donated))
+
+
+def _compile_imported(imported: ImportedProgram, options: Options, key: str,
+                      donated: donation.Donation) -> Executable:
+    if donated.aliases:
+        results.mark_donated_arguments(imported.module, donated.aliases)
+    stages = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
+    timings = passes.run_stages(imported.module, stages, options, label=key)
+    recorded = results.output_aliases(imported.module)
+    aliases = None if recorded is None else [None if a < 0 else a for a in recorded]
+    exe = cpu.build(imported.module, imported.inputs, imported.outputs, options, aliases,
+                    overwritten=donated.aliases)  # the donors bufferization may write
+    return Executable(exe, key, timings, donated.donated)

@@ -1,17 +1,19 @@
-"""The host target: LLVM JIT for this CPU, called in process."""
+"""The host target: LLVM JIT for this CPU, called in process.
+
+Importing this package loads no MLIR: ``CpuExecutable`` (and code loaded from a shared
+library), ``host`` and ``build`` are runtime pieces; ``cpu_stages`` (the lowering, which
+needs MLIR) loads on first use.
+"""
 from __future__ import annotations
 
-from mlir import ir
-
-from polyblocks_jax.cpu.executable import CpuExecutable, jit
-from polyblocks_jax.cpu.lowering import cpu_stages
+from polyblocks_jax.cpu.executable import CpuExecutable, build, jit
 from polyblocks_jax.cpu.target import CpuTarget, host
-from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.options import Options
 
-__all__ = ["CpuExecutable", "CpuTarget", "build", "cpu_stages", "host"]
+__all__ = ["CpuExecutable", "CpuTarget", "build", "cpu_stages", "host", "jit"]
 
 
-def build(llvm_module: ir.Module, inputs: list[TensorSpec], outputs: list[TensorSpec],
-          options: Options) -> CpuExecutable:
-    return CpuExecutable(jit(llvm_module, options.opt_level), inputs, outputs)
+def __getattr__(name: str):
+    if name == "cpu_stages":
+        from polyblocks_jax.cpu.lowering import cpu_stages  # the compiler side: loads MLIR
+        return cpu_stages
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,8 @@ The C interface wrapper ``_mlir_ciface_main`` takes one pointer per argument, ea
 memref descriptor. The JIT reaches it through the engine's packed entry point (one
 ``void**`` whose slots point at the arguments); a shared library exposes it directly.
 Outputs are out-parameters that we allocate, so no memory allocated by compiled code
-crosses the boundary.
+crosses the boundary; an output computed in a donated input's buffer (``aliases``) has no
+out-parameter: the entry takes the inputs, then the outputs that alias no input.
 
 Parallel loops call the LLVM OpenMP runtime (``libomp.so`` of the cmeel-libomp wheel):
 the JIT loads it, a shared library links against it, and loading one makes it global
@@ -22,17 +23,24 @@ import importlib.metadata
 import os
 import subprocess
 import tempfile
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.errors import CompilationError, InvalidArgumentError
 from polyblocks_jax.cpu.memref import DescriptorFactory, aligned_empty
+from polyblocks_jax.dtypes import TensorSpec
+from polyblocks_jax.errors import CompilationError
+from polyblocks_jax.runtime.specs import check_arguments
 
 _PACKED = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _ENTRY_SYMBOL = "_mlir_ciface_main"
 _LINKER = os.environ.get("CC", "cc")
+
+
+def build(llvm_module, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], options,
+          aliases: Sequence[int | None] | None = None, overwritten: Iterable[int] = ()) -> "CpuExecutable":
+    """JIT-compile an LLVM-dialect module (compiler side: needs MLIR) into a CpuExecutable."""
+    return CpuExecutable(jit(llvm_module, options.opt_level), inputs, outputs, aliases, overwritten)
 
 
 def jit(llvm_module, opt_level: int, shared_libs: Sequence[str] = ()):
@@ -57,12 +65,23 @@ def openmp_runtime() -> str:
 
 
 class CpuExecutable:
-    """Call with numpy arrays matching ``inputs``; returns a tuple of arrays matching ``outputs``."""
+    """Call with numpy arrays matching ``inputs``; returns a tuple of arrays matching ``outputs``.
 
-    def __init__(self, engine, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
+    ``overwritten`` are the inputs whose memory the code may write (donated ones), and
+    ``aliases[k]`` the input whose buffer holds output ``k`` (None: a fresh buffer). A call
+    writes into such an input array (its contents are then undefined, or output ``k``,
+    returned as that very array), unless the array is read-only or shares memory with
+    another argument: then the code writes into a private copy.
+    """
+
+    def __init__(self, engine, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                 aliases: Sequence[int | None] | None = None, overwritten: Iterable[int] = ()) -> None:
         self._owner = engine  # owns the code that _call points into
         self.inputs, self.outputs = list(inputs), list(outputs)
-        self._factories = [DescriptorFactory(s) for s in self.inputs + self.outputs]
+        self.aliases: tuple[int | None, ...] = tuple(aliases) if aliases is not None else (None,) * len(outputs)
+        self.overwritten = frozenset(overwritten) | {a for a in self.aliases if a is not None}
+        fresh_outputs = [s for s, a in zip(self.outputs, self.aliases) if a is None]
+        self._factories = [DescriptorFactory(s) for s in self.inputs + fresh_outputs]
         self._slots = len(self._factories)
         self._call: Callable[[list[int]], None] = (
             self._packed_caller(engine) if engine is not None else lambda addresses: None)
@@ -81,31 +100,23 @@ class CpuExecutable:
         return call
 
     def __call__(self, *arrays) -> tuple[np.ndarray, ...]:
-        args = self.check_arguments(arrays)
-        outs = [aligned_empty(spec) for spec in self.outputs]
+        args = check_arguments(arrays, self.inputs)
+        for i in self.overwritten:
+            args[i] = _private_if_shared(args[i], [a for j, a in enumerate(args) if j != i])
+        outs = [aligned_empty(spec.shape, spec.dtype.numpy) if a is None else args[a]
+                for spec, a in zip(self.outputs, self.aliases)]
         self.run(args, outs)
         return tuple(outs)
 
     def run(self, args: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
-        """Execute into ``outs``; arrays must already be C-contiguous with the right specs."""
-        self.run_addresses([a.ctypes.data for a in (*args, *outs)])
+        """Execute into ``outs``; arrays C-contiguous with the right specs, an aliased output its input."""
+        fresh = [o for o, a in zip(outs, self.aliases) if a is None]
+        self.run_addresses([a.ctypes.data for a in (*args, *fresh)])
 
     def run_addresses(self, data: Sequence[int]) -> None:
-        """``run`` on the data addresses of the inputs then the outputs (the plugin's fast path)."""
+        """``run`` on data addresses: the inputs, then the outputs that alias no input (the plugin's path)."""
         descriptors = [make(address) for make, address in zip(self._factories, data)]
         self._call([ctypes.addressof(d) for d in descriptors])
-
-    def check_arguments(self, arrays: Sequence) -> list[np.ndarray]:
-        if len(arrays) != len(self.inputs):
-            raise InvalidArgumentError(f"expected {len(self.inputs)} arguments, got {len(arrays)}")
-        checked = []
-        for i, (a, spec) in enumerate(zip(arrays, self.inputs)):
-            a = np.asarray(a)
-            if a.shape != spec.shape or a.dtype != spec.dtype.numpy:
-                raise InvalidArgumentError(
-                    f"argument {i}: expected {spec}, got {a.dtype}{list(a.shape)}")
-            checked.append(np.ascontiguousarray(a))
-        return checked
 
     def to_shared_library(self) -> bytes:
         """The JIT's object code linked into a shared library (``cc -shared``), as bytes."""
@@ -123,8 +134,9 @@ class CpuExecutable:
                 return f.read()
 
     @classmethod
-    def from_shared_library(cls, library: bytes, inputs: Sequence[TensorSpec],
-                            outputs: Sequence[TensorSpec]) -> "CpuExecutable":
+    def from_shared_library(cls, library: bytes, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                            aliases: Sequence[int | None] | None = None,
+                            overwritten: Iterable[int] = ()) -> "CpuExecutable":
         """Load code made by ``to_shared_library``; the file is unlinked once mapped."""
         with tempfile.NamedTemporaryFile(prefix="polyblocks-", suffix=".so", delete=False) as f:
             f.write(library)
@@ -133,9 +145,17 @@ class CpuExecutable:
             dll = ctypes.CDLL(f.name, mode=os.RTLD_LOCAL)
         finally:
             os.unlink(f.name)
-        exe = cls(None, inputs, outputs)
+        exe = cls(None, inputs, outputs, aliases, overwritten)
         exe._owner = dll
         entry = getattr(dll, _ENTRY_SYMBOL)
         entry.restype, entry.argtypes = None, [ctypes.c_void_p] * exe._slots
         exe._call = lambda addresses: entry(*addresses)
         return exe
+
+
+def _private_if_shared(array: np.ndarray, others: Sequence[np.ndarray]) -> np.ndarray:
+    """``array`` if the code may write into it, else a copy: never a read-only array, nor one
+    whose memory another argument reads."""
+    if array.flags.writeable and not any(np.may_share_memory(array, o) for o in others):
+        return array
+    return np.array(array, copy=True)

@@ -45,9 +45,9 @@ class DescriptorFactory:
         return self.cls(address, address, 0)
 
 
-def aligned_empty(spec: TensorSpec) -> np.ndarray:
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialized C-contiguous array whose data starts on a 64-byte boundary."""
-    nbytes = spec.size * spec.dtype.itemsize
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
     start = -raw.ctypes.data % ALIGNMENT
-    return raw[start:start + nbytes].view(spec.dtype.numpy).reshape(spec.shape)
+    return raw[start:start + nbytes].view(dtype).reshape(shape)

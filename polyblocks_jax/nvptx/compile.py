@@ -11,16 +11,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Sequence
 
 import numpy as np
 
-from polyblocks_jax import dtypes
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.errors import InvalidArgumentError, InvalidProgramError
+from polyblocks_jax.errors import InvalidProgramError
 from polyblocks_jax.nvptx.plan import LaunchPlan
 from polyblocks_jax.nvptx.target import NvptxTarget, target as target_of
 from polyblocks_jax.options import Options
+from polyblocks_jax.runtime.specs import check_arguments, spec_from_json, spec_to_json
 
 _FORMAT = "polyblocks-gpu-executable/1"
 _HOST_ONLY = ("tiling", "vectorize", "parallel")
@@ -39,24 +38,13 @@ class GpuExecutable:
     def __call__(self, *arrays) -> tuple[np.ndarray, ...]:
         """Run on the current CUDA device (cuda-python needed); returns numpy arrays."""
         from polyblocks_jax.nvptx import runtime  # the CUDA driver only when running
-        return runtime.run(self, self.check_arguments(arrays))
-
-    def check_arguments(self, arrays: Sequence) -> list[np.ndarray]:
-        if len(arrays) != len(self.inputs):
-            raise InvalidArgumentError(f"expected {len(self.inputs)} arguments, got {len(arrays)}")
-        checked = []
-        for i, (a, spec) in enumerate(zip(arrays, self.inputs)):
-            a = np.ascontiguousarray(a)
-            if a.shape != spec.shape or a.dtype != spec.dtype.numpy:
-                raise InvalidArgumentError(f"argument {i}: expected {spec}, got {a.dtype}{list(a.shape)}")
-            checked.append(a)
-        return checked
+        return runtime.run(self, check_arguments(arrays, self.inputs))
 
     def serialize(self) -> bytes:
         return json.dumps({
             "format": _FORMAT, "chip": self.chip, "fingerprint": self.fingerprint, "ptx": self.ptx,
             "plan": json.loads(self.plan.to_json()),
-            "inputs": [_spec_json(s) for s in self.inputs], "outputs": [_spec_json(s) for s in self.outputs],
+            "inputs": [spec_to_json(s) for s in self.inputs], "outputs": [spec_to_json(s) for s in self.outputs],
             "sha256": _digest(self.ptx),
         }).encode()
 
@@ -67,7 +55,7 @@ class GpuExecutable:
             if doc.get("format") != _FORMAT:
                 raise InvalidProgramError(f"not a {_FORMAT} document")
             exe = cls(doc["chip"], dict(doc["ptx"]), LaunchPlan.from_json(json.dumps(doc["plan"])),
-                      [_spec_from_json(s) for s in doc["inputs"]], [_spec_from_json(s) for s in doc["outputs"]],
+                      [spec_from_json(s) for s in doc["inputs"]], [spec_from_json(s) for s in doc["outputs"]],
                       doc["fingerprint"])
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidProgramError(f"corrupted polyblocks GPU executable: {e}") from None
@@ -130,15 +118,3 @@ def _ptx_modules(module) -> dict[str, str]:
 
 def _digest(ptx: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(ptx, sort_keys=True).encode()).hexdigest()
-
-
-def _spec_json(spec: TensorSpec) -> list:
-    return [list(spec.shape), spec.dtype.name]
-
-
-def _spec_from_json(value) -> TensorSpec:
-    shape, name = value
-    dtype = dtypes.dtype(name)
-    if dtype is None:
-        raise ValueError(f"bad tensor spec {value!r}")
-    return TensorSpec(tuple(shape), dtype)

@@ -3,6 +3,8 @@
 A buffer is created by copying a host array, by wrapping it (zero copy, when JAX allows
 it and the data is aligned and dense), or as an executable's output. Deleting a buffer
 (``Buffer_Delete``, or donation) drops the array; later uses raise INVALID_ARGUMENT.
+Donation may hand the memory to an output buffer instead (``give_up``), but only memory
+that may be written: an immutable zero-copy wrap belongs to the caller's host array.
 """
 from __future__ import annotations
 
@@ -12,10 +14,9 @@ import ml_dtypes
 import numpy as np
 from pypjrt._abi import pjrt_0_114 as abi
 
+from polyblocks_jax.cpu.memref import ALIGNMENT, aligned_empty, contiguous_strides
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.errors import PjrtError, unimplemented
-
-ALIGNMENT = 64
 
 NUMPY_OF_TYPE: dict[int, np.dtype] = {code: np.dtype(t) for code, t in (
     (abi.PJRT_Buffer_Type_PRED, np.bool_),
@@ -32,14 +33,6 @@ NUMPY_OF_TYPE: dict[int, np.dtype] = {code: np.dtype(t) for code, t in (
 TYPE_OF_NUMPY: dict[np.dtype, int] = {d: code for code, d in NUMPY_OF_TYPE.items()}
 
 
-def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, nbytes: int | None = None) -> np.ndarray:
-    if nbytes is None:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-    start = -raw.ctypes.data % ALIGNMENT
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
-
-
 def aligned_copy(array: np.ndarray) -> np.ndarray:
     out = aligned_empty(array.shape, array.dtype)
     out[...] = array
@@ -48,10 +41,12 @@ def aligned_copy(array: np.ndarray) -> np.ndarray:
 
 class Buffer:
     __slots__ = ("array", "address", "type", "dims", "num_dims", "nbytes", "device", "memory", "on_release",
-                 "handle", "__weakref__")
+                 "writable", "handle", "__weakref__")
 
-    def __init__(self, array: np.ndarray, device, on_release=None, address: int | None = None) -> None:
+    def __init__(self, array: np.ndarray, device, on_release=None, address: int | None = None,
+                 writable: bool = True) -> None:
         self.array: np.ndarray | None = array
+        self.writable = writable  # whether compiled code may write the memory (donation)
         self.address = array.ctypes.data if address is None else address
         self.type = TYPE_OF_NUMPY[array.dtype]
         self.num_dims = array.ndim
@@ -75,25 +70,24 @@ class Buffer:
             self.on_release()
             self.on_release = None
 
+    def give_up(self, device) -> "Buffer":
+        """Donation: a new buffer on ``device`` owns this one's memory (and its release); this one is deleted."""
+        array, on_release = self.data(), self.on_release
+        self.array, self.on_release = None, None
+        return Buffer(array, device, on_release, self.address)
+
+
 def host_view(data: int, dtype: np.dtype, dims: tuple[int, ...], byte_strides: tuple[int, ...] | None) -> np.ndarray:
     """A numpy view of host memory at ``data`` (no copy)."""
     if 0 in dims:
         return np.empty(dims, dtype)
     if byte_strides is None:
-        byte_strides = _dense_strides(dims, dtype.itemsize)
+        byte_strides = tuple(s * dtype.itemsize for s in contiguous_strides(dims))
     if any(s < 0 for s in byte_strides):
         raise unimplemented("negative byte strides")
     span = sum((d - 1) * s for d, s in zip(dims, byte_strides)) + dtype.itemsize
     raw = (ctypes.c_char * span).from_address(data)
     return np.ndarray(dims, dtype, buffer=raw, strides=byte_strides)
-
-
-def _dense_strides(dims: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    strides, step = [], itemsize
-    for d in reversed(dims):
-        strides.append(step)
-        step *= max(d, 1)
-    return tuple(reversed(strides))
 
 
 def can_alias(view: np.ndarray) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 
 import polyblocks_jax
-from polyblocks_jax.pjrt import handles, program
+from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.device import Device, HandleArray, Text
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
 from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable, deserialize
@@ -36,9 +36,8 @@ class Client:
         if fmt != "mlir":
             raise unimplemented(f"program format {fmt!r} (only \"mlir\")")
         _check_single_device(compile_options)
-        compiled = polyblocks_jax.compile(code)
-        return LoadedExecutable(Executable(compiled, "main", program.donated_inputs(code), compile_options),
-                                self.devices[0])
+        compiled = polyblocks_jax.compile(code)  # honours the donation JAX marked in the program
+        return LoadedExecutable(Executable(compiled, "main", compile_options), self.devices[0])
 
     def load(self, data: bytes) -> LoadedExecutable:
         return LoadedExecutable(deserialize(data), self.devices[0])

@@ -3,6 +3,14 @@
 ``Executable`` is the compiled program with the metadata jaxlib asks for (output types,
 dimensions, memory kinds, fingerprint, compile options), each kept as a C array with a
 stable address. ``LoadedExecutable`` binds it to the device; Execute is synchronous.
+Loading a serialized executable goes through ``polyblocks_jax.runtime``: no MLIR.
+
+Donation: the inputs the program donates are deleted after a call (unless jaxlib lists
+them as non-donatable), as on XLA. The code may write into a donated input's memory, and
+an output the compiler placed there is handed that memory: same address, no copy. When
+the input may not be overwritten (non-donatable, or a zero-copy wrap of the caller's host
+array), the code writes into a private copy, which the output then owns. A donated buffer
+passed twice in one call is an error, as on XLA.
 """
 from __future__ import annotations
 
@@ -11,26 +19,29 @@ import json
 import struct
 
 from polyblocks_jax.pjrt import handles
-from polyblocks_jax.pjrt.buffer import TYPE_OF_NUMPY, Buffer, aligned_empty
+from polyblocks_jax.pjrt.buffer import TYPE_OF_NUMPY, Buffer, aligned_copy, aligned_empty
 from polyblocks_jax.pjrt.device import MEMORY_KIND, HandleArray, Text
 from polyblocks_jax.pjrt.errors import invalid
+from polyblocks_jax.runtime import executable as runtime
 
-# Serialized plugin executable: magic, header length, JSON header, compiler executable.
-_MAGIC = b"PBLKPJRT"
+# Serialized plugin executable: magic, header length, JSON header, runtime executable.
+_MAGIC = b"PBLKPJR2"
 _PREFIX = struct.Struct("<8sI")
 # DeviceAssignmentProto{replica_count: 1, computation_count: 1, computation_devices: [{replica_device_ids: [0]}]}
 DEVICE_ASSIGNMENT_1x1 = b"\x08\x01\x10\x01\x1a\x03\x0a\x01\x00"
 
 
 class Executable:
-    def __init__(self, compiled, name: str, donated: frozenset[int], compile_options: bytes) -> None:
-        self.compiled = compiled  # a polyblocks_jax.compiler.Executable
+    def __init__(self, compiled: runtime.Executable, name: str, compile_options: bytes) -> None:
+        self.compiled = compiled
         self.name = Text(name or "main")
-        self.donated = donated
         self.compile_options = compile_options
         self.fingerprint = Text(compiled.fingerprint)
         outputs = compiled.outputs
-        self.out_shapes = [(s.shape, s.dtype.numpy, s.size * s.dtype.itemsize) for s in outputs]
+        self.donated = sorted(compiled.donated)
+        self.overwritten = sorted(compiled.overwritten)
+        self.aliases = compiled.aliases
+        self.out_shapes = [(s.shape, s.dtype.numpy) for s in outputs]
         self.num_outputs = len(outputs)
         self.num_inputs = len(compiled.inputs)
         self.output_types = (ctypes.c_int32 * max(len(outputs), 1))(
@@ -48,7 +59,7 @@ class Executable:
 
     def serialize(self) -> bytes:
         if self._serialized is None:
-            header = json.dumps({"name": self.name.buffer.value.decode(), "donated": sorted(self.donated),
+            header = json.dumps({"name": self.name.buffer.value.decode(),
                                  "compile_options": self.compile_options.hex()}).encode()
             self._serialized = _PREFIX.pack(_MAGIC, len(header)) + header + self.compiled.serialize()
         return self._serialized
@@ -56,18 +67,15 @@ class Executable:
 
 def deserialize(data: bytes) -> Executable:
     """Rebuild an Executable from ``Executable.serialize`` bytes; reject anything else clearly."""
-    from polyblocks_jax import compiler  # the compiler stack loads only when needed
     if len(data) < _PREFIX.size or data[:8] != _MAGIC:
         raise invalid("not a serialized polyblocks executable (foreign or corrupted cache entry)")
     _, size = _PREFIX.unpack_from(data)
     try:
         header = json.loads(data[_PREFIX.size:_PREFIX.size + size])
-        name, donated = str(header["name"]), frozenset(int(i) for i in header["donated"])
-        options = bytes.fromhex(header["compile_options"])
+        name, options = str(header["name"]), bytes.fromhex(header["compile_options"])
     except (ValueError, KeyError, TypeError) as e:
         raise invalid(f"corrupted serialized polyblocks executable: {e}") from None
-    compiled = compiler.deserialize(data[_PREFIX.size + size:])
-    return Executable(compiled, name, donated, options)
+    return Executable(runtime.deserialize(data[_PREFIX.size + size:]), name, options)
 
 
 class ExecutableRef:
@@ -88,17 +96,42 @@ class LoadedExecutable:
         self.handle = handles.register(self)
 
     def execute(self, buffers: list[Buffer], non_donatable: frozenset[int]) -> list[Buffer]:
-        exe = self.executable
+        exe, device = self.executable, self.device
         if len(buffers) != exe.num_inputs:
             raise invalid(f"{exe.name.buffer.value.decode()} takes {exe.num_inputs} arguments, got {len(buffers)}")
         for b in buffers:
             b.data()  # raises for a deleted or donated buffer
-        outs = [aligned_empty(shape, dtype, nbytes) for shape, dtype, nbytes in exe.out_shapes]
-        device = self.device
-        results = [Buffer(o, device) for o in outs]
-        exe.compiled.run_addresses([b.address for b in buffers] + [r.address for r in results])
-        for i in exe.donated:
-            if i not in non_donatable:
+        if not exe.donated:  # the common case, kept short: every output in fresh memory
+            results = [Buffer(aligned_empty(shape, dtype), device) for shape, dtype in exe.out_shapes]
+            exe.compiled.run_addresses([b.address for b in buffers] + [r.address for r in results])
+            return results
+        return self._execute_donating(buffers, non_donatable)
+
+    def _execute_donating(self, buffers: list[Buffer], non_donatable: frozenset[int]) -> list[Buffer]:
+        exe, device = self.executable, self.device
+        given = [i for i in exe.donated if i not in non_donatable]
+        for i in given:
+            _check_passed_once(buffers, i)
+        addresses = [b.address for b in buffers]
+        copies = {}  # input -> the private copy the code overwrites instead of that input
+        for i in exe.overwritten:
+            if not (i in given and buffers[i].writable):
+                copies[i] = aligned_copy(buffers[i].data())
+                addresses[i] = copies[i].ctypes.data
+        results = [Buffer(aligned_empty(shape, dtype), device) if i is None else None
+                   for (shape, dtype), i in zip(exe.out_shapes, exe.aliases)]
+        exe.compiled.run_addresses(addresses + [r.address for r in results if r is not None])
+        for k, i in enumerate(exe.aliases):
+            if i is not None:  # the output is the memory the code wrote: the donated input's, or its copy
+                results[k] = Buffer(copies[i], device) if i in copies else buffers[i].give_up(device)
+        for i in given:
+            if buffers[i].array is not None:
                 buffers[i].delete()  # donation: the argument is consumed, as on XLA
         return results
 
+
+def _check_passed_once(buffers: list[Buffer], donated: int) -> None:
+    """A donated buffer passed again in the same call is an error, as on XLA."""
+    for j, b in enumerate(buffers):
+        if b is buffers[donated] and j != donated:
+            raise invalid(f"argument {j} is a buffer donated in the same call (argument {donated})")

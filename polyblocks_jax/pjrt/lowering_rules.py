@@ -10,8 +10,8 @@ debug_print) fail at lowering with JAX's own error naming the primitive and the 
 
 Donation: JAX only emits input/output aliasing for platforms it lists as supporting
 donation; the list is internal (``mlir._platforms_with_donation``) and no public API
-extends it, so we append to it. Execute honours the aliasing by consuming the donated
-argument buffers.
+extends it, so we append to it. The compiler writes each aliased output into its donated
+argument's buffer and Execute hands that memory to the output (see executable.py).
 """
 from __future__ import annotations
 

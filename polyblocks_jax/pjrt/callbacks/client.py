@@ -111,12 +111,13 @@ def client_buffer_from_host_buffer(args):
     strides = (tuple((ctypes.c_int64 * args.num_byte_strides).from_address(args.byte_strides))
                if args.byte_strides and args.num_byte_strides else None)
     view = host_view(args.data, dtype, dims, strides)
-    zero_copy = (args.host_buffer_semantics in (abi.PJRT_HostBufferSemantics_kImmutableZeroCopy,
-                                                abi.PJRT_HostBufferSemantics_kMutableZeroCopy)
-                 and view.size and can_alias(view))
+    mutable = args.host_buffer_semantics == abi.PJRT_HostBufferSemantics_kMutableZeroCopy
+    zero_copy = (mutable or args.host_buffer_semantics == abi.PJRT_HostBufferSemantics_kImmutableZeroCopy) \
+        and view.size and can_alias(view)
     if zero_copy:
         done = PendingEvent()
-        args.buffer = Buffer(view, device, on_release=done.fire).handle
+        # An immutable wrap is the caller's array: donation must not write it.
+        args.buffer = Buffer(view, device, on_release=done.fire, writable=mutable).handle
         args.done_with_host_buffer = handles.register(done)
     else:
         args.buffer = Buffer(aligned_copy(view), device).handle

@@ -1,0 +1,129 @@
+"""A compiled host program, and its serialized form.
+
+``Executable`` is what ``polyblocks_jax.compile`` returns and the PJRT plugin runs;
+``serialize`` / ``deserialize`` carry it to another process as a shared library plus a
+header (signature, donation, target, checksum). Loading needs no MLIR, LLVM or jax.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from typing import Sequence
+
+import numpy as np
+
+from polyblocks_jax.cpu.executable import CpuExecutable
+from polyblocks_jax.cpu.target import host
+from polyblocks_jax.dtypes import TensorSpec
+from polyblocks_jax.errors import InvalidProgramError
+from polyblocks_jax.runtime.specs import spec_from_json, spec_to_json
+
+# Serialized executables: magic, format version, header length, JSON header, shared library.
+_MAGIC = b"PBLKEXE\0"
+_FORMAT = 2
+_PREFIX = struct.Struct("<8sII")
+
+
+class Executable:
+    """A compiled program: call it with numpy arrays, get a tuple of numpy arrays.
+
+    Donation: ``donated`` are the inputs the caller gives up (JAX deletes them after a
+    call), ``overwritten`` those whose memory the code may write, ``aliases[k]`` the input
+    whose buffer holds output ``k`` (None: fresh memory). Calling with numpy arrays writes
+    into such input arrays (see CpuExecutable).
+    """
+
+    def __init__(self, target_executable: CpuExecutable, fingerprint: str, timings: dict[str, float],
+                 donated: frozenset[int] = frozenset()) -> None:
+        self._exe = target_executable
+        self.fingerprint = fingerprint
+        self.timings = timings
+        self.donated = frozenset(donated)
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return self._exe.inputs
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return self._exe.outputs
+
+    @property
+    def aliases(self) -> tuple[int | None, ...]:
+        return self._exe.aliases
+
+    @property
+    def overwritten(self) -> frozenset[int]:
+        return self._exe.overwritten
+
+    def __call__(self, *arrays) -> tuple[np.ndarray, ...]:
+        return self._exe(*arrays)
+
+    def run(self, args: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
+        """Execute into caller-allocated ``outs`` (C-contiguous, right specs; an aliased output is its input)."""
+        self._exe.run(args, outs)
+
+    def run_addresses(self, data: Sequence[int]) -> None:
+        """``run`` on data addresses: the inputs, then the outputs that alias no input."""
+        self._exe.run_addresses(data)
+
+    def serialize(self) -> bytes:
+        """Bytes that ``deserialize`` turns back into this executable in another process.
+
+        The code travels as a shared library linked from the JIT's object file, so loading
+        needs no MLIR and no recompilation; the header pins the target it was built for.
+        """
+        library = self._exe.to_shared_library()
+        header = json.dumps({
+            "fingerprint": self.fingerprint, "target": host().description(),
+            "inputs": [spec_to_json(s) for s in self.inputs], "outputs": [spec_to_json(s) for s in self.outputs],
+            "aliases": list(self.aliases), "overwritten": sorted(self.overwritten),
+            "donated": sorted(self.donated),
+            "sha256": hashlib.sha256(library).hexdigest(),
+        }).encode()
+        return _PREFIX.pack(_MAGIC, _FORMAT, len(header)) + header + library
+
+
+def deserialize(data: bytes) -> Executable:
+    """Load bytes from ``Executable.serialize``; foreign or corrupted bytes raise InvalidProgramError."""
+    data = bytes(data)
+    if len(data) < _PREFIX.size:
+        raise InvalidProgramError("not a polyblocks executable: too short")
+    magic, version, size = _PREFIX.unpack_from(data)
+    if magic != _MAGIC or version != _FORMAT:
+        raise InvalidProgramError(f"not a polyblocks executable of format {_FORMAT}")
+    try:
+        header = json.loads(data[_PREFIX.size:_PREFIX.size + size])
+        library = data[_PREFIX.size + size:]
+        inputs = [spec_from_json(s) for s in header["inputs"]]
+        outputs = [spec_from_json(s) for s in header["outputs"]]
+        aliases = _aliases_from_json(header["aliases"], len(inputs), len(outputs))
+        overwritten = [_index(i, len(inputs)) for i in header["overwritten"]]
+        donated = frozenset(_index(i, len(inputs)) for i in header["donated"])
+        checksum, target, key = header["sha256"], header["target"], header["fingerprint"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise InvalidProgramError(f"corrupted polyblocks executable header: {e}") from None
+    if hashlib.sha256(library).hexdigest() != checksum:
+        raise InvalidProgramError("corrupted polyblocks executable: code checksum mismatch")
+    if target != host().description():
+        raise InvalidProgramError(f"polyblocks executable built for {target!r}, "
+                                  f"this host is {host().description()!r}")
+    code = CpuExecutable.from_shared_library(library, inputs, outputs, aliases, overwritten)
+    return Executable(code, key, {}, donated)
+
+
+def _aliases_from_json(value, inputs: int, outputs: int) -> list[int | None]:
+    if not isinstance(value, list) or len(value) != outputs:
+        raise ValueError(f"bad aliases {value!r}")
+    aliases = [None if a is None else _index(a, inputs) for a in value]
+    taken = [a for a in aliases if a is not None]
+    if len(taken) != len(set(taken)):
+        raise ValueError(f"an input aliased twice in {value!r}")
+    return aliases
+
+
+def _index(value, bound: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < bound:
+        raise ValueError(f"bad input index {value!r}")
+    return value

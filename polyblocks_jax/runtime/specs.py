@@ -1,0 +1,43 @@
+"""Signatures of compiled programs at run time: tensor specs as JSON, argument checks.
+
+Shared by every target's executable and its serialized form; numpy only, no compiler.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from polyblocks_jax import dtypes
+from polyblocks_jax.dtypes import TensorSpec
+from polyblocks_jax.errors import InvalidArgumentError
+
+
+def spec_to_json(spec: TensorSpec) -> list:
+    return [list(spec.shape), spec.dtype.name]
+
+
+def spec_from_json(value) -> TensorSpec:
+    """The inverse of ``spec_to_json``; ValueError on anything else."""
+    try:
+        shape, name = value
+        dtype = dtypes.dtype(name)
+    except (TypeError, ValueError):
+        dtype, shape = None, ()
+    if dtype is None or not isinstance(shape, list) or \
+            not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ValueError(f"bad tensor spec {value!r}")
+    return TensorSpec(tuple(shape), dtype)
+
+
+def check_arguments(arrays: Sequence, specs: Sequence[TensorSpec]) -> list[np.ndarray]:
+    """``arrays`` as C-contiguous numpy arrays of ``specs``; InvalidArgumentError naming the first mismatch."""
+    if len(arrays) != len(specs):
+        raise InvalidArgumentError(f"expected {len(specs)} arguments, got {len(arrays)}")
+    checked = []
+    for i, (a, spec) in enumerate(zip(arrays, specs)):
+        a = np.asarray(a)
+        if a.shape != spec.shape or a.dtype != spec.dtype.numpy:
+            raise InvalidArgumentError(f"argument {i}: expected {spec}, got {a.dtype}{list(a.shape)}")
+        checked.append(a if a.flags.c_contiguous else np.ascontiguousarray(a))  # keeps rank 0
+    return checked
