@@ -26,5 +26,9 @@ class CompilationError(PolyblocksError):
         super().__init__(f"stage {stage!r} failed: {message}")
 
 
+class ResourceExhaustedError(PolyblocksError, MemoryError):
+    """The program needs more memory than this process may use (PJRT: RESOURCE_EXHAUSTED)."""
+
+
 class InvalidArgumentError(PolyblocksError, ValueError):
     """Arguments passed to an executable do not match its signature."""

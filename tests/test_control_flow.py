@@ -87,6 +87,17 @@ class BranchTest(absltest.TestCase):
         for i in (0, 1, 2, -5, 9):  # JAX clamps the index into range
             support.check_against_xla(self, program, np.int32(i), _vec())
 
+    def test_branch_result_returned_and_read_again(self):
+        # A branch result is both a program result and the operand of a later op: as
+        # scf.index_switch, bufferization let that op write into the result's buffer and
+        # buffer-results-to-out-params crashed (tests/fuzz/regressions/process-e894d2d623.json).
+        def program(x):
+            r = jnp.round(-x)
+            c = lax.cond(r != 0, jnp.sqrt, jnp.sin, r)
+            return -x, c, jnp.ceil(c)
+        for x in (-4.0, 0.25):
+            support.check_against_xla(self, program, np.float32(x))
+
     def test_case_out_of_range_runs_last_branch(self):
         text = """
         func.func @main(%i: tensor<i32>, %x: tensor<3xf32>) -> tensor<3xf32> {

@@ -112,6 +112,14 @@ class VectorizedResultsTest(parameterized.TestCase):
         y = support.random_array(rng, (48,), np.float32)
         self._check(lambda a, b: (jnp.maximum(a, b) * 2 - jnp.where(a > b, a, -b), jnp.abs(a) + b), x, y)
 
+    def test_reversed_operands_stay_scalar(self):
+        # A reversal's indexing map (n - 1 - d) made upstream tiling abort the process
+        # (tests/fuzz/regressions/process-046e04f7e0.json); alone, fused and under a reduction.
+        rng = np.random.default_rng(4)
+        x = rng.standard_normal((4, 64), np.float32)
+        self._check(lambda a: (jax.lax.rev(a, (1,)), jax.lax.rev(a, (0, 1)) * 2 + a,
+                               (jax.lax.rev(a, (1,)) * a).sum(-1)), x, **ACCUMULATE)
+
     def test_indivisible_shapes(self):
         rng = np.random.default_rng(2)
         x = rng.standard_normal((3, 5, 7), np.float32)

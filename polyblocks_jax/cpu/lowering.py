@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import functools
 
+from polyblocks_jax.cpu.bf16 import bits_for_bf16_moves, define_truncsfbf2
+from polyblocks_jax.cpu.heap import check_heap_buffers
+from polyblocks_jax.cpu.matrix_units import lower_matrix_units
 from polyblocks_jax.cpu.target import host
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import Stage
@@ -12,12 +15,17 @@ from polyblocks_jax.passes.parallel import parallelize_loops
 
 def cpu_stages(options: Options) -> list[Stage]:
     return [
+        # Packed contractions marked for a matrix unit become AMX / VDPBF16PS kernels.
+        Stage("unit-kernels", lower_matrix_units),
         # Parallel iterators become scf.parallel, reduction dims scf.for; the matmul's
         # cache tiles (scf.forall) become scf.parallel too.
         Stage("loops", "func.func(convert-linalg-to-parallel-loops, scf-forall-to-parallel), canonicalize"),
         # One scf.parallel per large nest stays (its outermost); every other becomes scf.for.
         Stage("parallel", functools.partial(parallelize_loops, threads=host().cores)),
         Stage("bool-buffers", widen_bool_buffers),
+        Stage("bf16-bits", bits_for_bf16_moves),
+        # An intermediate that can never be allocated: an error now, not a NULL store later.
+        Stage("heap-limit", check_heap_buffers),
         Stage("to-llvm",
               "convert-vector-to-scf, "
               # scf.parallel -> omp.parallel + omp.wsloop; its body sits in memref.alloca_scope,
@@ -25,14 +33,21 @@ def cpu_stages(options: Options) -> list[Stage]:
               "convert-scf-to-openmp, "
               # expand-strided-metadata emits affine.apply: lower affine after it.
               "expand-strided-metadata, lower-affine, finalize-memref-to-llvm, convert-scf-to-cf, "
-              "convert-vector-to-llvm, "
-              # math ops with an LLVM intrinsic first; the rest (erf, tan, ...) call libm.
+              # enable-amx / enable-x86vector: amx.* and x86vector.* ops to their intrinsics.
+              "convert-vector-to-llvm{enable-amx enable-x86vector}, "
+              # bf16 math in f32 (see cpu/bf16.py). Then math ops with an LLVM intrinsic;
+              # the rest (erf, tan, ...) call libm.
+              "func.func(math-extend-to-supported-types{extra-types=f16 target-type=f32}), "
               "convert-math-to-llvm, convert-math-to-libm, "
               # bf16 arithmetic in f32, and bf16 extf/truncf as integer ops: LLVM would
               # call __truncsfbf2, which the JIT cannot resolve.
               "func.func(arith-emulate-unsupported-floats{source-types=bf16 target-type=f32}, "
               "arith-expand{include-bf16=true}), "
               "convert-arith-to-llvm, convert-index-to-llvm, "
-              "convert-cf-to-llvm, convert-openmp-to-llvm, convert-func-to-llvm, convert-ub-to-llvm, "
+              # cf through convert-to-llvm: its type converter also knows AMX tiles (carried
+              # by the AMX kernel's k loop), convert-cf-to-llvm's does not.
+              "convert-to-llvm{filter-dialects=cf,amx}, "
+              "convert-openmp-to-llvm, convert-func-to-llvm, convert-ub-to-llvm, "
               "reconcile-unrealized-casts"),
+        Stage("bf16-rounding", define_truncsfbf2),
     ]

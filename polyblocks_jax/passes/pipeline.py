@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 from mlir import ir, passmanager
 
-from polyblocks_jax.errors import CompilationError, UnsupportedError
+from polyblocks_jax.errors import CompilationError, PolyblocksError
 from polyblocks_jax.options import Options
 
 
@@ -47,7 +47,7 @@ def _run_stage(stage: Stage, module: ir.Module, options: Options) -> None:
             before = str(module) if options.dump_dir else None
             pm = passmanager.PassManager.parse(f"builtin.module({stage.passes})", module.context)
             pm.run(module.operation)
-    except (CompilationError, UnsupportedError):  # ours already: a stage may reject what it cannot do
+    except PolyblocksError:  # ours already: a stage may reject what it cannot do (or afford)
         raise
     except Exception as e:  # MLIRError and friends: report which stage and how to reproduce
         hint = f"\nreproduce: mlir-opt --pass-pipeline='builtin.module({stage.passes})'" \

@@ -107,7 +107,8 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
 
 def _plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int]] | None:
     """Tile sizes and reduction loops of a generic or reduce op, or None."""
-    if op.name not in _VECTORIZED_OPS or TILE_ATTR in op.attributes or not _vectorizable(op):
+    if (op.name not in _VECTORIZED_OPS or TILE_ATTR in op.attributes or not _vectorizable(op)
+            or _has_reversed_index(op)):
         return None
     nest = loop_nest(op)
     tiles = choose_vector_tiles(nest, 4, hw) if nest is not None and nest.ranges else None
@@ -137,6 +138,17 @@ def _vectorizable(op: ir.Operation) -> bool:
                 or owner.name not in _COMBINERS or uses[0].owner.operation != owner.operation):
             return False
     return True
+
+
+def _has_reversed_index(op: ir.Operation) -> bool:
+    """Whether an indexing map scales a loop index by a non-positive constant (a reversal,
+    n - 1 - d): upstream tiling asserts on it, aborting the process."""
+    def reversed_(e: ir.AffineExpr) -> bool:
+        if isinstance(e, ir.AffineMulExpr) and isinstance(e.rhs, ir.AffineConstantExpr) and e.rhs.value <= 0:
+            return True
+        return isinstance(e, ir.AffineBinaryExpr) and (reversed_(e.lhs) or reversed_(e.rhs))
+    maps = ir.ArrayAttr(op.attributes["indexing_maps"]) if "indexing_maps" in op.attributes else []
+    return any(reversed_(e) for m in maps for e in ir.AffineMapAttr(m).value.results)
 
 
 def loop_nest(op: ir.Operation) -> LoopNest | None:

@@ -41,15 +41,26 @@ def if_(cx, op):
 
 @converts("stablehlo.case")
 def case(cx, op):
-    """Branch ``index``; an index outside [0, N) runs the last branch, as in XLA."""
-    regions = list(op.op.regions)
+    """Branch ``index``; an index outside [0, N) runs the last branch, as in XLA.
+
+    A chain of scf.if (index == 0, else index == 1, ...), not scf.index_switch: one-shot
+    bufferization misses the conflicts of index_switch results (a later op writing in place
+    into the buffer a returned switch result still holds; seen as a crash in
+    buffer-results-to-out-params), while it analyses scf.if fully.
+    """
     types = [op.result_type(i) for i in range(len(op.result_specs))]
-    index = builders.to_scalar(op.operands[0])
-    # index_cast sign-extends i32: a negative index stays out of range, reaching the default.
-    index = arith.index_cast(ir.IndexType.get(), index)
-    switch = scf.IndexSwitchOp(types, index, list(range(len(regions) - 1)))
-    blocks = [*switch.case_blocks, switch.default_block]
-    for region, block in zip(regions, blocks):
-        with ir.InsertionPoint(block):
-            scf.YieldOp(cx.import_block(region.blocks[0], []))
-    return list(switch.results)
+    return _branch_chain(cx, list(op.op.regions), 0, builders.to_scalar(op.operands[0]), types)
+
+
+def _branch_chain(cx, regions: list, first: int, index: ir.Value, types: list[ir.Type]) -> list[ir.Value]:
+    """The results of ``regions[first]`` if ``index == first``, else of the regions after it;
+    the last region runs for every index that selects no earlier one."""
+    if first == len(regions) - 1:
+        return cx.import_block(regions[first].blocks[0], [])
+    branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, index, builders.constant_like(first, index)),
+                      types, has_else=True)
+    with ir.InsertionPoint(branch.then_block):
+        scf.YieldOp(cx.import_block(regions[first].blocks[0], []))
+    with ir.InsertionPoint(branch.else_block):
+        scf.YieldOp(_branch_chain(cx, regions, first + 1, index, types))
+    return list(branch.results)

@@ -6,6 +6,7 @@ names, integer lists, numpy arrays). No upstream ``mlir`` object is created here
 """
 from __future__ import annotations
 
+import io
 import re
 
 import numpy as np
@@ -18,6 +19,9 @@ from jaxlib.mlir._mlir_libs import _jax_mlir_ext
 from polyblocks_jax import dtypes
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
+
+_BYTECODE_MAGIC = b"ML\xefR"
+_ARTIFACT_PRODUCER = b"StableHLO_v"
 
 
 def new_context() -> jir.Context:
@@ -34,11 +38,17 @@ def new_context() -> jir.Context:
 
 
 def program_source(program) -> str | bytes:
-    """Text or bytes of ``program``: StableHLO text, a VHLO artifact, or a ``jax.stages.Lowered``."""
+    """Text or bytes of ``program``: StableHLO text, a VHLO artifact, or a ``jax.stages.Lowered``.
+
+    A Lowered becomes MLIR bytecode (with its locations, for error messages): its text
+    does not always parse back (``dynamic_slice`` of a scalar prints ``%x, , sizes = []``).
+    """
     if isinstance(program, (str, bytes, bytearray, memoryview)):
         return bytes(program) if not isinstance(program, str) else program
-    if hasattr(program, "as_text"):
-        return program.as_text(debug_info=True)
+    if hasattr(program, "compiler_ir"):
+        out = io.BytesIO()
+        program.compiler_ir("stablehlo").operation.write_bytecode(out)
+        return out.getvalue()
     raise InvalidProgramError(
         f"cannot compile a {type(program).__name__}: pass StableHLO text, "
         "VHLO portable-artifact bytes or a jax.stages.Lowered")
@@ -47,11 +57,18 @@ def program_source(program) -> str | bytes:
 def parse(source: str | bytes, ctx: jir.Context) -> jir.Module:
     """Parse StableHLO text, MLIR bytecode or a VHLO portable artifact in ``ctx``."""
     with ctx:
-        if isinstance(source, bytes):
-            try:
-                return stablehlo.deserialize_portable_artifact(ctx, source)
-            except Exception:  # not an artifact: maybe plain bytecode or text; try below
-                pass
+        if isinstance(source, bytes) and source.startswith(_BYTECODE_MAGIC):
+            producer = _bytecode_producer(source)
+            if producer.startswith(_ARTIFACT_PRODUCER):
+                try:
+                    return stablehlo.deserialize_portable_artifact(ctx, source)
+                except Exception as e:
+                    raise InvalidProgramError(f"malformed VHLO artifact: {_first_line(e)}") from None
+            # The generic bytecode reader is not hardened: on a damaged VHLO artifact it
+            # crashes the process. Only MLIR's own bytecode (a Lowered's) goes to it.
+            if not producer.startswith(b"MLIR"):
+                raise InvalidProgramError(f"MLIR bytecode from an unknown producer {producer[:32]!r}: "
+                                          "expected a VHLO portable artifact")
         try:
             module = jir.Module.parse(source)
         except Exception as e:
@@ -59,6 +76,16 @@ def parse(source: str | bytes, ctx: jir.Context) -> jir.Module:
         if not module.operation.verify():
             raise InvalidProgramError("StableHLO module does not verify")
         return module
+
+
+def _bytecode_producer(source: bytes) -> bytes:
+    """The producer named in an MLIR bytecode header ("StableHLO_v1.9.0" for VHLO, "MLIR..."
+    for plain bytecode): after the magic and the version (a prefix varint), up to a NUL."""
+    first = source[len(_BYTECODE_MAGIC)] if len(source) > len(_BYTECODE_MAGIC) else 0
+    version_bytes = (first & -first).bit_length() if first else 9  # trailing zeros + 1
+    start = len(_BYTECODE_MAGIC) + version_bytes
+    end = source.find(b"\0", start, start + 64)
+    return source[start:end] if end >= 0 else b""
 
 
 def _first_line(e: Exception) -> str:

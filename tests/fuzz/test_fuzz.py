@@ -8,32 +8,13 @@ few minutes on 2 cores; ``python -m tests.fuzz.long_run`` explores further.
 from __future__ import annotations
 
 from absl.testing import absltest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 
 from . import differential, programs
 
 PROGRAMS = 80  # the slice's size: ~0.6 s per program (4 compiles) alone on 2 cores, ~50 s
 _CI = settings(derandomize=True, deadline=None, max_examples=PROGRAMS, database=None,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                      HealthCheck.filter_too_much])
-
-
-def known_open(spec: dict) -> str | None:
-    """The open regression (tests/fuzz/regressions/) a program would hit, so the slice skips it.
-
-    Remove an entry when its regression file turns to "fixed".
-    """
-    values = {}
-    for i, op in enumerate(spec["ops"]):
-        values[i] = op.get("dtype") if op["op"] in ("input", "cast") else values.get(op.get("x"))
-        if op["op"] == "reduce" and op["fn"] in ("max", "min") and values[op["x"]] == "bfloat16":
-            return "bf16-max-reduce-truncsfbf2"
-        if op["op"] == "dynamic_slice" and not op["sizes"]:
-            return "scalar-dynamic-slice-text-roundtrip"
-        if op["op"] == "conv" and spec["ops"][op["w"]].get("edge") and any(
-                w["pad"] != [0, 0] or w["lhs_dil"] > 1 for w in op["windows"]):
-            return "conv-padding-times-inf"
-    return None
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 class FuzzTest(absltest.TestCase):
@@ -42,7 +23,6 @@ class FuzzTest(absltest.TestCase):
     @_CI
     @given(programs.programs())
     def test_random_programs_match_xla(self, spec):
-        assume(known_open(spec) is None)
         FuzzTest.ran += 1
         differential.check(spec)
 

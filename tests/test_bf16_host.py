@@ -1,0 +1,101 @@
+"""bf16 on a host without bf16 arithmetic (cpu/bf16.py): programs that made LLVM call
+``__truncsfbf2``, which the JIT cannot resolve, and the module's own definition of it.
+
+LLVM promotes bf16 selects, and the sign ops its instcombine narrows back to bf16, to f32
+and rounds with that routine: max/min reductions, softmax, abs or neg in a branch.
+"""
+import ctypes
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from absl.testing import absltest, parameterized
+from jax import lax
+from mlir import execution_engine, ir
+
+import polyblocks_jax as pb
+import support
+from polyblocks_jax.cpu.bf16 import define_truncsfbf2
+
+BF16 = ml_dtypes.bfloat16
+SETTINGS = (pb.Options(), pb.Options(fusion=False, tiling=False, parallel=False, vectorize=False))
+
+
+def _bf16(seed: int, shape, edge: bool = True) -> np.ndarray:
+    return support.random_array(np.random.default_rng(seed), shape, BF16, edge)
+
+
+class ProgramsTest(parameterized.TestCase):
+    @parameterized.named_parameters(
+        # tests/fuzz/regressions/bf16-max-reduce-truncsfbf2.json and default-dda4a00ed6.json
+        ("max_min_reductions", lambda x: (x.max(), x.min(0), x.max(1)), (16, 64)),
+        # XLA CPU's max reduction drops NaN operands where we keep them: no edge values.
+        ("softmax", lambda x: jax.nn.softmax(x, -1), (8, 64), False),
+        ("select_clamp_abs", lambda x: (jnp.where(x > 0, x, -x), jnp.clip(x, -0.5, 0.5), jnp.abs(x)), (4, 40)),
+        # default-fcb0d78ab1.json: abs and neg in the branches of a bf16 condition
+        ("cond_abs_neg", lambda x: lax.cond(x[0] > 0, jnp.abs, jnp.negative, x), (5,)),
+        ("argmax_sort", lambda x: (jnp.argmax(x, -1), jnp.sort(x, -1)), (4, 16), False),
+    )
+    def test_against_xla(self, fn, shape, edge=True):
+        x = _bf16(sum(shape), shape, edge)
+        for options in SETTINGS:
+            support.check_against_xla(self, fn, x, options=options)
+
+
+class TruncsfbfTest(absltest.TestCase):
+    """The definition added to every module: round to nearest even, NaN kept, as compiler-rt."""
+
+    KERNEL = """
+    llvm.func @round_all(%src: !llvm.ptr, %dst: !llvm.ptr, %n: i64) {
+      %zero = llvm.mlir.constant(0 : i64) : i64
+      %one = llvm.mlir.constant(1 : i64) : i64
+      llvm.br ^loop(%zero : i64)
+    ^loop(%i: i64):
+      %more = llvm.icmp "slt" %i, %n : i64
+      llvm.cond_br %more, ^body, ^done
+    ^body:
+      %p = llvm.getelementptr %src[%i] : (!llvm.ptr, i64) -> !llvm.ptr, f32
+      %x = llvm.load %p : !llvm.ptr -> f32
+      %y = llvm.call @__truncsfbf2(%x) : (f32) -> bf16
+      %q = llvm.getelementptr %dst[%i] : (!llvm.ptr, i64) -> !llvm.ptr, bf16
+      llvm.store %y, %q : bf16, !llvm.ptr
+      %next = llvm.add %i, %one : i64
+      llvm.br ^loop(%next : i64)
+    ^done:
+      llvm.return
+    }
+    llvm.func @__truncsfbf2(f32) -> bf16
+    """
+
+    def test_matches_ml_dtypes_rounding(self):
+        rng = np.random.default_rng(0)
+        bits = np.concatenate([
+            rng.integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32),
+            (np.arange(2 ** 16, dtype=np.uint32) << 16) | 0x8000,  # every halfway case
+            (np.arange(2 ** 16, dtype=np.uint32) << 16) | 0x7FFF,
+            np.array([0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000, 0x7F800001, 0xFFC00001,
+                      0x00000001, 0x80008000, 0x00000000, 0x80000000], np.uint32)])
+        x = bits.view(np.float32)
+        got = self._round(x)
+        with np.errstate(invalid="ignore"):  # NaN inputs
+            want = x.astype(BF16)
+        nan = np.isnan(want.astype(np.float32))
+        np.testing.assert_array_equal(np.isnan(got.astype(np.float32)), nan)
+        np.testing.assert_array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+
+    def _round(self, x: np.ndarray) -> np.ndarray:
+        with ir.Context():
+            module = ir.Module.parse(self.KERNEL)
+            ir.SymbolTable(module.operation)["__truncsfbf2"].erase()  # the declaration, for parsing
+            define_truncsfbf2(module, pb.Options())
+            engine = execution_engine.ExecutionEngine(module, opt_level=2)
+            out = np.empty(x.shape, BF16)
+            args = [ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(out.ctypes.data), ctypes.c_int64(x.size)]
+            packed = (ctypes.c_void_p * 3)(*[ctypes.addressof(a) for a in args])
+            ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup("round_all"))(packed)  # packed ABI
+            return out
+
+
+if __name__ == "__main__":
+    absltest.main()
