@@ -15,6 +15,9 @@ from polyblocks_jax.errors import PolyblocksError
 FLAGS_ENV = "POLYBLOCKS_FLAGS"
 DUMP_ENV = "POLYBLOCKS_DUMP"
 
+MATRIX_UNITS = ("auto", "amx", "avx512bf16", "fma")
+PRECISIONS = ("fp32", "tf32", "mixed_bf16_fp32")
+
 # Fields that do not influence generated code, hence stay out of the cache key.
 _NOT_IN_KEY = frozenset({"dump_dir"})
 
@@ -23,14 +26,22 @@ _NOT_IN_KEY = frozenset({"dump_dir"})
 class Options:
     fusion: bool = True          # fuse elementwise producers into their consumers
     tiling: bool = True          # cache and register tiling + vectorization of matmuls
+    packing: bool = True         # tiled matmuls copy B panels into contiguous tiles (with tiling)
     parallel: bool = True        # large loop nests run on all cores (OpenMP); OMP_NUM_THREADS caps
     vectorize: bool = True       # register tiles + vectors for convolutions, elementwise ops, reductions
     opt_level: int = 2           # LLVM level; 3 costs 10-20x compile time on models for no speed
+    matrix_unit: str = "auto"    # host matmul path: auto | amx | avx512bf16 | fma (forcing an absent one fails)
+    precision: str = "fp32"      # f32 matmuls/convs: fp32 (exact) | tf32 (GPU tensor cores; exact on the host)
+                                 # | mixed_bf16_fp32 (bf16 operands, f32 sums)
     dump_dir: str | None = None  # write the module after every stage, and stage timings
 
     def __post_init__(self) -> None:
         if self.opt_level not in (0, 1, 2, 3):
             raise PolyblocksError(f"opt_level must be 0..3, got {self.opt_level}")
+        if self.matrix_unit not in MATRIX_UNITS:
+            raise PolyblocksError(f"matrix_unit must be one of {', '.join(MATRIX_UNITS)}, got {self.matrix_unit!r}")
+        if self.precision not in PRECISIONS:
+            raise PolyblocksError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
     @classmethod
     def from_flags(cls, flags: str, **overrides) -> "Options":

@@ -9,8 +9,9 @@ import functools
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.copies import strided_copies_to_linalg
+from polyblocks_jax.passes.matrix_forms import inline_matrix_units, map_matrix_units, select_unit
 from polyblocks_jax.passes.pipeline import Stage, run_stages
-from polyblocks_jax.passes.results import distinct_results
+from polyblocks_jax.passes.results import drop_aliased_results, prepare_results
 from polyblocks_jax.passes.tiling import Hardware, tile_contractions
 from polyblocks_jax.passes.vectorize import vectorize_ops
 
@@ -22,23 +23,35 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         # arith/math ops on whole tensors (what the importer emits) become linalg.generic.
         Stage("elementwise-to-linalg", "func.func(convert-elementwise-to-linalg)"),
     ]
-    if options.fusion:
-        stages.append(Stage("fusion", "func.func(linalg-fuse-elementwise-ops), canonicalize, cse"))
+    # Before tiling: matmuls and convolutions the target's matrix unit takes leave the FMA path.
+    # The unit is selected here: forcing one the target lacks fails before any stage runs.
+    stages.append(Stage("matrix-units", functools.partial(
+        map_matrix_units, unit=select_unit(options.matrix_unit, hardware.matrix_units))))
     if options.tiling:
         stages.append(Stage("tiling", functools.partial(tile_contractions, hw=hardware)))
+    if options.fusion:
+        # After tiling: upstream fusion would turn a matmul into a generic (folding the reshapes
+        # around it) and fuse its elementwise producers into it, recomputing them n times.
+        stages.append(Stage("fusion", "func.func(linalg-fuse-elementwise-ops), canonicalize, cse"))
     if options.vectorize:
         stages.append(Stage("vectorize", functools.partial(vectorize_ops, hw=hardware)))
+    # The packed contractions sat in functions of their own, out of fusion's reach.
+    stages.append(Stage("matrix-units-inline", inline_matrix_units))
     stages += [
-        Stage("distinct-results", distinct_results),
+        # Results distinct, each donated argument writable and tied to the result reusing it.
+        Stage("results", prepare_results),
         Stage("bufferize",
               # allow-return-allocs-from-loops: a while loop may yield a new buffer (a
               # loop-carried value built afresh each iteration); it is copied, not rejected.
               "one-shot-bufferize{bufferize-function-boundaries allow-return-allocs-from-loops "
               "function-boundary-type-conversion=identity-layout-map}, "
-              # results become caller-allocated out-parameters: no allocation crosses the ABI.
-              # canonicalize first: a tiled loop's result folds to the buffer it writes, which
-              # then becomes the out-parameter (no copy of the whole result).
-              "canonicalize, buffer-results-to-out-params{hoist-static-allocs modify-public-functions}, "
+              # canonicalize: a tiled loop's result folds to the buffer it writes, which then
+              # becomes the out-parameter (no copy of the whole result).
+              "canonicalize"),
+        # A result living in its donated argument's buffer needs no out-parameter.
+        Stage("aliased-results", drop_aliased_results),
+        # Results become caller-allocated out-parameters: no allocation crosses the ABI.
+        Stage("out-params", "buffer-results-to-out-params{hoist-static-allocs modify-public-functions}, "
               "canonicalize, buffer-deallocation-pipeline"),
         Stage("strided-copies", strided_copies_to_linalg),
     ]

@@ -1,0 +1,97 @@
+"""Intel AMX: the unit's description, and its kernel for a packed contraction.
+
+AMX holds 8 tile registers of up to 16 rows x 64 bytes. TDPBF16PS multiplies a 16 x 32
+bf16 tile by a 32 x 16 bf16 tile stored as 16 rows of VNNI pairs (16 x 2 per row) and adds
+into a 16 x 16 f32 tile; TDPBSSD does the same for signed int8 (16 x 64 by 64 x 16 in
+quads) into int32. The upstream ``amx`` dialect (tile_zero, tile_load, tile_mulf,
+tile_muli, tile_store, on memrefs) lowers to those instructions with
+``convert-vector-to-llvm{enable-amx}``.
+
+``kernel`` replaces the packed contraction of ``passes/matrix_forms.py`` (on buffers):
+lhs (M', K'/p, p) read as (M', K') rows, rhs (K'/p, N', p) read as (K'/p, N'*p) VNNI rows,
+accumulator (M', N'). Each (mb x nb) register block of accumulator tiles stays in tile
+registers over the whole k loop (loop-carried tiles); each step loads mb lhs and nb rhs
+tiles and issues mb * nb products. Blocks run in an scf.parallel over the threads.
+"""
+from __future__ import annotations
+
+from mlir import ir
+
+from polyblocks_jax.passes import templates
+from polyblocks_jax.passes.matrix_units import MatrixUnit, TileShape, UnitOp
+
+AMX_BF16 = UnitOp("bf16", "bf16", "f32", TileShape(16, 16, 32), pack=2)  # TDPBF16PS
+AMX_INT8 = UnitOp("i8", "i8", "i32", TileShape(16, 16, 64), pack=4)      # TDPBSSD
+TILE_REGISTERS = 8
+
+
+def amx_unit(bf16: bool = True, int8: bool = True) -> MatrixUnit:
+    """AMX with the products this CPU has (AMX-BF16, AMX-INT8)."""
+    ops = tuple(op for op, present in ((AMX_BF16, bf16), (AMX_INT8, int8)) if present)
+    return MatrixUnit("amx", ops, TILE_REGISTERS)
+
+
+def kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: TileShape, pack: int,
+           blocking: tuple[int, int], zero_init: bool) -> str:
+    """The template computing the packed contraction on AMX tiles (identity-layout buffers)."""
+    *lead, pm, k2, _ = lhs.shape
+    pn = rhs.shape[-2]
+    operand, accumulate = str(lhs.element_type), str(acc.element_type)
+    mb, nb = blocking
+    r = len(lead)
+    a_type = templates.shape_type("memref", [*lead, pm, k2 * pack], operand)
+    b_type = templates.shape_type("memref", [*lead, k2, pn * pack], operand)
+    a_tile = f"!amx.tile<{tile.m}x{tile.k}x{operand}>"
+    b_tile = f"!amx.tile<{tile.k // pack}x{tile.n * pack}x{operand}>"
+    c_tile = f"!amx.tile<{tile.m}x{tile.n}x{accumulate}>"
+    mul = "amx.tile_mulf" if accumulate.startswith("f") else "amx.tile_muli"
+    lead_ix = [f"%b{d}" for d in range(r)]
+    rows = [f"%row{i}" for i in range(mb)]
+    cols = [f"%col{j}" for j in range(nb)]
+    accs = [(i, j) for i in range(mb) for j in range(nb)]
+    index = templates.IndexConstants()
+    body = [
+        f"%a = memref.collapse_shape %lhs {_groups(r, [[r], [r + 1, r + 2]])} : {lhs} into {a_type}",
+        f"%b = memref.collapse_shape %rhs {_groups(r, [[r], [r + 1, r + 2]])} : {rhs} into {b_type}",
+        f"scf.parallel ({', '.join(lead_ix + ['%i', '%j'])}) = ({', '.join([index.const(0)] * (r + 2))}) "
+        f"to ({', '.join(index.const(d) for d in [*lead, pm, pn])}) "
+        f"step ({', '.join([index.const(1)] * r + [index.const(mb * tile.m), index.const(nb * tile.n)])}) {{",
+        *[f"  {row} = arith.addi %i, {index.const(i * tile.m)} : index" for i, row in enumerate(rows)],
+        *[f"  {col} = arith.addi %j, {index.const(j * tile.n)} : index" for j, col in enumerate(cols)],
+        *[f"  %colp{j} = arith.muli {col}, {index.const(pack)} : index" for j, col in enumerate(cols)],
+    ]
+    if zero_init:
+        body.append(f"  %zero = amx.tile_zero : {c_tile}")
+        inits = ["%zero"] * len(accs)
+    else:
+        body += [f"  %init{i}_{j} = amx.tile_load %acc[{_ix(lead_ix, rows[i], cols[j])}] : {acc} into {c_tile}"
+                 for i, j in accs]
+        inits = [f"%init{i}_{j}" for i, j in accs]
+    carried = ", ".join(f"%c{i}_{j} = {init}" for (i, j), init in zip(accs, inits))
+    body += [
+        f"  %sums:{len(accs)} = scf.for %k2 = {index.const(0)} to {index.const(k2)} "
+        f"step {index.const(tile.k // pack)} iter_args({carried}) -> ({', '.join([c_tile] * len(accs))}) {{",
+        f"    %k = arith.muli %k2, {index.const(pack)} : index",
+        *[f"    %ta{i} = amx.tile_load %a[{_ix(lead_ix, row, '%k')}] : {a_type} into {a_tile}"
+          for i, row in enumerate(rows)],
+        *[f"    %tb{j} = amx.tile_load %b[{_ix(lead_ix, '%k2', f'%colp{j}')}] : {b_type} into {b_tile}"
+          for j in range(nb)],
+        *[f"    %d{i}_{j} = {mul} %ta{i}, %tb{j}, %c{i}_{j} : {a_tile}, {b_tile}, {c_tile}" for i, j in accs],
+        f"    scf.yield {', '.join(f'%d{i}_{j}' for i, j in accs)} : {', '.join([c_tile] * len(accs))}",
+        "  }",
+        *[f"  amx.tile_store %acc[{_ix(lead_ix, rows[i], cols[j])}], %sums#{n} : {acc}, {c_tile}"
+          for n, (i, j) in enumerate(accs)],
+        "  scf.reduce",
+        "}",
+        "return",
+    ]
+    return templates.function([f"%lhs: {lhs}", f"%rhs: {rhs}", f"%acc: {acc}"], [],
+                              index.lines + body)
+
+
+def _groups(lead: int, rest: list[list[int]]) -> str:
+    return str([[d] for d in range(lead)] + rest)
+
+
+def _ix(lead: list[str], *rest: str) -> str:
+    return ", ".join([*lead, *rest])

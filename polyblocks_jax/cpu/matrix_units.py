@@ -1,0 +1,39 @@
+"""The host's matrix-unit lowering: each packed contraction the shared matrix-unit stage
+marked (``passes/matrix_forms.py``) becomes its unit's kernel, on buffers, before the
+loops stage. A marked contraction this lowering cannot take (a unit without a kernel here,
+a strided buffer, AMX at opt_level 0) stays a linalg.contract and runs as loops: slower,
+never wrong.
+"""
+from __future__ import annotations
+
+from mlir import ir
+
+from polyblocks_jax.cpu import amx, avx512_bf16
+from polyblocks_jax.options import Options
+from polyblocks_jax.passes import templates
+from polyblocks_jax.passes.matrix_forms import MATRIX_UNIT_ATTR
+from polyblocks_jax.passes.matrix_units import TileShape
+from polyblocks_jax.passes.transform import walk
+
+KERNELS = {"amx": amx.kernel, "avx512bf16": avx512_bf16.kernel}
+
+
+def lower_matrix_units(module: ir.Module, options: Options) -> None:
+    """Replace each marked contraction on identity-layout buffers with its unit's kernel."""
+    for op in [op for op in walk(module.operation) if MATRIX_UNIT_ATTR in op.attributes]:
+        attr = ir.DictAttr(op.attributes[MATRIX_UNIT_ATTR])
+        unit = ir.StringAttr(attr["unit"]).value
+        types = [ir.MemRefType(v.type) for v in op.operands]
+        if unit not in KERNELS or not all(_identity_layout(t) for t in types):
+            continue
+        if unit == "amx" and options.opt_level == 0:
+            continue  # LLVM 22 at -O0 (X86LowerAMXType) crashes on tiles carried around a loop
+        text = KERNELS[unit](*types, TileShape(*ir.DenseI64ArrayAttr(attr["tile"])),
+                             ir.IntegerAttr(attr["pack"]).value, tuple(ir.DenseI64ArrayAttr(attr["blocking"])),
+                             ir.BoolAttr(attr["zero_init"]).value)
+        templates.splice(text, op, list(op.operands))
+        op.erase()
+
+
+def _identity_layout(t: ir.MemRefType) -> bool:
+    return isinstance(t.layout, ir.AffineMapAttr) and t.layout.value == ir.AffineMap.get_identity(t.rank)

