@@ -1,5 +1,7 @@
 """The NVIDIA target without a GPU: PTX that ptxas accepts, launch plans within limits,
-the GPU mapping checked by running it on the host; and, on a GPU, results against XLA.
+the GPU mapping checked by running it on the host, the tensor-core kernels (mma.sync) read
+in the PTX and run in a numpy emulator of their instructions, the tile cost model on its
+own; and, on a GPU, results against XLA.
 """
 import os
 import re
@@ -12,10 +14,13 @@ import ml_dtypes
 import numpy as np
 from absl.testing import absltest, parameterized
 
+import nvptx_emulator
 import support
 from polyblocks_jax import cpu, passes
 from polyblocks_jax.errors import InvalidProgramError, PolyblocksError
 from polyblocks_jax.nvptx import SM80, SM90, GpuExecutable, compile as gpu_compile, lowering, ptx, runtime
+from polyblocks_jax.nvptx.mma_kernel import ConvWindow, MmaProblem, kernel_function
+from polyblocks_jax.nvptx.mma_tiles import MmaTiles, choose_mma_tiles
 from polyblocks_jax.options import Options
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -23,7 +28,7 @@ from bench import flax_models  # noqa: E402
 
 CHIPS = ("sm_80", "sm_90")
 TARGETS = {"sm_80": SM80, "sm_90": SM90}
-f32, bf16 = np.float32, ml_dtypes.bfloat16
+f32, f16, bf16 = np.float32, np.float16, ml_dtypes.bfloat16
 
 
 def _conv(x, w):
@@ -103,6 +108,15 @@ class PtxTest(parameterized.TestCase):
         for chip in CHIPS:
             check_executable(self, gpu_compile.compile_gpu(lowered, chip))
 
+    def test_small_model_on_tensor_cores(self):
+        """With tf32, ResNet's convolutions run as mma.sync kernels. (Under this suite's x64 mode the
+        ViT computes in f64, which no tensor core takes.)"""
+        case = flax_models.make("resnet18", small=True)
+        lowered = _lowered(case.apply, case.params, case.input)
+        exe = gpu_compile.compile_gpu(lowered, "sm_80", Options(precision="tf32"))
+        check_executable(self, exe)
+        self.assertGreater(instruction_counts("".join(exe.ptx.values()))["mma"], 0)
+
 
 class MappingOnHostTest(parameterized.TestCase):
     """The GPU mapping's rewrites (kernels for host work, flattening into blocks, bound checks)
@@ -155,6 +169,265 @@ class PlanAndTargetTest(absltest.TestCase):
         lowered = _lowered(lambda x: jax.lax.fori_loop(0, 3, lambda i, v: v * 2 + 1, x), np.ones(8, f32))
         with self.assertRaisesRegex(PolyblocksError, "scf.while"):
             gpu_compile.compile_gpu(lowered, "sm_90")
+
+
+# name -> (function, argument shapes and dtypes, option flags, mma operand type): products that
+# take the tensor-core path; shapes off the tile grid on purpose (edges read zeros, stores are guarded).
+MMA_PROGRAMS = {
+    "matmul_bf16": (lambda a, b: a @ b, [((100, 72), bf16), ((72, 40), bf16)], "", "bf16"),
+    "matmul_f16_relu": (lambda a, b: jax.nn.relu(a @ b), [((64, 128), f16), ((128, 64), f16)], "", "f16"),
+    "batch_matmul_bf16": (lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b), [((3, 48, 64), bf16), ((3, 64, 32), bf16)],
+                          "", "bf16"),
+    "attention_scores_bf16": (lambda q, k: jnp.einsum("bhqd,bhkd->bhqk", q, k), [((1, 2, 64, 32), bf16)] * 2,
+                              "", "bf16"),
+    "matmul_tf32": (lambda a, b: a @ b, [((64, 96), f32), ((96, 48), f32)], "precision=tf32", "tf32"),
+    "conv3x3_bf16": (_conv, [((2, 8, 8, 16), bf16), ((3, 3, 16, 32), bf16)], "", "bf16"),
+    "conv_stride2_f16": (lambda x, w: jax.lax.conv_general_dilated(
+        x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")), [((1, 9, 9, 8), f16), ((3, 3, 8, 16), f16)],
+        "", "f16"),
+    "conv3x3_tf32": (_conv, [((1, 8, 8, 4), f32), ((3, 3, 4, 8), f32)], "precision=tf32", "tf32"),
+}
+_MMA_INSTRUCTION = {"bf16": "m16n8k16.row.col.f32.bf16.bf16.f32", "f16": "m16n8k16.row.col.f32.f16.f16.f32",
+                    "tf32": "m16n8k8.row.col.f32.tf32.tf32.f32"}
+
+
+def instruction_counts(text: str) -> dict[str, int]:
+    return {name: len(re.findall(pattern, text)) for name, pattern in (
+        ("mma", r"\bmma\.sync\.aligned\.(m16n8k\d+\.row\.col\.f32\.\w+\.\w+\.f32)"),
+        ("ldmatrix", r"\bldmatrix\.sync\.aligned\.m8n8\.x4"), ("cp_async", r"\bcp\.async\.cg\.shared\.global"),
+        ("wait_group", r"\bcp\.async\.wait_group"))}
+
+
+class TensorCoreTest(parameterized.TestCase):
+    """bf16/f16 (and tf32) products become mma.sync kernels: read in the PTX, assembled by ptxas."""
+
+    @parameterized.product(name=sorted(MMA_PROGRAMS), chip=CHIPS)
+    def test_mma_kernel_in_ptx(self, name, chip):
+        fn, specs, flags, operand = MMA_PROGRAMS[name]
+        args = [np.ones(shape, dtype) for shape, dtype in specs]
+        exe = gpu_compile.compile_gpu(_lowered(fn, *args), chip, Options.from_flags(flags))
+        check_executable(self, exe)
+        text = "\n".join(exe.ptx.values())
+        counts = instruction_counts(text)
+        self.assertEqual(set(re.findall(r"mma\.sync\.aligned\.(\S+)", text)), {_MMA_INSTRUCTION[operand]})
+        self.assertGreater(counts["cp_async"], 0)
+        self.assertGreater(counts["ldmatrix"], 0)
+        self.assertGreater(counts["wait_group"], 0)
+        mma_launches = [launch for launch in exe.plan.launches if launch.shared_bytes > 0]
+        self.assertLen(mma_launches, 1)  # the product's kernel, with its shared-memory pipeline
+        self.assert_no_spills(exe)
+
+    @parameterized.parameters(*CHIPS)
+    def test_benchmark_matmul_4096(self, chip):
+        """bench/gpu_check.py's bf16 matmul: 64x64 warp tiles, a pipeline of at least 3 stages, no spills."""
+        a = jax.ShapeDtypeStruct((4096, 4096), bf16)
+        exe = gpu_compile.compile_gpu(_lowered(lambda a, b: a @ b, a, a), chip)
+        check_executable(self, exe)
+        (launch,) = [launch for launch in exe.plan.launches if launch.shared_bytes > 0]
+        tiles = choose_mma_tiles(4096, 4096, 4096, 1, 2, (16, 8, 16), 32, TARGETS[chip])
+        self.assertEqual(launch.block, (tiles.threads, 1, 1))
+        self.assertEqual(launch.grid, (4096 // tiles.block[1], 4096 // tiles.block[0], 1))
+        self.assertEqual(launch.shared_bytes, tiles.shared_bytes(2))
+        counts = instruction_counts(exe.ptx[launch.module])
+        # The k loop's body is unrolled: (64 / 16) x (64 / 8) fragments per k step of 16.
+        self.assertEqual(counts["mma"], (tiles.block[2] // 16) * (tiles.warp[0] // 16) * (tiles.warp[1] // 8))
+        self.assert_no_spills(exe)
+
+    def test_f32_matmul_needs_tf32_for_tensor_cores(self):
+        lowered = _lowered(lambda a, b: a @ b, np.ones((64, 64), f32), np.ones((64, 64), f32))
+        self.assertEqual(instruction_counts(gpu_compile.compile_gpu(lowered, "sm_80").ptx["main_kernel"])["mma"], 0)
+
+    def test_unaligned_rows_stay_off_tensor_cores(self):
+        """k = 36 is not a whole number of 16-byte copies: the generic kernels compute it."""
+        lowered = _lowered(lambda a, b: a @ b, np.ones((32, 36), bf16), np.ones((36, 16), bf16))
+        exe = gpu_compile.compile_gpu(lowered, "sm_80")
+        check_executable(self, exe)
+        self.assertEqual(instruction_counts("".join(exe.ptx.values()))["mma"], 0)
+
+    def assert_no_spills(self, exe: GpuExecutable) -> None:
+        if ptx.find_ptxas() is None:
+            return  # check_executable has said so
+        for text in exe.ptx.values():
+            for kernel, used in ptx.usage(text, exe.chip).items():
+                self.assertEqual(used.spill_bytes, 0, kernel)
+                self.assertLessEqual(used.registers, TARGETS[exe.chip].registers_per_thread, kernel)
+
+
+class TensorCoreMatchingTest(absltest.TestCase):
+    """Which products on buffers become kernels: the accumulator must hold a known constant."""
+
+    PROGRAM = """
+    func.func @main(%a: memref<32x64xbf16>, %b: memref<64x32xbf16>, %bt: memref<32x64xbf16>,
+                    %c1: memref<32x32xf32>, %c2: memref<32x32xf32>, %c3: memref<32x32xf32>, %c4: memref<32x32xf32>) {
+      %zero = arith.constant 0.0 : f32
+      %shared = memref.alloc() : memref<32x32xf32>
+      linalg.fill ins(%zero : f32) outs(%shared : memref<32x32xf32>)
+      memref.copy %shared, %c1 : memref<32x32xf32> to memref<32x32xf32>
+      linalg.matmul {name = "copied_zeros"} ins(%a, %b : memref<32x64xbf16>, memref<64x32xbf16>) outs(%c1 : memref<32x32xf32>)
+      linalg.fill ins(%zero : f32) outs(%c2 : memref<32x32xf32>)
+      linalg.matmul {name = "accumulates_twice"} ins(%a, %b : memref<32x64xbf16>, memref<64x32xbf16>) outs(%c2 : memref<32x32xf32>)
+      linalg.matmul {name = "second"} ins(%a, %b : memref<32x64xbf16>, memref<64x32xbf16>) outs(%c2 : memref<32x32xf32>)
+      linalg.matmul {name = "into_shared"} ins(%a, %b : memref<32x64xbf16>, memref<64x32xbf16>) outs(%shared : memref<32x32xf32>)
+      memref.copy %shared, %c3 : memref<32x32xf32> to memref<32x32xf32>
+      linalg.matmul {name = "copied_after_write"} ins(%a, %b : memref<32x64xbf16>, memref<64x32xbf16>) outs(%c3 : memref<32x32xf32>)
+      linalg.fill ins(%zero : f32) outs(%c4 : memref<32x32xf32>)
+      linalg.matmul indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d1, d2)>,
+                                     affine_map<(d0, d1, d2) -> (d0, d1)>]
+        ins(%a, %bt : memref<32x64xbf16>, memref<32x64xbf16>) outs(%c4 : memref<32x32xf32>) {name = "transposed"}
+      return
+    }"""
+
+    def test_only_products_from_a_known_constant_become_kernels(self):
+        from mlir import ir
+        from polyblocks_jax.nvptx.tensor_cores import use_tensor_cores
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(self.PROGRAM)
+            use_tensor_cores(module, Options(), SM80)
+            left = [ir.StringAttr(op.attributes["name"]).value for op in module.body.operations[0].regions[0].blocks[0]
+                    .operations if op.operation.name == "linalg.matmul"]
+            launches = [op for op in module.body.operations[0].regions[0].blocks[0].operations
+                        if op.operation.name == "gpu.launch"]
+        # The first product of c2 starts from its fill, the second adds to it (not a constant). Once the
+        # copy into c1 is absorbed, the shared buffer's fill only initializes the product into it; that
+        # product overwrites the zeros, so the copy into c3 is not a constant. B transposed: not row-major.
+        self.assertEqual(left, ["second", "copied_after_write", "transposed"])
+        self.assertLen(launches, 3)
+
+
+class MmaTilesTest(absltest.TestCase):
+    """The cost model on its own: choices within the chip's budgets, and the expected ones."""
+
+    def test_choices_fit_the_budgets(self):
+        for target in (SM80, SM90):
+            for m, n, k, batch in [(4096, 4096, 4096, 1), (100, 40, 72, 1), (16, 16, 16, 1), (2048, 64, 64, 16),
+                                   (6272, 128, 1152, 1), (1576, 192, 192, 1), (64, 50000, 64, 1)]:
+                for operand_bytes, instruction in ((2, (16, 8, 16)), (4, (16, 8, 8))):
+                    tiles = choose_mma_tiles(m, n, k, batch, operand_bytes, instruction, 32, target)
+                    with self.subTest(target=target.chip, shape=(m, n, k, batch), bytes=operand_bytes):
+                        self.assertLessEqual(tiles.threads, target.max_threads_per_block)
+                        self.assertLessEqual(tiles.shared_bytes(operand_bytes), target.shared_bytes_per_block_optin)
+                        self.assertLessEqual(tiles.registers(instruction, operand_bytes), target.registers_per_thread)
+                        self.assertTrue(tiles.copies_divide(operand_bytes))
+                        self.assertEqual([w % 16 for w in tiles.warp], [0, 0])
+                        self.assertEqual(tiles.block[2] % instruction[2], 0)
+                        self.assertLessEqual((tiles.warp[0] // 16) * (tiles.warp[1] // 8), 32)
+                        self.assertGreaterEqual(tiles.stages, 2)
+
+    def test_large_product_gets_large_tiles_and_a_deep_pipeline(self):
+        for target in (SM80, SM90):
+            tiles = choose_mma_tiles(4096, 4096, 4096, 1, 2, (16, 8, 16), 32, target)
+            self.assertEqual(tiles.warp, (64, 64))  # the most reuse of each fragment
+            self.assertGreaterEqual(tiles.block[0] * tiles.block[1], 128 * 128)
+            self.assertGreaterEqual(tiles.stages, 3)
+
+    def test_small_product_is_not_padded_to_large_tiles(self):
+        tiles = choose_mma_tiles(16, 16, 16, 1, 2, (16, 8, 16), 32, SM80)
+        self.assertEqual(tiles.block[:2], (16, 16))
+        self.assertEqual(tiles.threads, 32)
+        self.assertEqual(tiles.stages, 2)  # one k tile: nothing to prefetch
+
+    def test_few_tiles_spread_over_the_sms(self):
+        """512 x 512: 128 x 128 blocks would leave most of the 108 SMs idle; smaller ones fill them."""
+        tiles = choose_mma_tiles(512, 512, 4096, 1, 2, (16, 8, 16), 32, SM80)
+        self.assertGreaterEqual((512 // tiles.block[0]) * (512 // tiles.block[1]), 32)
+
+    def test_shared_memory_budget_bounds_the_pipeline(self):
+        """sm_90 has more shared memory a block than sm_80: the same product gets at least as deep a pipeline."""
+        a80, a90 = (choose_mma_tiles(8192, 8192, 8192, 1, 2, (16, 8, 16), 32, t) for t in (SM80, SM90))
+        self.assertGreaterEqual(a90.stages * a90.block[2], a80.stages * a80.block[2])
+        self.assertLessEqual(a80.shared_bytes(2), SM80.shared_bytes_per_block_optin)
+
+
+# (m, n, k, batch dims, operand, tiles, initial accumulator): tiles chosen to cover 1 to 8 warps, 2 to 4
+# stages, every k tile, edges in m, n and k, batches, and a non-zero fill.
+EMULATED = [
+    (40, 48, 72, (), "bf16", MmaTiles((32, 32, 32), (16, 16), 2), 0.0),
+    (64, 64, 64, (), "f16", MmaTiles((64, 64, 16), (32, 32), 3), 0.0),
+    (70, 40, 200, (), "bf16", MmaTiles((64, 32, 32), (32, 16), 4), 0.0),
+    (17, 24, 40, (3,), "bf16", MmaTiles((16, 16, 16), (16, 16), 3), 0.0),
+    (24, 32, 32, (2, 3), "f16", MmaTiles((32, 32, 32), (16, 16), 2), 0.0),
+    (128, 128, 64, (), "bf16", MmaTiles((128, 128, 32), (64, 64), 2), 0.0),
+    (48, 96, 160, (), "f16", MmaTiles((32, 64, 64), (16, 32), 3), 0.0),
+    (64, 256, 96, (), "bf16", MmaTiles((64, 256, 32), (32, 64), 2), 0.0),
+    (16, 16, 8, (), "bf16", MmaTiles((16, 16, 16), (16, 16), 4), 0.0),
+    (20, 16, 48, (), "bf16", MmaTiles((16, 16, 16), (16, 16), 2), 1.5),
+    (33, 40, 24, (2,), "tf32", MmaTiles((32, 32, 16), (16, 16), 3), 0.0),
+    (64, 64, 96, (), "tf32", MmaTiles((64, 64, 32), (32, 32), 2), 0.0),
+]
+
+
+# (image (n, h, w, c), kernel (kh, kw, f), stride, dilation, operand, tiles): implicit-GEMM convolutions
+# with m = n oh ow and k = kh kw c off the tile grid.
+EMULATED_CONVS = [
+    ((2, 7, 7, 16), (3, 3, 24), 1, 1, "bf16", MmaTiles((32, 16, 32), (16, 16), 3)),
+    ((1, 9, 11, 8), (3, 2, 16), 2, 1, "f16", MmaTiles((16, 16, 16), (16, 16), 2)),
+    ((2, 8, 8, 8), (2, 2, 32), 1, 2, "bf16", MmaTiles((32, 32, 32), (16, 16), 4)),
+    ((1, 6, 6, 4), (3, 3, 16), 1, 1, "tf32", MmaTiles((32, 16, 16), (16, 16), 3)),
+]
+
+
+class MmaKernelEmulationTest(parameterized.TestCase):
+    """The kernel's text run by tests/nvptx_emulator.py (ldmatrix, mma.sync, cp.async groups as the
+    PTX ISA defines them) against XLA's product or convolution of the same operands."""
+
+    @parameterized.parameters(*range(len(EMULATED)))
+    def test_product(self, case):
+        m, n, k, batch, operand, tiles, init = EMULATED[case]
+        rng = np.random.default_rng(case)
+        a, b = (_random_operand(rng, batch + s, operand) for s in ((m, k), (k, n)))
+        problem = MmaProblem(m, n, k, batch, operand, _instruction(operand), _types(a, b, batch + (m, n)), init)
+        c = _emulate(problem, tiles, a, b, batch + (m, n))
+        a, b = _tf32(a, operand), _tf32(b, operand)
+        expected = support.xla_cpu(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32) + init, a, b)
+        support.assert_close(self, [c], expected, msg=str(EMULATED[case]), **_tolerance("matmul"))
+
+    @parameterized.parameters(*range(len(EMULATED_CONVS)))
+    def test_convolution(self, case):
+        (n, h, w, c), (kh, kw, f), stride, dilation, operand, tiles = EMULATED_CONVS[case]
+        rng = np.random.default_rng(case)
+        image, kernel = _random_operand(rng, (n, h, w, c), operand), _random_operand(rng, (kh, kw, c, f), operand)
+        oh, ow = ((size - (k - 1) * dilation - 1) // stride + 1 for size, k in ((h, kh), (w, kw)))
+        window = ConvWindow((oh, ow), (kh, kw), c, (stride, stride), (dilation, dilation))
+        matrix = kernel.reshape(kh * kw * c, f)
+        problem = MmaProblem(n * oh * ow, f, kh * kw * c, (), operand, _instruction(operand),
+                             _types(image, matrix, (n * oh * ow, f)), 0.0, window)
+        result = _emulate(problem, tiles, image, matrix, (n * oh * ow, f)).reshape(n, oh, ow, f)
+        image, kernel = _tf32(image, operand), _tf32(kernel, operand)
+        expected = support.xla_cpu(lambda x, k: jax.lax.conv_general_dilated(
+            x, k, (stride, stride), "VALID", rhs_dilation=(dilation, dilation), preferred_element_type=jnp.float32,
+            dimension_numbers=("NHWC", "HWIO", "NHWC")), image, kernel)
+        support.assert_close(self, [result], expected, msg=str(EMULATED_CONVS[case]), **_tolerance("conv3x3"))
+
+
+def _random_operand(rng, shape, operand: str) -> np.ndarray:
+    return rng.standard_normal(shape).astype({"bf16": bf16, "f16": f16, "tf32": f32}[operand])
+
+
+def _instruction(operand: str) -> tuple[int, int, int]:
+    return (16, 8, 8) if operand == "tf32" else (16, 8, 16)
+
+
+def _types(a: np.ndarray, b: np.ndarray, c_shape) -> tuple[str, str, str]:
+    names = {np.dtype(bf16): "bf16", np.dtype(f16): "f16", np.dtype(f32): "f32"}
+    return tuple(f"memref<{'x'.join(map(str, shape))}x{names[np.dtype(dtype)]}>"
+                 for shape, dtype in ((a.shape, a.dtype), (b.shape, b.dtype), (c_shape, f32)))
+
+
+def _emulate(problem: MmaProblem, tiles: MmaTiles, a: np.ndarray, b: np.ndarray, c_shape) -> np.ndarray:
+    """C computed by the emulated kernel; it starts as NaN, so every element must be written."""
+    from mlir import ir
+    c = np.full(c_shape, np.nan, f32)
+    with ir.Context():
+        module = ir.Module.parse(kernel_function("kernel", problem, tiles))
+        body = module.body.operations[0].regions[0].blocks[0]
+        (launch,) = [op.operation for op in body.operations if op.operation.name == "gpu.launch"]
+        nvptx_emulator.run_launch(launch, dict(zip(body.arguments, (a, b, c))))
+    return c
+
+
+def _tf32(x: np.ndarray, operand: str) -> np.ndarray:
+    """What the tensor core reads of an f32 operand: its top 19 bits; other operands as they are."""
+    return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(f32) if operand == "tf32" else x
 
 
 @absltest.skipUnless(runtime.available(), "needs cuda-python and a CUDA GPU")

@@ -1,7 +1,8 @@
 """The NVIDIA target's last stages: linalg on buffers -> kernels -> NVVM -> PTX text.
 
-After ``passes.shared_stages``: parallel loops (mapping.py makes every piece of work a
-parallel loop and splits it into blocks of threads), upstream GPU mapping
+After ``passes.shared_stages``: products and convolutions on tensor cores (tensor_cores.py:
+each becomes a gpu.launch of mma.sync warps), parallel loops (mapping.py makes every piece
+of work a parallel loop and splits it into blocks of threads), upstream GPU mapping
 (gpu-map-parallel-loops: grid loop to blocks, thread loop to threads), kernel
 outlining, NVVM lowering, and gpu-module-to-binary, which leaves PTX text in a
 gpu.binary op per kernel. The host function is left with gpu.launch_func ops, from
@@ -9,11 +10,14 @@ which plan.py reads the launch plan.
 """
 from __future__ import annotations
 
+import functools
+
 from mlir import ir
 
 from polyblocks_jax.nvptx import mapping
 from polyblocks_jax.nvptx.host import VIEW_OPS
 from polyblocks_jax.nvptx.target import NvptxTarget
+from polyblocks_jax.nvptx.tensor_cores import use_tensor_cores
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import Stage
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
@@ -40,7 +44,9 @@ def mapping_stages(options: Options) -> list[Stage]:
 def nvptx_stages(options: Options, target: NvptxTarget, toolkit: str | None) -> list[Stage]:
     """Stages after the shared ones; ``toolkit`` is a CUDA root holding libdevice (math functions)."""
     toolkit_option = f" toolkit={toolkit}" if toolkit else ""
-    return mapping_stages(options) + [
+    return [
+        Stage("tensor-cores", functools.partial(use_tensor_cores, target=target)),
+    ] + mapping_stages(options) + [
         Stage("gpu-map", "func.func(gpu-map-parallel-loops, convert-parallel-loops-to-gpu), canonicalize"),
         Stage("sink-globals", sink_globals),
         Stage("outline",
@@ -50,7 +56,7 @@ def nvptx_stages(options: Options, target: NvptxTarget, toolkit: str | None) -> 
         Stage("nvvm",
               f"nvvm-attach-target{{chip={target.chip} features={target.ptx_features} O=3}}, "
               "gpu.module(expand-strided-metadata, lower-affine, convert-scf-to-cf, "
-              "convert-gpu-to-nvvm, canonicalize, reconcile-unrealized-casts)"),
+              "convert-nvgpu-to-nvvm, convert-gpu-to-nvvm, canonicalize, reconcile-unrealized-casts)"),
         Stage("ptx", f"gpu-module-to-binary{{format=isa{toolkit_option}}}"),
     ]
 
@@ -74,7 +80,7 @@ def sink_globals(module: ir.Module, options: Options) -> None:
         for user in list(walk(launch)):
             for i, operand in enumerate(user.operands):
                 chain = _global_chain(operand)
-                if chain and not _inside(chain[-1], launch):
+                if chain and not mapping.inside(chain[-1], launch):
                     user.operands[i] = _clone_chain(chain, start)
 
 
@@ -133,11 +139,3 @@ def merge_kernel_modules(module: ir.Module, options: Options) -> None:
             path = tuple(ir.SymbolRefAttr(launch.attributes["kernel"]).value)
             if path in renamed:
                 launch.attributes["kernel"] = ir.SymbolRefAttr.get([first_name, renamed[path]])
-
-
-def _inside(op: ir.Operation, ancestor: ir.Operation) -> bool:
-    while op is not None:
-        if op == ancestor:
-            return True
-        op = op.parent
-    return False

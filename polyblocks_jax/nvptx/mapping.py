@@ -26,10 +26,11 @@ from polyblocks_jax.errors import UnsupportedError
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.transform import walk
 
-# Ops that stay on the host: they only name or shape device buffers.
+# Ops that stay on the host: they only name or shape device buffers, or are kernels already
+# (scf.parallel becomes one; gpu.launch is one: the tensor-core products and convolutions).
 HOST_OPS = frozenset({
     "arith.constant", "memref.alloc", "memref.subview", "memref.expand_shape", "memref.collapse_shape",
-    "memref.reinterpret_cast", "memref.cast", "memref.get_global", "func.return", "scf.parallel"})
+    "memref.reinterpret_cast", "memref.cast", "memref.get_global", "func.return", "scf.parallel", "gpu.launch"})
 
 THREADS_PER_BLOCK = 256  # a multiple of the warp; 8 warps hide latency without exhausting registers
 
@@ -89,6 +90,15 @@ def _collect(module: ir.Module, name: str) -> list[ir.Operation]:
 
     module.operation.walk(visit)
     return found
+
+
+def inside(op: ir.Operation, ancestor: ir.Operation) -> bool:
+    """Whether ``op`` is ``ancestor`` or nested in it."""
+    while op is not None:
+        if op == ancestor:
+            return True
+        op = op.parent
+    return False
 
 
 def _top_level(op: ir.Operation, body: ir.Block) -> ir.Operation:

@@ -4,18 +4,22 @@ Looked up in order: ``$POLYBLOCKS_CUDA_ROOT``, ``ptxas`` on ``PATH`` (its real l
 through wrapper scripts), ``/usr/local/cuda``, and the pip wheels ``nvidia-cuda-nvcc``
 (ptxas) and ``nvidia-nvvm`` / ``nvidia-cuda-nvcc`` (libdevice). ``assemble`` runs ptxas on
 PTX text: it validates what gpu-module-to-binary emitted, and its error carries ptxas's
-message and the command that reproduces it.
+message and the command that reproduces it; ``usage`` also reads ptxas's resource report
+(registers, spills, shared memory per kernel).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import glob
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+from typing import Sequence
 
 from polyblocks_jax.errors import CompilationError
 
@@ -80,8 +84,32 @@ def find_toolkit() -> str | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelUsage:
+    """What ptxas reports of one kernel: registers a thread, spilled bytes, static shared memory."""
+    registers: int
+    spill_bytes: int
+    shared_bytes: int
+
+
 def assemble(ptx: str, chip: str, ptxas: str | None = None) -> bytes:
     """Assemble ``ptx`` for ``chip`` with ptxas; returns the cubin, raises PtxasError with the reason."""
+    return _run_ptxas(ptx, chip, ptxas)[0]
+
+
+def usage(ptx: str, chip: str, ptxas: str | None = None) -> dict[str, KernelUsage]:
+    """Assemble ``ptx`` and return ptxas's resource report (``-v``) per kernel entry."""
+    report = _run_ptxas(ptx, chip, ptxas, ["-v"])[1]
+    kernels: dict[str, KernelUsage] = {}
+    for name, body in re.findall(r"Compiling entry function '(\w+)'(.*?)(?=Compiling entry|\Z)", report, re.S):
+        number = lambda pattern: sum(int(n) for n in re.findall(pattern, body))  # noqa: E731
+        kernels[name] = KernelUsage(number(r"Used (\d+) registers"), number(r"(\d+) bytes spill stores"),
+                                    number(r"(\d+) bytes smem"))
+    return kernels
+
+
+def _run_ptxas(ptx: str, chip: str, ptxas: str | None, flags: Sequence[str] = ()) -> tuple[bytes, str]:
+    """(cubin, ptxas's report); raises PtxasError, keeping the PTX file, when ptxas rejects it."""
     ptxas = ptxas or find_ptxas()
     if ptxas is None:
         raise CompilationError("ptxas", f"ptxas not found: put it on PATH or set {ROOT_ENV}")
@@ -89,11 +117,11 @@ def assemble(ptx: str, chip: str, ptxas: str | None = None) -> bytes:
     source, cubin = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
     with open(source, "w") as f:
         f.write(ptx)
-    command = [ptxas, f"-arch={chip}", "-O3", source, "-o", cubin]
+    command = [ptxas, f"-arch={chip}", "-O3", *flags, source, "-o", cubin]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:  # keep the file so that the command can be rerun
         raise PtxasError((done.stderr or done.stdout).strip(), command, source)
     with open(cubin, "rb") as f:
         data = f.read()
     shutil.rmtree(tmp, ignore_errors=True)
-    return data
+    return data, done.stdout + done.stderr

@@ -36,13 +36,30 @@ class NvptxTarget:
     shared_bytes_per_sm: int
     registers_per_thread: int
     registers_per_sm: int
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
     l2_bytes: int
     mma_shapes: tuple[MmaShape, ...]
+    # Throughputs per SM and clock, for the tensor-core cost model (mma_tiles.py): multiply-adds
+    # of mma.sync on 16-bit operands (tf32 runs at half), bytes from L2, bytes from shared memory.
+    mma_fma_per_clock: int
+    l2_bytes_per_clock: int
+    shared_bytes_per_clock: int
 
     def hardware(self):
         """The description the shared cost models read: a thread's 128-bit loads, shared memory as L1."""
         from polyblocks_jax.passes.tiling import Hardware  # the compiler side only: it loads MLIR
         return Hardware(128, self.registers_per_thread, self.shared_bytes_per_block, self.l2_bytes)
+
+    def matrix_unit(self, tf32: bool = False):
+        """mma.sync as the shared description of matrix units; f32 operands map to it when ``tf32``."""
+        from polyblocks_jax.passes.matrix_units import MatrixUnit, TileShape, UnitOp  # the compiler side only
+        operands = {"bf16": "bf16", "f16": "f16", **({"tf32": "f32"} if tf32 else {})}
+        ops = tuple(UnitOp(operands[s.dtype], operands[s.dtype], "f32", TileShape(s.m, s.n, s.k))
+                    for s in self.mma_shapes if s.instruction == "mma.sync" and s.dtype in operands)
+        # tile_registers: accumulator fragments (m16n8, 4 registers a thread) one warp may hold,
+        # leaving registers for the operand fragments and addresses: a 64x64 warp tile.
+        return MatrixUnit("mma.sync", ops, tile_registers=32)
 
     def description(self) -> str:
         return f"polyblocks nvptx {self.chip}"
@@ -65,19 +82,22 @@ class NvptxTarget:
 
 _COMMON = dict(warp_size=32, max_threads_per_block=1024, max_block_dims=(1024, 1024, 64),
                max_grid_dims=(2**31 - 1, 65535, 65535), shared_bytes_per_block=48 << 10,
-               registers_per_thread=255, registers_per_sm=64 << 10)
+               registers_per_thread=255, registers_per_sm=64 << 10, max_threads_per_sm=2048,
+               max_blocks_per_sm=32, shared_bytes_per_clock=128)
 
 _MMA_SYNC = (MmaShape("mma.sync", "bf16", 16, 8, 16), MmaShape("mma.sync", "f16", 16, 8, 16),
              MmaShape("mma.sync", "tf32", 16, 8, 8))
 
 SM80 = NvptxTarget(chip="sm_80", ptx_features="+ptx80", sms=108, shared_bytes_per_block_optin=163 << 10,
-                   shared_bytes_per_sm=164 << 10, l2_bytes=40 << 20, mma_shapes=_MMA_SYNC, **_COMMON)
+                   shared_bytes_per_sm=164 << 10, l2_bytes=40 << 20, mma_shapes=_MMA_SYNC,
+                   mma_fma_per_clock=1024, l2_bytes_per_clock=36, **_COMMON)
 
 SM90 = NvptxTarget(chip="sm_90", ptx_features="+ptx80", sms=132, shared_bytes_per_block_optin=227 << 10,
                    shared_bytes_per_sm=228 << 10, l2_bytes=50 << 20,
                    mma_shapes=_MMA_SYNC + (MmaShape("wgmma", "bf16", 64, 256, 16),
                                            MmaShape("wgmma", "f16", 64, 256, 16),
-                                           MmaShape("wgmma", "tf32", 64, 256, 8)), **_COMMON)
+                                           MmaShape("wgmma", "tf32", 64, 256, 8)),
+                   mma_fma_per_clock=1024, l2_bytes_per_clock=40, **_COMMON)
 
 TARGETS = {t.chip: t for t in (SM80, SM90)}
 
