@@ -1,14 +1,29 @@
-"""Multi-level tiling and vectorization of matmuls, on tensors, through the transform dialect.
+"""Multi-level tiling, packing and vectorization of matmuls, on tensors, through the transform dialect.
 
-Choosing is separate from doing (as in IREE): ``choose_matmul_tiles`` is the analytical
-cost model, a pure function of the problem and the hardware description, testable on its
-own; ``tile_contractions`` writes each choice on its op as ``polyblocks.tiles`` (visible
-in dumps), then runs one transform script per distinct choice: cache tiles, register
-tiles, vectorization, contraction lowering to outer products, and hoisting of the
-accumulator out of the reduction loop (done on tensors, before bufferization, where
-hoisting works). With ``options.parallel`` the cache tiles of the parallel dims (batch,
-m, n) form an ``scf.forall`` whose iterations the host target may spread over its cores;
-the k tiles stay an ``scf.for`` inside it (they accumulate into one tile).
+Choosing is separate from doing (as in IREE): ``plan_matmul`` is the analytical cost model,
+a pure function of the problem and the hardware description, testable on its own;
+``tile_contractions`` writes each plan on its op as ``polyblocks.tiles`` (visible in
+dumps), then runs one transform script, a block per distinct plan applied to each op it marks.
+
+Shapes need not divide the register tile: each op is first split (``transform.structured.split``)
+into a main part whose rows and columns are multiples of the register tile and edge parts
+(the last ``m % mr`` rows, the last ``n % nr`` columns) with register tiles of their own, so
+every part has static shapes that its tiles divide, every vector is full and no mask is needed.
+Each part then gets, as in BLIS:
+
+- cache tiles: an ``scf.forall`` over (batch,) m and n tiles when parallel, an ``scf.for`` over
+  k tiles inside it, the last one peeled when kc does not divide k;
+- packing (``Options.packing``): per k tile, the B block is copied into contiguous register
+  panels ``[nc / nr][kc][nr]`` before the register loops, and per register row block the A
+  rows into one ``[mr][kc]`` panel (kept paddings of the register tile's operands, hoisted out
+  of the register loops they do not depend on): the kernel streams B from consecutive cache
+  lines, and rows of A a power of two apart no longer compete for the same L1 sets;
+- register tiles ``mr x nr`` over a k loop of one step (unrolled by four), vectorized; the
+  products become contractions lowered to FMAs (outer products), and the accumulators are
+  hoisted out of the k loop (on tensors, before bufferization, where hoisting works): a
+  ``mr x nr / lanes`` block of vector registers, the unroll-and-jam of the register tile.
+
+The vector patterns run on one part's loop nest at a time, not on the whole function.
 """
 from __future__ import annotations
 
@@ -17,10 +32,15 @@ import dataclasses
 from mlir import ir, passmanager
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.matrix_units import MatrixUnit
 from polyblocks_jax.passes.transform import apply_script, lower_vectors_and_hoist, walk
 
 TILE_ATTR = "polyblocks.tiles"
 _TILED_OPS = ("linalg.matmul", "linalg.batch_matmul")
+_ELEMENT_BYTES = {"f32": 4, "f64": 8}
+_ANY = "!transform.any_op"
+_FOR = '!transform.op<"scf.for">'
+_PACK_ROWS = 8  # rows of B copied per step of a packing loop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +50,7 @@ class Hardware:
     vector_registers: int
     l1_bytes: int
     l2_bytes: int
+    matrix_units: tuple[MatrixUnit, ...] = ()  # usable matrix units, preferred first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,22 +59,55 @@ class MatmulTiles:
     register: tuple[int, int, int]  # (m, n, 1) accumulator tile held in vector registers
 
 
-def choose_matmul_tiles(m: int, n: int, k: int, elem_bytes: int, hw: Hardware) -> MatmulTiles | None:
-    """Tile sizes for an (m x k) @ (k x n) product, or None when tiling would not pay.
+@dataclasses.dataclass(frozen=True)
+class MatmulPart:
+    """The block of the result ``size`` (rows, columns) from ``offset``, tiled by ``tiles``."""
+    offset: tuple[int, int]
+    size: tuple[int, int]
+    tiles: MatmulTiles
 
-    Register tile: two vectors of columns, and as many rows (dividing m) as leave registers free for the
-    B vectors and the broadcast A element. Cache tile: a k-panel of B (kc x nc) that fits in
-    half of L1 per register column block, and an A block (mc x kc) that fits in half of L2.
-    Every size divides its dimension, so no remainder loops or masks are needed.
-    """
+
+@dataclasses.dataclass(frozen=True)
+class MatmulPlan:
+    split: tuple[int, int]         # rows and columns covered by whole register tiles
+    parts: tuple[MatmulPart, ...]  # row blocks in order, each by column blocks in order
+
+
+def register_tile(m: int, elem_bytes: int, hw: Hardware) -> tuple[int, int]:
+    """(mr, nr): rows by columns of accumulators. Two vectors per row and as many rows as leave
+    registers for the two B vectors and a broadcast A element (6 x 16 f32 on AVX2, BLIS's
+    kernel); a matrix of one or two rows gets four vectors per row, for enough FMAs in flight."""
     lanes = hw.vector_bits // (8 * elem_bytes)
-    nr = 2 * lanes
-    if n % nr or k < 1:
-        return None
-    mr = _largest_divisor(m, max(1, min(8, (hw.vector_registers - 4) // 2)))
-    kc = _largest_divisor(k, max(1, hw.l1_bytes // 2 // (nr * elem_bytes)))
-    mc = _largest_multiple_divisor(m, mr, max(mr, hw.l2_bytes // 2 // (kc * elem_bytes)))
-    nc = _largest_multiple_divisor(n, nr, 8 * nr)
+    mr = min(m, (hw.vector_registers - 4) // 2)
+    return mr, (4 if mr <= 2 else 2) * lanes
+
+
+def plan_matmul(m: int, n: int, k: int, elem_bytes: int, hw: Hardware) -> MatmulPlan:
+    """Split the (m x k) @ (k x n) product into parts of whole register tiles, and tile each."""
+    mr, nr = register_tile(m, elem_bytes, hw)
+    split = (m - m % mr, n - n % nr)
+    rows = [(0, split[0], mr), (split[0], m % mr, m % mr)]
+    cols = [(0, split[1], nr), (split[1], n % nr, n % nr)]
+    return MatmulPlan(split, tuple(
+        MatmulPart((r0, c0), (rs, cs), choose_matmul_tiles(rs, cs, k, (rt, ct), elem_bytes, hw))
+        for r0, rs, rt in rows if rs for c0, cs, ct in cols if cs))
+
+
+def choose_matmul_tiles(m: int, n: int, k: int, register: tuple[int, int], elem_bytes: int,
+                        hw: Hardware) -> MatmulTiles:
+    """Cache tiles for a part whose m and n are multiples of the register tile ``(mr, nr)``.
+
+    kc: a register panel of B (kc x nr) in half of L1, with kc dividing k where a divisor
+    near the bound exists; nc: the packed B block (kc x nc) in half of L2, reused by every
+    row block; mc: as many rows as leave two row tiles or more for the cores (each row tile
+    packs the B blocks again, while A streams through its one-row-block panel). m and n tiles
+    divide their dims; k may leave a remainder (a peeled last k tile).
+    """
+    mr, nr = register
+    kc_max = max(1, hw.l1_bytes // 2 // (nr * elem_bytes))
+    kc = _divisor_near(k, kc_max) or -(-k // -(-k // kc_max))
+    nc = nr * _largest_divisor(n // nr, max(1, hw.l2_bytes // 2 // (kc * elem_bytes * nr)))
+    mc = mr * _largest_divisor(m // mr, max(1, m // mr // 2))
     return MatmulTiles((mc, nc, kc), (mr, nr, 1))
 
 
@@ -61,69 +115,200 @@ def _largest_divisor(n: int, limit: int) -> int:
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
-def _largest_multiple_divisor(n: int, step: int, limit: int) -> int:
-    candidates = [d for d in range(step, min(n, limit) + 1, step) if n % d == 0]
-    return max(candidates) if candidates else step
+def _divisor_near(n: int, limit: int) -> int | None:
+    """``n`` itself up to ``limit``, else a divisor of ``n`` in [limit / 2, limit], or None."""
+    if n <= limit:
+        return n
+    d = _largest_divisor(n, limit)
+    return d if 2 * d >= limit else None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Matmul:
+    """What a script needs to know of the ops it transforms."""
+    op_name: str
+    batched: bool
+    k: int
+    element: str  # "f32" or "f64"
+
+    def sizes(self, m: int, n: int, k: int, batch: int = 0) -> str:
+        """Tile sizes (or vector sizes) in loop order: (batch,) m, n, k."""
+        return ", ".join(map(str, ([batch] if self.batched else []) + [m, n, k]))
 
 
 def tile_contractions(module: ir.Module, options: Options, hw: Hardware) -> None:
-    """Annotate matmuls with the cost model's tiles, then tile and vectorize them."""
-    choices: dict[tuple[str, MatmulTiles], int] = {}
+    """Annotate matmuls with the cost model's plans, then split, tile and vectorize them."""
+    plans: dict[tuple[_Matmul, MatmulPlan], int] = {}
     for op in walk(module.operation):
-        tiles = _choose_for(op, hw)
-        if tiles is not None:
-            ident = choices.setdefault((op.name, tiles), len(choices))
+        planned = _plan_for(op, hw)
+        if planned is not None:
+            ident = plans.setdefault(planned, len(plans))
             op.attributes[TILE_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ident)
-    for (name, tiles), ident in choices.items():
-        apply_script(module, _script(name, ident, tiles, batched=name == "linalg.batch_matmul",
-                               parallel=options.parallel))
-    if choices:
+    if plans:
+        apply_script(module, _script(plans, options))
         # Folds the slices tiling left behind so that bufferization finds them in place.
         passmanager.PassManager.parse(
             "builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
             module.context).run(module.operation)
 
 
-def _choose_for(op: ir.Operation, hw: Hardware) -> MatmulTiles | None:
+def _plan_for(op: ir.Operation, hw: Hardware) -> tuple[_Matmul, MatmulPlan] | None:
+    """A static f32 or f64 matmul (operands and result of one type) and its plan, or None."""
     if op.name not in _TILED_OPS:
         return None
     types = [ir.RankedTensorType(v.type) for v in op.operands]
-    if any(not isinstance(t.element_type, ir.F32Type) for t in types):
-        return None  # f32 only for now; other dtypes keep the generic loop lowering
+    elements = {str(t.element_type) for t in types}
+    if len(elements) != 1 or not elements <= _ELEMENT_BYTES.keys() or not all(t.has_static_shape for t in types):
+        return None  # mixed, narrow or integer types keep the generic loop lowering
+    element = elements.pop()
     *_, m, k = types[0].shape
     n = types[1].shape[-1]
-    return choose_matmul_tiles(m, n, k, 4, hw)
+    if min(m, n, k) < 1:
+        return None
+    return (_Matmul(op.name, op.name == "linalg.batch_matmul", k, element),
+            plan_matmul(m, n, k, _ELEMENT_BYTES[element], hw))
 
 
-def _script(op_name: str, ident: int, t: MatmulTiles, batched: bool, parallel: bool) -> str:
-    lead = "1, " if batched else ""
-    reg = lead + ", ".join(map(str, t.register))
-    dims = 4 if batched else 3
-    handles = ", ".join(["!transform.any_op"] * dims)
+def _script(plans: dict[tuple[_Matmul, MatmulPlan], int], options: Options) -> str:
+    """One script for all plans."""
+    blocks = "".join(_plan_block(ident, matmul, plan, options) for (matmul, plan), ident in plans.items())
     return f"""
 module attributes {{transform.with_named_sequence}} {{
-  transform.named_sequence @main(%root: !transform.any_op {{transform.readonly}}) {{
-    %op = transform.structured.match ops{{["{op_name}"]}} attributes{{{TILE_ATTR} = {ident} : i64}} in %root
-      : (!transform.any_op) -> !transform.any_op
-{_cache_tiling(t, lead, parallel)}
-    %t2, %l2:{dims} = transform.structured.tile_using_for %t1 tile_sizes [{reg}]
-      : (!transform.any_op) -> (!transform.any_op, {handles})
-    transform.structured.vectorize %t2 : !transform.any_op
-    %f = transform.structured.match ops{{["func.func"]}} in %root : (!transform.any_op) -> !transform.any_op
-{lower_vectors_and_hoist()}
-    transform.yield
+  transform.named_sequence @main(%root: {_ANY} {{transform.readonly}}) {{
+{blocks}    transform.yield
   }}
 }}"""
 
 
-def _cache_tiling(t: MatmulTiles, lead: str, parallel: bool) -> str:
-    """Transform ops tiling ``%op`` into cache tiles ``%t1``: m/n tiles in an scf.forall when parallel."""
-    (mc, nc, kc), dims = t.cache, (4 if lead else 3)
-    if not parallel:
-        handles = ", ".join(["!transform.any_op"] * dims)
-        return (f"    %t1, %l1:{dims} = transform.structured.tile_using_for %op tile_sizes [{lead}{mc}, {nc}, {kc}]\n"
-                f"      : (!transform.any_op) -> (!transform.any_op, {handles})")
-    return (f"    %t0, %forall = transform.structured.tile_using_forall %op tile_sizes [{lead}{mc}, {nc}, 0]\n"
-            f"      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)\n"
-            f"    %t1, %l1 = transform.structured.tile_using_for %t0 tile_sizes [{'0, ' if lead else ''}0, 0, {kc}]\n"
-            f"      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
+def _plan_block(ident: int, matmul: _Matmul, plan: MatmulPlan, options: Options) -> str:
+    """Transform ops splitting and tiling each op marked ``ident``."""
+    lines, handles = _split(matmul, plan)
+    for i, (handle, part) in enumerate(zip(handles, plan.parts)):
+        outer, kernels = _cache_tiles(lines, f"%p{i}", handle, matmul, part, options.parallel)
+        for j, (kernel, kc) in enumerate(kernels):
+            _register_tiles(lines, f"%p{i}k{j}", kernel, matmul, part.tiles.register, kc, options.packing)
+        _lower(lines, outer)
+    body = "".join(f"      {line}\n" for line in lines)
+    return f"""    %ops{ident} = transform.structured.match ops{{["{matmul.op_name}"]}} attributes{{{TILE_ATTR} = {ident} : i64}}
+      in %root : ({_ANY}) -> {_ANY}
+    transform.foreach %ops{ident} : {_ANY} {{
+    ^bb0(%op: {_ANY}):
+{body}    }}
+"""
+
+
+def _split(matmul: _Matmul, plan: MatmulPlan) -> tuple[list[str], list[str]]:
+    """Transform ops splitting ``%op`` along m then n at ``plan.split``, and the handles of
+    the parts, in the order of ``plan.parts``."""
+    lead = 1 if matmul.batched else 0
+    lines: list[str] = []
+
+    def split(handle: str, name: str, at: int, dim: int, pieces: int) -> list[str]:
+        if pieces == 1:
+            return [handle]
+        lines.extend([f"{name} = transform.structured.split {handle} after {at} {{dimension = {dim}}} : {_ANY}",
+                      f"{name}_0, {name}_1 = transform.split_handle {name} : ({_ANY}) -> ({_ANY}, {_ANY})"])
+        return [f"{name}_0", f"{name}_1"]
+
+    rows = split("%op", "%rows", plan.split[0], lead, len({p.offset[0] for p in plan.parts}))
+    columns = len({p.offset[1] for p in plan.parts})
+    return lines, [h for r, row in enumerate(rows) for h in split(row, f"%cols{r}", plan.split[1], lead + 1, columns)]
+
+
+def _cache_tiles(lines: list[str], name: str, handle: str, matmul: _Matmul, part: MatmulPart,
+                 parallel: bool) -> tuple[str, list[tuple[str, int]]]:
+    """Append transform ops tiling the part ``handle`` into cache tiles; returns the handle of
+    the outermost loop, and those of the tiled ops with their k extents (two when the last k
+    tile is peeled)."""
+    mc, nc, kc = part.tiles.cache
+    if parallel:
+        lines.append(f"{name}c, {name}outer = transform.structured.tile_using_forall {handle} "
+                     f"tile_sizes [{matmul.sizes(mc, nc, 0, batch=1)}] : ({_ANY}) -> ({_ANY}, {_ANY})")
+    else:
+        lines += [_tile_for(f"{name}c", handle, matmul.sizes(mc, nc, 0, batch=1), 3 if matmul.batched else 2),
+                  f"{name}outer = transform.cast {name}c_loops#0 : {_ANY} to {_ANY}"]
+    outer = f"{name}outer"
+    if kc >= matmul.k:
+        return outer, [(f"{name}c", matmul.k)]
+    lines.append(_tile_for(f"{name}k", f"{name}c", matmul.sizes(0, 0, kc), 1))
+    if matmul.k % kc == 0:
+        return outer, [(f"{name}k", kc)]
+    lines += [f"{name}kf = transform.cast {name}k_loops#0 : {_ANY} to {_FOR}",
+              f"{name}main, {name}rest = transform.loop.peel {name}kf : ({_FOR}) -> ({_ANY}, {_ANY})"]
+    tiled = []
+    for loop, extent in ((f"{name}main", kc), (f"{name}rest", matmul.k % kc)):
+        # Folds the peeled bounds into static slice shapes.
+        lines.append(f"transform.apply_patterns to {loop} {{ transform.apply_patterns.canonicalization }} : {_ANY}")
+        lines.append(f"{loop}_op = transform.structured.match ops{{[\"{matmul.op_name}\"]}} in {loop}"
+                     f" : ({_ANY}) -> {_ANY}")
+        tiled.append((f"{loop}_op", extent))
+    return outer, tiled
+
+
+def _register_tiles(lines: list[str], name: str, handle: str, matmul: _Matmul,
+                    register: tuple[int, int, int], kc: int, packing: bool) -> None:
+    """Append transform ops tiling the cache tile ``handle`` (k extent ``kc``) into register
+    tiles (rows outer, columns inner), packing their operands, and vectorizing them with a k
+    step of one, unrolled by four."""
+    mr, nr, _ = register
+    lines.append(_tile_for(f"{name}r", handle, matmul.sizes(mr, nr, 0), 2))
+    kernel = f"{name}r"
+    if packing:
+        zeros = ", ".join([f"0.0 : {matmul.element}"] * 3)
+        lines += [
+            # Paddings that pad nothing, kept (nofold): copies of the register tile's operands...
+            f"{name}p, {name}pads, {name}copy = transform.structured.pad {name}r {{padding_values = [{zeros}], "
+            f"padding_dimensions = {list(range(4 if matmul.batched else 3))}, nofold_flags = [1, 1, 0], "
+            f"copy_back_op = \"none\"}} : ({_ANY}) -> ({_ANY}, {_ANY}, {_ANY})",
+            f"{name}pada = transform.get_producer_of_operand {name}p[0] : ({_ANY}) -> {_ANY}",
+            f"{name}padb = transform.get_producer_of_operand {name}p[1] : ({_ANY}) -> {_ANY}",
+            # ... hoisted out of the register loops they do not depend on: B's panels of
+            # the whole cache tile before both loops, A's panel of one row block before the
+            # column loop: each becomes contiguous, and no two rows share an L1 set.
+            f"{name}panelb = transform.structured.hoist_pad {name}padb by 2 loops : ({_ANY}) -> {_ANY}",
+            f"{name}panela = transform.structured.hoist_pad {name}pada by 1 loops : ({_ANY}) -> {_ANY}"]
+        rows = _largest_divisor(kc, _PACK_ROWS)
+        _copy_loop(lines, f"{name}b", f"{name}panelb", [0] * matmul.batched + [rows, 0],
+                   [1] * matmul.batched + [rows, nr], hoisted=True)
+        _copy_loop(lines, f"{name}a", f"{name}panela", [0] * matmul.batched + [1, 0],
+                   [1] * matmul.batched + [1, kc], hoisted=False)
+        kernel = f"{name}p"
+    lines += [_tile_for(f"{name}v", kernel, matmul.sizes(0, 0, 1), 1),
+              f"transform.structured.vectorize {name}v : {_ANY}",
+              f"transform.loop.unroll {name}v_loops#0 {{factor = 4}} : {_ANY}"]
+
+
+def _lower(lines: list[str], outer: str) -> None:
+    """Append transform ops lowering the vectors of the loop nest ``outer`` (patterns applied to
+    one nest at a time: applied to a whole model's function, some take quadratic time)."""
+    def patterns(*names: str) -> list[str]:
+        return ([f"transform.apply_patterns to {outer} {{"]
+                + [f"  transform.apply_patterns.{p}" for p in names] + [f"}} : {_ANY}"])
+    # A product summed over a k tile of one becomes a contraction, which lowers to FMAs
+    # (transfers first become broadcasts, which fold into the contraction); packing copies
+    # write straight into their panel.
+    lines += patterns("vector.transfer_permutation_patterns", "vector.reduction_to_contract",
+                      "tensor.fold_tensor_subset_ops_into_vector_transfers", "vector.lower_masked_transfers")
+    lines += [line.strip() for line in lower_vectors_and_hoist(target=outer).splitlines()]
+    # Unit dims gone now, so that later stages' vector patterns find nothing left to rewrite.
+    lines += patterns("vector.cast_away_vector_leading_one_dim", "canonicalization")
+
+
+def _copy_loop(lines: list[str], name: str, pad: str, tiles: list[int], vectors: list[int],
+               hoisted: bool) -> None:
+    """Append transform ops making the padding ``pad`` a loop of vector copies of ``vectors``
+    elements. ``hoisted``: the copy sits in a loop over panels, which it fills in place (not
+    a temporary then copied into it)."""
+    loops = sum(1 for t in tiles if t)
+    lines += [_tile_for(f"{name}copy", pad, ", ".join(map(str, tiles)), loops),
+              f"transform.structured.vectorize {name}copy vector_sizes [{', '.join(map(str, vectors))}] : {_ANY}"]
+    if hoisted:
+        lines += [f"{name}fill = transform.get_parent_op {name}copy_loops#0 {{op_name = \"scf.for\"}}"
+                  f" : ({_ANY}) -> {_ANY}",
+                  f"transform.bufferization.eliminate_empty_tensors {name}fill : {_ANY}"]
+
+
+def _tile_for(result: str, target: str, sizes: str, loops: int) -> str:
+    """``result`` = ``target`` tiled by ``sizes`` in ``loops`` scf.for (handles ``result_loops``)."""
+    return (f"{result}, {result}_loops:{loops} = transform.structured.tile_using_for {target} "
+            f"tile_sizes [{sizes}] : ({_ANY}) -> ({_ANY}, {', '.join([_ANY] * loops)})")

@@ -16,24 +16,40 @@ def walk(op: ir.Operation) -> Iterator[ir.Operation]:
                 yield from walk(child.operation)
 
 
+# Without the interpreter's expensive checks (on by default): they verify the whole payload
+# after every transform op, which makes a script's time quadratic in a model's size.
+_OPTIONS = interpreter.TransformOptions()
+_OPTIONS.expensive_checks = False
+
+
 def apply_script(module: ir.Module, script: str) -> None:
     """Run the ``transform.named_sequence`` of ``script`` (a module's text) on ``module``."""
     transform_module = ir.Module.parse(script, module.context)
     sequence = next(op for op in transform_module.body.operations
                     if op.operation.name == "transform.named_sequence")
-    interpreter.apply_named_sequence(module.operation, sequence, transform_module)
+    interpreter.apply_named_sequence(module.operation, sequence, transform_module, _OPTIONS)
 
 
-def lower_vectors_and_hoist(*extra_patterns: str) -> str:
-    """Script lines run on function ``%f`` after vectorization: contractions to outer products
-    (plus ``extra_patterns``), 1-D transfers, CSE, then the accumulator slices hoisted out of
-    every scf.for (on tensors, where hoisting works)."""
+def lower_vectors_and_hoist(*extra_patterns: str, target: str = "%f") -> str:
+    """Script lines run on ``target`` (function ``%f``, or a loop nest: patterns then rewrite
+    only the ops nested in it) after vectorization: contractions to outer products (plus
+    ``extra_patterns``), CSE, then the accumulator slices hoisted out of every scf.for (on
+    tensors, where hoisting works). Transfers stay as they are: on tensors no transfer
+    lowering applies, and its patterns take time quadratic in a function's size."""
     patterns = ["vector.lower_contraction lowering_strategy = outerproduct", *extra_patterns,
-                "vector.transfer_permutation_patterns", "vector.lower_transfer max_transfer_rank = 1",
-                "canonicalization"]
+                "vector.transfer_permutation_patterns", "canonicalization"]
     body = "".join(f"      transform.apply_patterns.{p}\n" for p in patterns)
-    return ("    transform.apply_patterns to %f {\n" + body + "    } : !transform.any_op\n"
-            "    transform.apply_cse to %f : !transform.any_op\n"
-            '    %for_loops = transform.structured.match ops{["scf.for"]} in %f'
+    loops = f"{target}_for_loops"
+    return (f"    transform.apply_patterns to {target} {{\n" + body + "    } : !transform.any_op\n"
+            f"    transform.apply_cse to {target} : !transform.any_op\n"
+            # Again after CSE: on a loop nest, patterns leave duplicate constants, which hide
+            # that a read is of the value just written (the accumulator's store-to-load).
+            f"    transform.apply_patterns to {target} {{\n"
+            "      transform.apply_patterns.canonicalization\n"
+            "    } : !transform.any_op\n"
+            f'    {loops} = transform.structured.match ops{{["scf.for"]}} in {target}'
             " : (!transform.any_op) -> !transform.any_op\n"
-            "    transform.loop.hoist_loop_invariant_subsets %for_loops : !transform.any_op")
+            # Constants the patterns made inside a loop move out first: hoisting needs
+            # loop-invariant offsets.
+            f"    transform.apply_licm to {loops} : !transform.any_op\n"
+            f"    transform.loop.hoist_loop_invariant_subsets {loops} : !transform.any_op")
