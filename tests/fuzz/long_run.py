@@ -94,6 +94,8 @@ def supervise(out: str, minutes: float, examples: int) -> dict:
              str(deadline), "--seed", str(next_seed), "--examples", str(examples)],
             stdout=subprocess.PIPE, text=True)
         for line in child.stdout:
+            if not line.startswith("{"):
+                continue  # hypothesis's own report of a failing example; the JSON lines are ours
             report = json.loads(line)
             totals["programs"] += report["programs"]
             totals["mismatches"] += report["new_failures"]

@@ -195,7 +195,7 @@ def _gen_scatter(p: _Program, x: int) -> None:
         return _gen_unary(p, x)
     idx = p.new_input(_shape(p.draw, 1, 1), "int32")
     upd = p.new_input(list(p.values[idx][0]) + list(shape[1:]), dtype)
-    fn = p.draw(st.sampled_from(("set", "add", "max", "min")))
+    fn = p.draw(st.sampled_from(("set", "max", "min") if dtype == "bool" else ("set", "add", "max", "min")))
     mode = p.draw(st.sampled_from(("drop", "clip")))
     p.add({"op": "scatter", "fn": fn, "x": x, "idx": idx, "upd": upd, "mode": mode}, shape, dtype)
 
