@@ -8,6 +8,7 @@ bench/results/ops-<machine>.json.
     python bench/ops.py                    # the issue's sizes
     python bench/ops.py --quick            # small sizes, seconds
     python bench/ops.py --ops conv3x3,attention --repeat 20
+    python bench/ops.py --ops matmul512,matmul1024 --no-save   # while iterating: no results file
     POLYBLOCKS_FLAGS=no-vectorize python bench/ops.py --tag no-vectorize
 """
 from __future__ import annotations
@@ -147,6 +148,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ops", default="", help="comma-separated subset of the ops (default: all)")
     parser.add_argument("--repeat", type=int, default=None, help="timed calls (default 10, 5 with --quick)")
     parser.add_argument("--tag", default="", help="suffix of the results file, e.g. no-vectorize")
+    parser.add_argument("--no-save", action="store_true", help="print the table only, write no results file")
     args = parser.parse_args(argv)
     args.repeat = args.repeat or (5 if args.quick else 10)
     known = cases(args.quick)
@@ -167,7 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{models.machine_slug()} ({models.cpu_name()}, {models.cores()} cores), "
           f"median of {args.repeat}, flags {os.environ.get('POLYBLOCKS_FLAGS', '') or '(default)'}")
     print(format_table(rows))
-    print(f"wrote {write_results(rows, args)}")
+    if not args.no_save:
+        print(f"wrote {write_results(rows, args)}")
 
 
 if __name__ == "__main__":
