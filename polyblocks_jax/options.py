@@ -26,7 +26,7 @@ _NOT_IN_KEY = frozenset({"dump_dir"})
 class Options:
     fusion: bool = True          # fuse elementwise producers into their consumers
     tiling: bool = True          # cache and register tiling + vectorization of matmuls
-    packing: bool = True         # tiled matmuls copy B panels into contiguous tiles (with tiling)
+    packing: bool = True         # tiled matmuls copy A and B panels into contiguous tiles (with tiling)
     parallel: bool = True        # large loop nests run on all cores (OpenMP); OMP_NUM_THREADS caps
     vectorize: bool = True       # register tiles + vectors for convolutions, elementwise ops, reductions
     opt_level: int = 2           # LLVM level; 3 costs 10-20x compile time on models for no speed
