@@ -89,8 +89,38 @@ class StageTest(absltest.TestCase):
         self.assertNotIn("math.exp", text)  # the polynomial, on vectors
         self.assertRegex(text, r"math\.floor %\w+ : vector<\d+xf32>")
 
+    def test_max_reduction_runs_on_vectors(self):
+        # The importer's max keeps the sign of zero in a select: reduced to a bare maximumf
+        # for the vectorizer, and no scalar max left behind.
+        text = _staged(lambda x: x.max(-1), np.zeros((4, 64), np.float32))
+        self.assertIn("vector.reduction <maximumf>", text)
+        self.assertNotRegex(text, r"arith\.maximumf .* : f32\n")
 
-class VectorizedResultsTest(parameterized.TestCase):
+    def test_polynomial_steps_contract_into_fmas(self):
+        text = _staged(jnp.exp, np.zeros((4, 64), np.float32))
+        self.assertRegex(text, r"arith\.mulf .* fastmath<contract> : vector<")
+        self.assertRegex(text, r"arith\.addf .* fastmath<contract> : vector<")
+
+
+class SignedZeroTest(parameterized.TestCase):
+    """Vectorized max/min reductions and maxima against XLA, signs of zero and NaN included
+    (``assert_allclose`` does not see the sign of a zero)."""
+
+    @parameterized.named_parameters(("row_max", lambda a: a.max(-1)), ("row_min", lambda a: a.min(-1)),
+                                    ("column_max", lambda a: a.max(0)), ("relu", lambda a: jnp.maximum(a, 0.0)))
+    def test_signs_of_zero(self, fn):
+        x = np.zeros((4, 64), np.float32)
+        x[0] = -0.0
+        x[1, ::2] = -0.0
+        x[2, 5] = np.nan
+        x[3] = -np.abs(np.random.default_rng(0).standard_normal(64))
+        x[3, 7] = -0.0
+        for options in (pb.Options(), pb.Options(vectorize=False)):
+            (actual,), (expected,) = support.polyblocks(fn, x, options=options), support.xla_cpu(fn, x)
+            np.testing.assert_array_equal(actual, expected)
+            np.testing.assert_array_equal(np.signbit(actual), np.signbit(expected))
+
+
     """Each program with vectorize on (serial and parallel tiles) and off."""
 
     def _check(self, fn, *args, **tolerance):

@@ -8,10 +8,13 @@ from __future__ import annotations
 import functools
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.conv_tiling import pointwise_convs_to_matmuls
 from polyblocks_jax.passes.copies import strided_copies_to_linalg
+from polyblocks_jax.passes.fusion import fuse_elementwise
 from polyblocks_jax.passes.matrix_forms import inline_matrix_units, map_matrix_units, select_unit
 from polyblocks_jax.passes.pipeline import Stage, run_stages
 from polyblocks_jax.passes.results import drop_aliased_results, prepare_results
+from polyblocks_jax.passes.tile_fusion import contractions_into_groups, tile_and_fuse
 from polyblocks_jax.passes.tiling import Hardware, tile_contractions
 from polyblocks_jax.passes.vectorize import vectorize_ops
 
@@ -27,12 +30,25 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
     # The unit is selected here: forcing one the target lacks fails before any stage runs.
     stages.append(Stage("matrix-units", functools.partial(
         map_matrix_units, unit=select_unit(options.matrix_unit, hardware.matrix_units))))
+    # Tile fusion is cache tiling of fused groups: with both fusion and tiling (GPU tiles are
+    # their target's own).
+    tile_fusion = options.fusion and options.tiling
+    if tile_fusion:
+        # An attention's two contractions become generics, left by the matmul tiling to the
+        # tile fusion that computes them with the softmax between them, a few rows at a time.
+        stages.append(Stage("fused-contractions", functools.partial(contractions_into_groups, hw=hardware)))
     if options.tiling:
+        # 1x1 convolutions are matmuls on the collapsed image: the matmul tiling takes them.
+        stages.append(Stage("pointwise-convs", pointwise_convs_to_matmuls))
         stages.append(Stage("tiling", functools.partial(tile_contractions, hw=hardware)))
     if options.fusion:
         # After tiling: upstream fusion would turn a matmul into a generic (folding the reshapes
         # around it) and fuse its elementwise producers into it, recomputing them n times.
-        stages.append(Stage("fusion", "func.func(linalg-fuse-elementwise-ops), canonicalize, cse"))
+        stages.append(Stage("fusion", fuse_elementwise))
+    if tile_fusion:
+        # Reductions with their producers and consumers, epilogues with their convolution:
+        # computed one tile at a time (one pass over memory per group).
+        stages.append(Stage("tile-fusion", functools.partial(tile_and_fuse, hw=hardware)))
     if options.vectorize:
         stages.append(Stage("vectorize", functools.partial(vectorize_ops, hw=hardware)))
     # The packed contractions sat in functions of their own, out of fusion's reach.

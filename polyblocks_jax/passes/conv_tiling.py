@@ -1,21 +1,32 @@
 """Register tiling and vectorization of 2-D NHWC convolutions, along channels.
 
-``choose_conv_tiles`` is the cost model: a register tile of output pixels along W by one
-or two vectors of output channels, accumulated over a block of input channels. The
-transform script tiles every loop to that block (kernel rows and columns to one), decomposes
-the 2-D convolution into a 1-D one, vectorizes it (outer products over input channels) and
-hoists the accumulators out of the kh/kw/c loops, like tiling.py's matmul recipe; the
-script is vectorize.py's, which applies these tiles.
+``choose_conv_tiles`` is the cost model: a register tile of output pixels along W by a few
+vectors of output channels, accumulated over a block of input channels; of the tiles that
+fit the registers, the one with the fewest estimated cycles per FMA (FMA throughput, loads,
+and the FMA latency each accumulator chain waits on). The transform script tiles every loop
+to that block (kernel rows and columns to one), decomposes the 2-D convolution into a 1-D
+one, vectorizes it (outer products over input channels) and hoists the accumulators out
+of the kh/kw/c loops, like tiling.py's matmul recipe; the script is vectorize.py's, which
+applies these tiles.
+
+A 1x1 convolution with unit strides is a matmul on the collapsed image:
+``pointwise_convs_to_matmuls`` (a stage before tiling) hands it to the matmul tiling.
 """
 from __future__ import annotations
 
 import dataclasses
 
 from mlir import ir
+from mlir.dialects import linalg, tensor
 
+from polyblocks_jax.options import Options
 from polyblocks_jax.passes.tiling import Hardware
+from polyblocks_jax.passes.transform import walk
 
 _MAX_INPUT_CHANNELS = 32  # input channels per step: bounds the unrolled outer products
+_MAX_VECTORS = 4          # vectors of output channels per pixel
+# Per core, as on current x86 cores with FMA: FMAs and loads issued per cycle, FMA latency.
+_FMA_PER_CYCLE, _LOADS_PER_CYCLE, _FMA_LATENCY = 2, 2, 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,18 +40,27 @@ def choose_conv_tiles(out_width: int, out_channels: int, in_channels: int, elem_
                       hw: Hardware, depthwise: bool = False) -> ConvTiles | None:
     """Tiles for an NHWC convolution, or None when the channels do not fill a vector.
 
-    Two vectors of channels when they divide the channel count; as many pixels as leave
-    registers for the kernel vectors and one broadcast input element; input channels: the
-    largest divisor up to a bound (each is one unrolled outer product per pixel).
+    Pixels (dividing the width) by vectors (dividing the channels), with registers left for
+    the kernel vectors and one input operand; input channels: the largest divisor up to a
+    bound (each is one unrolled outer product per pixel).
     """
     lanes = hw.vector_bits // (8 * elem_bytes)
-    vectors = 2 if out_channels % (2 * lanes) == 0 else 1 if out_channels % lanes == 0 else 0
-    if not vectors:
+    tiles = [(width, vectors) for vectors in range(1, _MAX_VECTORS + 1) if out_channels % (vectors * lanes) == 0
+             for width in range(1, out_width + 1) if out_width % width == 0
+             and width * vectors + vectors + 1 <= hw.vector_registers]
+    if not tiles:
         return None
-    free = hw.vector_registers - vectors - 1
-    width = _largest_divisor(out_width, max(1, free // vectors))
+    width, vectors = min(tiles, key=lambda t: (_cycles_per_fma(*t, depthwise), -t[0] * t[1]))
     reduce = 1 if depthwise else _largest_divisor(in_channels, _MAX_INPUT_CHANNELS)
     return ConvTiles(width, vectors * lanes, reduce)
+
+
+def _cycles_per_fma(width: int, vectors: int, depthwise: bool) -> float:
+    """Estimated cycles per FMA of a width x vectors register tile: the slowest of FMA issue,
+    loads (a kernel vector per pixel row, an input element broadcast per vector column, or
+    an input vector per FMA when depthwise), and the latency of each accumulator's chain."""
+    loads = 1 / width + (1 if depthwise else 1 / vectors)
+    return max(1 / _FMA_PER_CYCLE, loads / _LOADS_PER_CYCLE, _FMA_LATENCY / (width * vectors))
 
 
 def _largest_divisor(n: int, limit: int) -> int:
@@ -64,3 +84,40 @@ def loop_tiles(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozens
     if depthwise:
         return (1, 1, t.width, t.channels, 1, 1), frozenset({4, 5})
     return (1, 1, t.width, t.channels, 1, 1, t.reduce), frozenset({4, 5, 6})
+
+
+def pointwise_convs_to_matmuls(module: ir.Module, options: Options) -> None:
+    """Rewrite each f32 1x1 NHWC convolution with unit strides into a matmul on collapsed
+    shapes, (N*H*W x C) @ (C x F), so that the matmul cost model and tiling apply to it."""
+    for op in [o for o in walk(module.operation) if _is_pointwise(o)]:
+        with ir.InsertionPoint(op), op.location:
+            image, kernel, init = op.operands
+            n, h, w, f = ir.RankedTensorType(init.type).shape
+            c = ir.RankedTensorType(image.type).shape[-1]
+            rows = _collapse(image, [n * h * w, c], [[0, 1, 2], [3]])
+            weights = _collapse(kernel, [c, f], [[0, 1, 2], [3]])
+            acc = _collapse(init, [n * h * w, f], [[0, 1, 2], [3]])
+            product = linalg.matmul(rows, weights, outs=[acc])
+            result = tensor.ExpandShapeOp(init.type, product, _reassociation([[0, 1, 2], [3]]),
+                                          [], ir.DenseI64ArrayAttr.get([n, h, w, f])).result
+        op.results[0].replace_all_uses_with(result)
+        op.erase()
+
+
+def _is_pointwise(op: ir.Operation) -> bool:
+    if op.name != "linalg.conv_2d_nhwc_hwcf":
+        return False
+    types = [ir.RankedTensorType(v.type) for v in op.operands]
+    strides = list(ir.DenseIntElementsAttr(op.attributes["strides"]))
+    return (all(isinstance(t.element_type, ir.F32Type) and t.has_static_shape for t in types)
+            and list(types[1].shape[:2]) == [1, 1] and strides == [1, 1])
+
+
+def _collapse(value: ir.Value, shape: list[int], groups: list[list[int]]) -> ir.Value:
+    elem = ir.RankedTensorType(value.type).element_type
+    return tensor.CollapseShapeOp(ir.RankedTensorType.get(shape, elem), value, _reassociation(groups)).result
+
+
+def _reassociation(groups: list[list[int]]) -> ir.ArrayAttr:
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, d) for d in g]) for g in groups])

@@ -23,7 +23,7 @@ import dataclasses
 from mlir import ir, passmanager
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes import conv_tiling, vector_math
+from polyblocks_jax.passes import conv_tiling, signed_zeros, vector_math
 from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR
 from polyblocks_jax.passes.transform import apply_script, lower_vectors_and_hoist, walk
 
@@ -35,9 +35,10 @@ _COMBINERS = frozenset({
     "arith.addf", "arith.mulf", "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf",
     "arith.addi", "arith.muli", "arith.andi", "arith.ori", "arith.xori",
     "arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui"})
+_CONTRACTIBLE = ("arith.mulf", "arith.addf", "arith.subf")
 _MAX_CHUNK_VECTORS = 16  # an inner-reduction chunk: at most this many vectors in flight
 _ELEMENTWISE_VECTORS = 4  # vectors per step of an elementwise op
-_MAX_ROWS = 4            # accumulator rows of a reducing op's register tile ...
+REGISTER_ROWS = 4        # accumulator rows of a reducing op's register tile ...
 _ROW_VECTORS = 2         # ... by this many vectors: 8 accumulators, registers left for operands
 
 
@@ -69,7 +70,7 @@ def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware) -> tuple[
     # A register tile of accumulators: rows of the next result dim by a few vectors.
     if len(nest.result) > 1 and nest.result[-2] is not None and nest.result[-2] not in nest.reductions:
         row = nest.result[-2]
-        tiles[row] = max(r for r in range(1, _MAX_ROWS + 1) if nest.ranges[row] % r == 0)
+        tiles[row] = max(r for r in range(1, REGISTER_ROWS + 1) if nest.ranges[row] % r == 0)
     return _with(tiles, inner, _vector_block(nest.ranges[inner], lanes, _ROW_VECTORS))
 
 
@@ -88,21 +89,36 @@ def _with(tiles: list[int], dim: int, size: int | None) -> tuple[int, ...] | Non
 
 def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
     """Annotate each op a plan exists for with its tiles, then tile and vectorize them."""
-    choices: dict[tuple[str, tuple[int, ...], frozenset[int]], int] = {}
+    choices: dict[tuple[str, tuple[int, ...], frozenset[int], bool], int] = {}
     for op in walk(module.operation):
         plan = conv_tiling.loop_tiles(op, hw) or _plan(op, hw)
         if plan is not None:
-            ident = choices.setdefault((op.name, *plan), len(choices))
+            # an op that tile fusion put in an scf.forall already runs on all cores
+            parallel = options.parallel and not _in_forall(op)
+            if op.name in _VECTORIZED_OPS:
+                signed_zeros.plain_combiners(op)
+            ident = choices.setdefault((op.name, *plan, parallel), len(choices))
             op.attributes[VECTOR_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ident)
-    for (name, tiles, reductions), ident in choices.items():
-        apply_script(module, script(name, ident, tiles, reductions, options.parallel, decompose="conv" in name))
+    for (name, tiles, reductions, parallel), ident in choices.items():
+        apply_script(module, script(name, ident, tiles, reductions, parallel, decompose="conv" in name))
     if choices:
         _reassociate_reductions(module)
         vector_math.expand_vector_exps(module)
+        _contract_multiply_adds(module)
         passmanager.PassManager.parse(
             "builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
             module.context).run(module.operation)
+        signed_zeros.merge_zero_signs(module)  # after CSE, which lets it see the forms already there
         _private_inits(module)
+
+
+def _in_forall(op: ir.Operation) -> bool:
+    parent = op.parent
+    while parent is not None and parent.name != "func.func":
+        if parent.name == "scf.forall":
+            return True
+        parent = parent.parent
+    return False
 
 
 def _plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int]] | None:
@@ -134,6 +150,8 @@ def _vectorizable(op: ir.Operation) -> bool:
     for arg, value in zip(outputs, body[-1].operands):
         uses = list(arg.uses)
         owner = value.owner
+        if signed_zeros.is_signed_zero_combiner(arg, value):
+            continue
         if (len(uses) != 1 or not isinstance(owner, (ir.Operation, ir.OpView))
                 or owner.name not in _COMBINERS or uses[0].owner.operation != owner.operation):
             return False
@@ -260,3 +278,13 @@ def _reassociate_reductions(module: ir.Module) -> None:
     for op in walk(module.operation):
         if op.name == "vector.reduction" and isinstance(op.results[0].type, ir.FloatType):
             op.attributes["fastmath"] = reassoc
+
+
+def _contract_multiply_adds(module: ir.Module) -> None:
+    """Vector multiplies and adds may fuse into FMAs (one rounding instead of two), as XLA's
+    CPU backend allows everywhere: a polynomial step is then one instruction, not two."""
+    for op in walk(module.operation):
+        if op.name in _CONTRACTIBLE and isinstance(op.results[0].type, ir.VectorType):
+            flags = {f.strip() for f in str(op.attributes["fastmath"]).split("<")[1].rstrip(">").split(",")}
+            flags = (flags - {"none"}) | {"contract"}
+            op.attributes["fastmath"] = ir.Attribute.parse(f"#arith.fastmath<{','.join(sorted(flags))}>")

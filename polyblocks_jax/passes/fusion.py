@@ -1,0 +1,99 @@
+"""Elementwise fusion that never recomputes, reductions included.
+
+Upstream's linalg-fuse-elementwise-ops fuses a single-use elementwise producer into any
+linalg.generic consumer. Two gaps: reductions imported as linalg.reduce are no consumers
+(it only fuses into generics), and a producer fused into a contraction runs once per
+iteration of the loops its value does not depend on (a softmax's division by the row sum
+fused into P.V divides 64 times per element). So reductions are generalized first, and
+each producer whose fusion would recompute gets a second, temporary use for the pass's
+duration (it fuses single-use producers only; it has no hook for a cost function).
+"""
+from __future__ import annotations
+
+from mlir import ir, passmanager
+from mlir.dialects import func
+
+from polyblocks_jax.options import Options
+from polyblocks_jax.passes.transform import apply_script, walk
+
+_GENERALIZE_REDUCTIONS = """
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @main(%root: !transform.any_op {transform.readonly}) {
+    %reduce = transform.structured.match ops{["linalg.reduce"]} in %root : (!transform.any_op) -> !transform.any_op
+    %generic = transform.structured.generalize %reduce : (!transform.any_op) -> !transform.any_op
+    transform.yield
+  }
+}"""
+_RESHAPES = ("tensor.collapse_shape", "tensor.expand_shape")
+_KEEP = "polyblocks_fusion_keep"  # prefix of the callees of the temporary uses
+
+
+def fuse_elementwise(module: ir.Module, options: Options) -> None:
+    """Generalize reductions, then fuse elementwise producers wherever no work is repeated."""
+    apply_script(module, _GENERALIZE_REDUCTIONS)
+    keepers = _keep_recomputing_producers(module)
+    passmanager.PassManager.parse("builtin.module(func.func(linalg-fuse-elementwise-ops))",
+                                  module.context).run(module.operation)
+    for op in keepers:
+        op.erase()
+    passmanager.PassManager.parse("builtin.module(canonicalize, cse)", module.context).run(module.operation)
+
+
+def recomputes(producer: ir.Operation, consumer: ir.Operation, operand: int) -> bool:
+    """Whether fusing ``producer`` (an elementwise generic) into ``consumer`` as its operand
+    ``operand`` would repeat the producer's work: the consumer is a named op (fusion would
+    make it a generic, hiding it from the matmul and convolution tiling) or it has a
+    parallel loop that does not index this operand. Pure data movement (a body that yields an
+    input: broadcast, transpose) is free to fuse into generics."""
+    if consumer.name != "linalg.generic":
+        return consumer.name.startswith("linalg.") and consumer.name not in ("linalg.fill", "linalg.copy")
+    body = list(producer.regions[0].blocks[0].operations)
+    if len(body) == 1:
+        return False
+    iterators = str(consumer.attributes["iterator_types"]).split(",")
+    if not any("reduction" in it for it in iterators):
+        return False
+    used = ir.AffineMapAttr(ir.ArrayAttr(consumer.attributes["indexing_maps"])[operand]).value
+    dims = {e.position for e in used.results if isinstance(e, ir.AffineDimExpr)}
+    return any("parallel" in it and d not in dims for d, it in enumerate(iterators))
+
+
+def _keep_recomputing_producers(module: ir.Module) -> list[ir.Operation]:
+    """Give each elementwise producer whose fusion would recompute a temporary second use
+    (a call to a private declaration, erased with the returned ops afterwards)."""
+    keepers: list[ir.Operation] = []
+    declared: dict[str, ir.Operation] = {}
+    for op in list(walk(module.operation)):
+        if op.name != "linalg.generic" or len(op.results) != 1 or "reduction" in str(op.attributes["iterator_types"]):
+            continue
+        use = _final_use(op.results[0])
+        if use is not None and recomputes(op, *use):
+            value = op.results[0]
+            callee = _declaration(module, declared, value.type)
+            with ir.InsertionPoint.after(op), op.location:
+                keepers.append(func.CallOp([], ir.FlatSymbolRefAttr.get(callee), [value]).operation)
+    return keepers + [declared[name] for name in declared]
+
+
+def _final_use(value: ir.Value) -> tuple[ir.Operation, int] | None:
+    """The one consumer of ``value`` (through single-use reshapes) and the operand index."""
+    while True:
+        uses = list(value.uses)
+        if len(uses) != 1:
+            return None
+        user = uses[0].owner
+        if user.name not in _RESHAPES:
+            return user, uses[0].operand_number
+        value = user.results[0]
+
+
+def _declaration(module: ir.Module, declared: dict[str, ir.Operation], arg: ir.Type) -> str:
+    """The name of a private function taking ``arg``, declared once per type."""
+    for name, decl in declared.items():
+        if ir.TypeAttr(decl.attributes["function_type"]).value.inputs[0] == arg:
+            return name
+    name = f"{_KEEP}{len(declared)}"
+    with ir.InsertionPoint.at_block_begin(module.body), ir.Location.unknown():
+        decl = func.FuncOp(name, ir.FunctionType.get([arg], []), visibility="private")
+    declared[name] = decl.operation
+    return name

@@ -1,0 +1,111 @@
+"""Float max/min reductions through the vectorizer, keeping the sign of zero.
+
+The importer builds a float max as ``select(a == b, merge_bits(a, b), maximumf(a, b))``
+(AND of the bits for max, OR for min) because the host lowering's arith-expand turns
+``maximumf`` into a compare-and-select that orders -0.0 and +0.0 arbitrarily. The linalg
+vectorizer recognizes only a single combiner op, so a max reduction would stay scalar.
+``plain_combiners`` reduces such a reduction body to the bare ``maximumf`` before
+vectorization, and ``merge_zero_signs`` wraps every bare float max/min left after it in
+the importer's form again (vector reductions themselves become LLVM's
+``vector.reduce.fmaximum``, which orders zeros correctly).
+"""
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith
+
+from polyblocks_jax.passes.transform import walk
+
+_MERGES = {"arith.maximumf": "arith.andi", "arith.minimumf": "arith.ori"}
+
+
+def signed_zero_combiner(yielded: ir.Value) -> tuple[ir.Operation, list[ir.Operation]] | None:
+    """The ``maximumf``/``minimumf`` of the importer's signed-zero-aware max/min that
+    produces ``yielded`` and all the ops of that form, or None when it is not one."""
+    select = _producer(yielded, "arith.select")
+    if select is None:
+        return None
+    compare, merged, extremum = (_producer(v, name) for v, name in
+                                 zip(select.operands, ("arith.cmpf", "arith.bitcast", "arith.maximumf")))
+    extremum = extremum or _producer(select.operands[2], "arith.minimumf")
+    if compare is None or merged is None or extremum is None:
+        return None
+    merge = _producer(merged.operands[0], _MERGES[extremum.name])
+    operands = set(extremum.operands)
+    if (merge is None or ir.IntegerAttr(compare.attributes["predicate"]).value != arith.CmpFPredicate.OEQ
+            or set(compare.operands) != operands):
+        return None
+    bits = [_producer(v, "arith.bitcast") for v in merge.operands]
+    if any(b is None for b in bits) or {b.operands[0] for b in bits} != operands:
+        return None
+    return extremum, [select, compare, merged, merge, *bits, extremum]
+
+
+def is_signed_zero_combiner(accumulator: ir.BlockArgument, yielded: ir.Value) -> bool:
+    """Whether ``yielded`` is a signed-zero-aware max/min of ``accumulator`` and one other
+    value, the accumulator used by nothing else."""
+    match = signed_zero_combiner(yielded)
+    return match is not None and accumulator in match[0].operands \
+        and all(use.owner.operation in match[1] for use in accumulator.uses)
+
+
+def plain_combiners(op: ir.Operation) -> None:
+    """Make each signed-zero-aware max/min that ``op``'s body yields a bare maximumf/minimumf."""
+    block = op.regions[0].blocks[0]
+    terminator = list(block.operations)[-1]
+    for index, value in enumerate(list(terminator.operands)):
+        match = signed_zero_combiner(value)
+        if match is not None:
+            terminator.operands[index] = match[0].results[0]
+    _erase_dead(block)
+
+
+def merge_zero_signs(module: ir.Module) -> None:
+    """Wrap every bare float maximumf/minimumf in the signed-zero-aware form."""
+    for op in [o for o in walk(module.operation) if o.name in _MERGES]:
+        if _wrapped(op) or any(_nonzero_constant(v) for v in op.operands):
+            continue
+        a, b = op.operands
+        float_type = a.type
+        elem = ir.VectorType(float_type).element_type if isinstance(float_type, ir.VectorType) else float_type
+        int_elem = ir.IntegerType.get_signless(ir.FloatType(elem).width)
+        int_type = ir.VectorType.get(ir.VectorType(float_type).shape, int_elem) \
+            if isinstance(float_type, ir.VectorType) else int_elem
+        merge = arith.andi if op.name == "arith.maximumf" else arith.ori
+        with ir.InsertionPoint.after(op), op.location:
+            merged = arith.bitcast(float_type, merge(arith.bitcast(int_type, a), arith.bitcast(int_type, b)))
+            equal = arith.cmpf(arith.CmpFPredicate.OEQ, a, b)
+            select = arith.select(equal, merged, op.results[0])
+        op.results[0].replace_all_uses_except(select, select.owner.operation)
+
+
+def _wrapped(op: ir.Operation) -> bool:
+    uses = list(op.results[0].uses)
+    return len(uses) == 1 and uses[0].owner.name == "arith.select" \
+        and signed_zero_combiner(uses[0].owner.results[0]) is not None
+
+
+def _nonzero_constant(value: ir.Value) -> bool:
+    owner = value.owner
+    if not isinstance(owner, ir.OpView) or owner.operation.name != "arith.constant":
+        return False
+    attr = owner.operation.attributes["value"]
+    if isinstance(attr, ir.DenseElementsAttr):
+        if not attr.is_splat:
+            return False
+        attr = attr.get_splat_value()
+    return isinstance(attr, ir.FloatAttr) and ir.FloatAttr(attr).value != 0.0
+
+
+def _producer(value: ir.Value, name: str) -> ir.Operation | None:
+    owner = value.owner
+    if isinstance(owner, ir.OpView) and owner.operation.name == name:
+        return owner.operation
+    return None
+
+
+def _erase_dead(block: ir.Block) -> None:
+    """Erase side-effect-free ops of ``block`` whose results are unused, last first."""
+    for op in reversed(list(block.operations)[:-1]):
+        if op.operation.name.startswith("arith.") and all(not list(r.uses) for r in op.results):
+            op.operation.erase()

@@ -1,0 +1,308 @@
+"""Tile-and-fuse of producer/consumer loop nests: one pass over memory per fusion group.
+
+After elementwise fusion a softmax or a layernorm is still a chain of nests (reductions,
+then the elementwise ops that read their results), a convolution's epilogue (batch-norm
+scale and shift, activation, residual add) a nest of its own: each a pass over the whole
+tensor. Here the last op of such a chain (the root) is tiled along its outer parallel
+loops into an ``scf.forall``, and its producers are computed inside, one slice per tile
+(``transform.structured.fuse_into_containing_op``): a few rows of the softmax or the
+layernorm, one output row of the convolution, are produced and consumed while in cache.
+
+Choosing is separate from doing: ``fusion_groups`` picks the groups and the root's tile
+sizes (a producer joins when all its uses are in the group and the tiles slice it
+without overlap, so nothing is computed twice); ``tile_and_fuse`` marks the ops
+(``polyblocks.group`` on the root, ``polyblocks.member`` on the producers) and runs one
+transform script per group. The vectorize stage then tiles each fused op inside.
+
+Contractions are the matmul tiling's, except where a group does better: the two of an
+attention, with the softmax between them. ``contractions_into_groups`` (before the matmul
+tiling) makes those generic, so that the matmul tiling leaves them to their group.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from mlir import ir, passmanager
+
+from polyblocks_jax.options import Options
+from polyblocks_jax.passes.tiling import Hardware
+from polyblocks_jax.passes.transform import apply_script, walk
+from polyblocks_jax.passes.vectorize import REGISTER_ROWS
+
+ROOT_ATTR = "polyblocks.group"
+MEMBER_ATTR = "polyblocks.member"
+FUSED_CONTRACTION_ATTR = "polyblocks.fused_contraction"
+_CONTRACTIONS = ("linalg.matmul", "linalg.batch_matmul")
+# Ops a softmax between two contractions is made of, as imported (before elementwise fusion).
+_CHAIN_OPS = ("linalg.generic", "linalg.reduce", "tensor.collapse_shape", "tensor.expand_shape")
+_CHAIN_LENGTH = 64  # ops searched above a contraction for the chain
+_CONVS = ("linalg.conv_2d_nhwc_hwcf", "linalg.depthwise_conv_2d_nhwc_hwc")
+_MAX_ROWS = 8  # rows of the last tiled loop per tile: enough for a contraction's register tile
+_MIN_TILES = 16  # tiles per group: a few per thread to share out
+_MIN_TILE_BYTES = 8 << 10  # below, a tile's fixed costs (loop set-up, buffers) outweigh its work
+_MIN_COARSE_TILES = 4  # tiles enough to share out when stepping back to coarser ones
+
+
+@dataclasses.dataclass(frozen=True)
+class Nest:
+    """What grouping reads of a linalg op: loop extents, which loops reduce, and for each
+    operand the loop indexing each of its dims (None when the index is not a plain loop)."""
+    ranges: tuple[int, ...]
+    reductions: frozenset[int]
+    operands: tuple[tuple[int | None, ...], ...]  # inputs, then inits (one per result)
+
+
+@dataclasses.dataclass
+class Group:
+    root: ir.Operation
+    tiles: tuple[int, ...]            # tile size per root loop, 0: untiled
+    members: list[ir.Operation]
+
+
+def nest_of(op: ir.Operation) -> Nest | None:
+    """The loop nest of a fusible op on static tensors, or None."""
+    types = [v.type for v in op.operands]
+    if not all(isinstance(t, ir.RankedTensorType) and ir.RankedTensorType(t).has_static_shape
+               or not isinstance(t, ir.ShapedType) for t in types):
+        return None
+    shapes = [list(ir.RankedTensorType(t).shape) if isinstance(t, ir.RankedTensorType) else [] for t in types]
+    if op.name == "linalg.generic":
+        maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+        dims = [tuple(e.position if isinstance(e, ir.AffineDimExpr) else None for e in m.results) for m in maps]
+        rank = maps[0].n_dims
+        iterators = str(op.attributes["iterator_types"]).split(",")
+        reductions = frozenset(i for i, it in enumerate(iterators) if "reduction" in it)
+    elif op.name == "linalg.fill":
+        rank = len(shapes[1])
+        dims, reductions = [(), tuple(range(rank))], frozenset()
+    elif op.name in _CONVS:
+        # conv (n, oh, ow, f, kh, kw, c); depthwise (n, oh, ow, c, kh, kw): the window
+        # loops index the image with the output pixels, so no image dim is a plain loop.
+        depthwise = op.name != _CONVS[0]
+        rank = 6 if depthwise else 7
+        dims = [(0, None, None, 3 if depthwise else 6),
+                (4, 5, 3) if depthwise else (4, 5, 6, 3), (0, 1, 2, 3)]
+        reductions = frozenset({4, 5} if depthwise else {4, 5, 6})
+    else:
+        return None
+    ranges: list[int | None] = [None] * rank
+    for shape, operand_dims in zip(shapes, dims):
+        for size, d in zip(shape, operand_dims):
+            if d is not None:
+                ranges[d] = size
+    if any(r is None for r in ranges):
+        return None
+    return Nest(tuple(ranges), reductions, tuple(dims))
+
+
+def fusion_groups(func_body: ir.Block, hw: Hardware) -> list[Group]:
+    """Groups of the ops directly in ``func_body``, last ops first; each has a producer."""
+    ops = [op.operation for op in func_body.operations]
+    taken: set[ir.Operation] = set()
+    groups = []
+    for root in reversed(ops):
+        if root in taken or root.name not in ("linalg.generic", *_CONVS) or len(root.results) != 1:
+            continue
+        group = _grow(root, taken, hw)
+        if group is not None:
+            taken.update([root, *group.members])
+            groups.append(group)
+    return groups
+
+
+def _grow(root: ir.Operation, taken: set[ir.Operation], hw: Hardware) -> Group | None:
+    """The group under ``root`` with its root tiles, or None without producers to fuse.
+
+    Tiles: the root's outer parallel loops one by one (each tiled to 1), until the largest
+    op's slice per tile fits in half of L1 and there are enough tiles to share out; the last
+    tiled loop then takes as many rows as keep both. Tiling stops early where a tiled loop
+    would lose producers (one that does not index a producer's value would make every tile
+    recompute it), and steps back one loop where the rows left would be too little work per
+    tile (a prime row count) while the coarser slices still fit in half of L2."""
+    nest = nest_of(root)
+    if nest is None:
+        return None
+    parallel = [d for d in range(len(nest.ranges)) if d not in nest.reductions]
+    candidates = []
+    for count in range(1, len(parallel) + 1):
+        tiled = parallel[:count]
+        members = _members(root, nest, frozenset(tiled), taken)
+        if not any(m.name != "linalg.fill" for m in members) or candidates and len(members) < len(candidates[-1][1]):
+            break
+        candidates.append((tiled, members))
+        if (_row_bytes(root, members, nest, tiled) <= hw.l1_bytes // 2
+                and math.prod(nest.ranges[d] for d in tiled) >= _MIN_TILES):
+            break
+    if not candidates:
+        return None
+    tiled, members = candidates[-1]
+    steps = math.prod(nest.ranges[d] for d in tiled)
+    row = _row_bytes(root, members, nest, tiled)
+    limit = min(_MAX_ROWS, hw.l1_bytes // 2 // max(1, row))
+    inner = nest.ranges[tiled[-1]]
+    rows = max([r for r in range(1, limit + 1) if inner % r == 0 and steps // r >= _MIN_TILES] or [1])
+    if rows * row < _MIN_TILE_BYTES and len(candidates) > 1:
+        coarse, coarse_members = candidates[-2]
+        if _row_bytes(root, coarse_members, nest, coarse) <= hw.l2_bytes // 2 \
+                and math.prod(nest.ranges[d] for d in coarse) >= _MIN_COARSE_TILES:
+            tiled, members, rows = coarse, coarse_members, 1
+    tiles = tuple((rows if d == tiled[-1] else 1) if d in tiled else 0 for d in range(len(nest.ranges)))
+    return Group(root, tiles, members)
+
+
+def _row_bytes(root: ir.Operation, members: list[ir.Operation], nest: Nest, tiled: list[int]) -> int:
+    """Bytes of the largest result slice when every ``tiled`` loop of the root steps by one."""
+    steps = math.prod(nest.ranges[d] for d in tiled)
+    return max(_result_bytes(op) for op in [root, *members]) // steps
+
+
+def _members(root: ir.Operation, nest: Nest, tiled: frozenset[int],
+             taken: set[ir.Operation]) -> list[ir.Operation]:
+    """Producers computed per tile when ``tiled`` loops of ``root`` are tiled: all their
+    uses inside the group, and every tiled loop indexing the producer's value plainly."""
+    group: dict[ir.Operation, frozenset[int]] = {root: tiled}
+    nests = {root: nest}
+    changed = True
+    while changed:
+        changed = False
+        for consumer in list(group):
+            for index, value in enumerate(consumer.operands):
+                producer = value.owner
+                if not isinstance(producer, ir.OpView):
+                    continue
+                producer = producer.operation
+                if producer in taken or producer.parent != root.parent:
+                    continue
+                p_nest = nests.get(producer) or nest_of(producer)
+                if p_nest is None or len(producer.results) != 1:
+                    continue
+                loops = _producer_tiled_loops(nests[consumer], index, group[consumer], p_nest)
+                if producer in group:
+                    if loops != group[producer]:  # two tiles would need different slices
+                        return []
+                    continue
+                if loops is None or not all(u.owner.operation in group for u in producer.results[0].uses):
+                    continue
+                nests[producer], group[producer] = p_nest, loops
+                changed = True
+    return [op for op in group if op is not root]
+
+
+def _producer_tiled_loops(consumer: Nest, operand: int, tiled: frozenset[int],
+                          producer: Nest) -> frozenset[int] | None:
+    """The producer's loops that the consumer's tiling slices, or None when some tile would
+    need a producer slice shared with another tile (a tiled loop not indexing the operand
+    plainly) or a slice of a reduced loop."""
+    dims = consumer.operands[operand]
+    result_dims = producer.operands[-1]
+    loops = set()
+    for d in tiled:
+        if d not in dims:
+            return None
+        p_loop = result_dims[dims.index(d)]
+        if p_loop is None or p_loop in producer.reductions:
+            return None
+        loops.add(p_loop)
+    return frozenset(loops)
+
+
+def _result_bytes(op: ir.Operation) -> int:
+    t = ir.RankedTensorType(op.results[0].type)
+    width = t.element_type.width if hasattr(t.element_type, "width") else 32
+    return math.prod(t.shape) * max(1, width // 8)
+
+
+def tile_and_fuse(module: ir.Module, options: Options, hw: Hardware) -> None:
+    """Form the groups of every function, then tile each root and fuse its producers."""
+    i64 = ir.IntegerType.get_signless(64)
+    groups = []
+    for func_op in module.body.operations:
+        if func_op.operation.name == "func.func" and func_op.regions[0].blocks:
+            groups += fusion_groups(func_op.regions[0].blocks[0], hw)
+    for ident, group in enumerate(groups):
+        group.root.attributes[ROOT_ATTR] = ir.IntegerAttr.get(i64, ident)
+        for member in group.members:
+            member.attributes[MEMBER_ATTR] = ir.IntegerAttr.get(i64, ident)
+    if groups:
+        blocks = "".join(_group_block(ident, group.tiles, len(group.members)) for ident, group in enumerate(groups))
+        apply_script(module, "module attributes {transform.with_named_sequence} {\n"
+                     "  transform.named_sequence @main(%root: !transform.any_op {transform.readonly}) {\n"
+                     f"{blocks}    transform.yield\n  }}\n}}")
+        passmanager.PassManager.parse("builtin.module(canonicalize, cse)", module.context).run(module.operation)
+
+
+def _group_block(ident: int, tiles: tuple[int, ...], count: int) -> str:
+    """Script lines tiling root ``ident`` into an scf.forall and fusing its members into it,
+    consumers before producers (a producer is fused once per use inside; CSE in the loop
+    merges the copies)."""
+    g = f"%g{ident}"
+    return f"""    {g}_root = transform.structured.match attributes{{{ROOT_ATTR} = {ident} : i64}} in %root
+      : (!transform.any_op) -> !transform.any_op
+    {g}_members = transform.structured.match attributes{{{MEMBER_ATTR} = {ident} : i64}} in %root
+      : (!transform.any_op) -> !transform.any_op
+    {g}_each:{count} = transform.split_handle {g}_members : (!transform.any_op) -> ({', '.join(['!transform.any_op'] * count)})
+    {g}_ordered = transform.merge_handles {', '.join(f'{g}_each#{i}' for i in reversed(range(count)))} : !transform.any_op
+    {g}_tiled, {g}_forall = transform.structured.tile_using_forall {g}_root tile_sizes [{', '.join(map(str, tiles))}]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    {g}_fused, {g}_loop = transform.structured.fuse_into_containing_op {g}_ordered into {g}_forall
+      : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.apply_cse to {g}_loop : !transform.any_op
+"""
+
+
+def contractions_into_groups(module: ir.Module, options: Options, hw: Hardware) -> None:
+    """Generalize the contractions that tile fusion will compute inside a group of rows, so
+    that the matmul tiling leaves them: pairs where the first one's rows, through a row
+    reduction (a softmax), feed the second (attention). Tiled alone, the scores between them
+    would make two passes over memory; in a group, a few rows of them stay in cache while
+    the second contraction's operand (a head's values) stays in L2 for all rows. Only where
+    vectorization will take them: columns in whole vectors, rows for a register tile."""
+    marked = []
+    for op in walk(module.operation):
+        if op.name in _CONTRACTIONS:
+            first = _contraction_above_reduction(op.operands[0])
+            if first is not None and all(_vectorizable_contraction(c, hw) for c in (first, op)):
+                marked += [first, op]
+    for op in marked:
+        op.attributes[FUSED_CONTRACTION_ATTR] = ir.UnitAttr.get()
+    if marked:
+        apply_script(module, _GENERALIZE_MARKED)
+
+
+def _vectorizable_contraction(op: ir.Operation, hw: Hardware) -> bool:
+    result = ir.RankedTensorType(op.results[0].type)
+    *_, rows, columns = result.shape
+    lanes = hw.vector_bits // 32
+    return isinstance(result.element_type, ir.F32Type) and columns % lanes == 0 and rows % REGISTER_ROWS == 0
+
+
+def _contraction_above_reduction(value: ir.Value) -> ir.Operation | None:
+    """A contraction that produces ``value`` through a chain of elementwise ops, reshapes and
+    at least one reduction, or None."""
+    stack, seen = [(value, False)], set()
+    while stack and len(seen) < _CHAIN_LENGTH:
+        value, reduced = stack.pop()
+        owner = value.owner
+        if not isinstance(owner, ir.OpView) or (owner.operation, reduced) in seen:
+            continue
+        op = owner.operation
+        seen.add((op, reduced))
+        if op.name in _CONTRACTIONS:
+            if reduced:
+                return op
+        elif op.name in _CHAIN_OPS:
+            inputs = op.operands if op.name.startswith("tensor.") else op.operands[:len(op.operands) - len(op.results)]
+            stack += [(v, reduced or op.name == "linalg.reduce") for v in inputs]
+    return None
+
+
+_GENERALIZE_MARKED = f"""
+module attributes {{transform.with_named_sequence}} {{
+  transform.named_sequence @main(%root: !transform.any_op {{transform.readonly}}) {{
+    %ops = transform.structured.match attributes{{{FUSED_CONTRACTION_ATTR}}} in %root
+      : (!transform.any_op) -> !transform.any_op
+    %generic = transform.structured.generalize %ops : (!transform.any_op) -> !transform.any_op
+    transform.yield
+  }}
+}}"""

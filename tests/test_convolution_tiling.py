@@ -1,0 +1,79 @@
+"""Convolution tiling: the register-tile cost model, and 1x1 convolutions handed to the
+matmul tiling; results against XLA with tiling on and off.
+
+Tiled convolutions accumulate in another order than XLA: rtol/atol 1e-5.
+"""
+import functools
+
+import jax
+import numpy as np
+from absl.testing import absltest, parameterized
+from mlir import ir
+
+import polyblocks_jax as pb
+import support
+from polyblocks_jax import passes
+from polyblocks_jax.passes.conv_tiling import choose_conv_tiles
+from polyblocks_jax.passes.tiling import Hardware
+from polyblocks_jax.stablehlo_import import import_program
+
+AVX2 = Hardware(vector_bits=256, vector_registers=16, l1_bytes=32 << 10, l2_bytes=512 << 10)
+ACCUMULATE = dict(rtol=1e-5, atol=1e-5)
+_NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+class RegisterTileTest(parameterized.TestCase):
+    @parameterized.parameters((56, 64), (28, 64), (14, 128), (7, 256), (4, 512))
+    def test_enough_accumulators_to_hide_the_fma_latency(self, width, channels):
+        # ResNet's layers: a narrow image (7 pixels) still fills 7 or more accumulators.
+        t = choose_conv_tiles(width, channels, channels, 4, AVX2)
+        accumulators = t.width * t.channels // 8
+        self.assertGreaterEqual(accumulators, 7)
+        self.assertLessEqual(accumulators + t.channels // 8 + 1, AVX2.vector_registers)
+        self.assertEqual((width % t.width, channels % t.channels), (0, 0))
+
+    def test_depthwise_prefers_pixels(self):
+        # Each depthwise FMA loads its input vector: more pixels per kernel vector.
+        self.assertEqual(choose_conv_tiles(56, 64, 64, 4, AVX2, depthwise=True).width, 14)
+
+
+def _after_pointwise_stage(fn, *args) -> str:
+    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
+    options = pb.Options()
+    stages = passes.shared_stages(options, AVX2)
+    with ir.Context() as context, ir.Location.unknown():
+        module = import_program(lowered, context).module
+        passes.run_stages(module, stages[:[s.name for s in stages].index("pointwise-convs") + 1], options)
+        return str(module)
+
+
+class PointwiseConvTest(parameterized.TestCase):
+    def test_unit_stride_pointwise_conv_becomes_a_matmul(self):
+        x, w = np.zeros((2, 4, 8, 16), np.float32), np.zeros((1, 1, 16, 32), np.float32)
+        text = _after_pointwise_stage(functools.partial(
+            jax.lax.conv_general_dilated, window_strides=(1, 1), padding="VALID", dimension_numbers=_NHWC), x, w)
+        self.assertIn("linalg.matmul", text)
+        self.assertNotIn("linalg.conv_2d", text)
+
+    def test_strided_pointwise_conv_stays_a_convolution(self):
+        x, w = np.zeros((2, 4, 8, 16), np.float32), np.zeros((1, 1, 16, 32), np.float32)
+        text = _after_pointwise_stage(functools.partial(
+            jax.lax.conv_general_dilated, window_strides=(2, 2), padding="VALID", dimension_numbers=_NHWC), x, w)
+        self.assertIn("linalg.conv_2d_nhwc_hwcf", text)
+
+    @parameterized.named_parameters(("wide", (2, 4, 8, 24), (1, 1, 24, 32)),
+                                    ("narrow_output", (2, 5, 6, 16), (1, 1, 16, 3)),
+                                    ("with_bias_relu", (1, 8, 8, 16), (1, 1, 16, 16)))
+    def test_results(self, lhs_shape, rhs_shape):
+        rng = np.random.default_rng(sum(lhs_shape))
+        x, w = rng.standard_normal(lhs_shape, np.float32), rng.standard_normal(rhs_shape, np.float32)
+        b = rng.standard_normal(rhs_shape[-1], np.float32)
+
+        def fn(x, w, b):
+            return jax.nn.relu(jax.lax.conv_general_dilated(x, w, (1, 1), "VALID", dimension_numbers=_NHWC) + b)
+        for options in (pb.Options(), pb.Options(parallel=False), pb.Options(tiling=False)):
+            support.check_against_xla(self, fn, x, w, b, options=options, **ACCUMULATE)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,210 @@
+"""Fusion: elementwise producers into consumers (never into contractions, where they would
+be recomputed), reductions included, and tile-and-fuse groups (softmax, layernorm,
+attention, convolution epilogues) computed one tile at a time; results against XLA with
+fusion on and off, and a differential test over random fusible op chains.
+
+Fused reductions and contractions accumulate in another order than XLA: rtol/atol 1e-5.
+"""
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest, parameterized
+from mlir import ir
+
+import polyblocks_jax as pb
+import support
+from polyblocks_jax import passes
+from polyblocks_jax.passes import tile_fusion
+from polyblocks_jax.passes.tiling import Hardware
+from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.stablehlo_import import import_program
+
+AVX2 = Hardware(vector_bits=256, vector_registers=16, l1_bytes=32 << 10, l2_bytes=512 << 10)
+ACCUMULATE = dict(rtol=1e-5, atol=1e-5)
+_NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def _layernorm(x, scale, bias):
+    mean = x.mean(-1, keepdims=True)
+    y = (x - mean) * jax.lax.rsqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-6)
+    return jax.nn.gelu(y * scale + bias, approximate=False)
+
+
+def _attention(q, k, v):
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
+
+
+def _conv_epilogue(x, w, scale, shift, residual):
+    y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=_NHWC)
+    return jax.nn.relu(y * scale + shift + residual)
+
+
+def _after(stage: str, fn, *args, options: pb.Options = pb.Options()) -> ir.Module:
+    """The module after the shared stages up to ``stage`` (it keeps its context alive)."""
+    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
+    stages = passes.shared_stages(options, AVX2)
+    context = ir.Context()
+    with context, ir.Location.unknown():
+        module = import_program(lowered, context).module
+        passes.run_stages(module, stages[:[s.name for s in stages].index(stage) + 1], options)
+    return module
+
+
+def _top_level(module: ir.Module) -> list[str]:
+    body = module.body.operations[0].regions[0].blocks[0]
+    return [op.operation.name for op in body.operations]
+
+
+def _reducing_generics(op: ir.Operation) -> list[ir.Operation]:
+    return [o for o in walk(op) if o.name == "linalg.generic" and "reduction" in str(o.attributes["iterator_types"])]
+
+
+class ElementwiseFusionTest(absltest.TestCase):
+    def test_softmax_normalization_is_not_fused_into_the_contraction(self):
+        q = np.zeros((1, 2, 16, 8), np.float32)
+        module = _after("fusion", _attention, q, q, q, options=pb.Options(tiling=False))
+        contractions = [op for op in _reducing_generics(module.operation) if len(op.operands) == 3]
+        self.assertLen(contractions, 2)  # q.k and p.v: a third operand is the accumulator
+        for op in contractions:
+            self.assertNotIn("arith.divf", str(op))  # the division stays a nest of its own
+        self.assertNotIn("polyblocks_fusion_keep", str(module))  # the temporary uses are gone
+
+    def test_producers_fuse_into_reductions(self):
+        module = _after("fusion", lambda x: (jnp.exp(x) * 2).sum(-1), np.zeros((4, 16), np.float32))
+        (reduction,) = _reducing_generics(module.operation)
+        self.assertIn("math.exp", str(reduction))
+        self.assertNotIn("linalg.reduce", str(module))
+
+
+class TileFusionTest(parameterized.TestCase):
+    def test_layernorm_is_one_pass_over_rows(self):
+        x = np.zeros((2, 16, 64), np.float32)
+        module = _after("tile-fusion", _layernorm, x, x[0, 0], x[0, 0])
+        self.assertEqual([n for n in _top_level(module) if n.startswith(("linalg.", "scf."))], ["scf.forall"])
+        forall = next(o for o in walk(module.operation) if o.name == "scf.forall")
+        self.assertLen(_reducing_generics(forall), 2)  # mean and variance, per tile of rows
+
+    def test_attention_groups_rows_of_all_heads(self):
+        q = np.zeros((1, 2, 128, 16), np.float32)
+        module = _after("fusion", _attention, q, q, q)
+        body = module.body.operations[0].regions[0].blocks[0]
+        with module.context:
+            (group,) = tile_fusion.fusion_groups(body, AVX2)
+        self.assertEqual(group.tiles, (1, 1, 8, 0, 0))  # batch, head, 8 query rows; all keys
+        names = [m.name for m in group.members]
+        self.assertEqual(names.count("linalg.generic"), 6)  # q.k, scale, max, exp, sum, divide
+
+    def test_prime_row_count_takes_whole_heads(self):
+        # 37 rows divide only by 1: one-row tiles would be too little work each.
+        module = _after("fusion", lambda x: jax.nn.softmax(x, -1), np.zeros((2, 4, 37, 37), np.float32))
+        body = module.body.operations[0].regions[0].blocks[0]
+        with module.context:
+            (group,) = tile_fusion.fusion_groups(body, AVX2)
+        self.assertEqual(group.tiles, (1, 1, 0, 0))
+
+    def test_only_contractions_around_a_softmax_leave_the_matmul_tiling(self):
+        x, w = np.zeros((64, 32), np.float32), np.zeros((32, 64), np.float32)
+        alone = _after("fused-contractions", lambda a, b: jax.nn.softmax(a @ b, -1) @ b.T, x, w)
+        self.assertNotIn("linalg.matmul", str(alone))  # both generalized, for the group
+        tiled = _after("fused-contractions", lambda a, b: jax.nn.softmax(a @ b, -1) + 1, x, w)
+        self.assertIn("linalg.matmul", str(tiled))  # no second contraction: tiled on its own
+
+    def test_convolution_epilogue_runs_per_output_row(self):
+        x = np.zeros((2, 8, 16, 16), np.float32)
+        w = np.zeros((3, 3, 16, 16), np.float32)
+        module = _after("tile-fusion", _conv_epilogue, x, w, w[0, 0, 0], w[0, 0, 0], x)
+        forall = next(o for o in walk(module.operation) if o.name == "scf.forall")
+        self.assertIn("linalg.conv_2d_nhwc_hwcf", str(forall))
+        self.assertNotIn("linalg.conv_2d_nhwc_hwcf", "\n".join(_top_level(module)))
+
+    def test_producer_used_outside_the_group_stays_whole(self):
+        # exp(x) is also a result: computing it per tile and again whole would repeat it.
+        def fn(x):
+            e = jnp.exp(x)
+            return e, e / e.sum(-1, keepdims=True)
+        module = _after("tile-fusion", fn, np.zeros((32, 32), np.float32))
+        exps = [o for o in walk(module.operation) if o.name == "math.exp"]
+        self.assertLen(exps, 1)
+
+
+class FusedResultsTest(parameterized.TestCase):
+    """Each program with fusion on (parallel and serial tiles) and off."""
+
+    def _check(self, fn, *args):
+        for options in (pb.Options(), pb.Options(parallel=False), pb.Options(tiling=False),
+                        pb.Options(fusion=False)):
+            support.check_against_xla(self, fn, *args, options=options, **ACCUMULATE)
+
+    def test_layernorm_gelu(self):
+        rng = np.random.default_rng(0)
+        self._check(_layernorm, rng.standard_normal((2, 12, 64), np.float32),
+                    rng.standard_normal(64, np.float32), rng.standard_normal(64, np.float32))
+
+    def test_attention(self):
+        rng = np.random.default_rng(1)
+        self._check(_attention, *(rng.standard_normal((2, 2, 24, 16), np.float32) for _ in range(3)))
+
+    @parameterized.named_parameters(("3x3", (3, 3, 16, 16)), ("pointwise", (1, 1, 16, 16)),
+                                    ("odd_channels", (3, 3, 16, 5)))
+    def test_convolution_epilogue(self, kernel):
+        rng = np.random.default_rng(2)
+        x = rng.standard_normal((2, 6, 8, 16), np.float32)
+        out = (2, 6, 8, kernel[-1])
+        self._check(_conv_epilogue, x, rng.standard_normal(kernel, np.float32),
+                    rng.standard_normal(kernel[-1], np.float32), rng.standard_normal(kernel[-1], np.float32),
+                    rng.standard_normal(out, np.float32))
+
+    def test_reductions_over_outer_and_several_dims(self):
+        rng = np.random.default_rng(3)
+        x = rng.standard_normal((4, 6, 8, 16), np.float32)
+        self._check(lambda a: (a - a.mean((1, 2), keepdims=True)) * a.max(0), x)
+
+
+def _random_chain(rng: np.random.Generator, shape: tuple[int, ...]):
+    """A random program of fusible ops on one array: elementwise maps, broadcasts of a vector,
+    row and column reductions broadcast back, transposes; bounded values throughout."""
+    unary = [jnp.tanh, jnp.sin, lambda a: a * 0.5 + 1.0, jnp.abs, lambda a: jnp.exp(-a * a)]
+    steps = []
+    for _ in range(rng.integers(3, 7)):
+        kind = rng.integers(6)
+        if kind == 0:
+            steps.append(functools.partial(lambda f, a, v: f(a), unary[rng.integers(len(unary))]))
+        elif kind == 1:
+            steps.append(lambda a, v: a * v + v)
+        elif kind == 2:
+            steps.append(lambda a, v: a - a.max(-1, keepdims=True))
+        elif kind == 3:
+            steps.append(lambda a, v: a / (1.0 + jnp.abs(a).sum(-1, keepdims=True)))
+        elif kind == 4:
+            steps.append(lambda a, v: a - a.mean(0, keepdims=True))
+        else:
+            steps.append(lambda a, v: jnp.tanh(jnp.swapaxes(a, 0, 1).reshape(shape)))
+
+    def program(a, v):
+        a, outputs = jnp.tanh(a + v), []
+        for i, step in enumerate(steps):
+            a = step(a, v)
+            if i % 3 == 2:
+                outputs.append(a.sum(1))  # a second consumer: the value escapes the chain
+        return a, *outputs
+    return program
+
+
+class RandomChainTest(parameterized.TestCase):
+    @parameterized.parameters(range(8))
+    def test_random_fusible_chain(self, seed):
+        rng = np.random.default_rng(100 + seed)
+        shape = (8, 8, 24) if seed % 2 else (16, 16, 32)
+        fn = _random_chain(rng, shape)
+        x = rng.standard_normal(shape, np.float32)
+        v = rng.standard_normal(shape[-1], np.float32)
+        for options in (pb.Options(), pb.Options(fusion=False)):
+            support.check_against_xla(self, fn, x, v, options=options, **ACCUMULATE)
+
+
+if __name__ == "__main__":
+    absltest.main()
