@@ -235,7 +235,9 @@ def tile_and_fuse(module: ir.Module, options: Options, hw: Hardware) -> None:
 def _group_block(ident: int, tiles: tuple[int, ...], count: int) -> str:
     """Script lines tiling root ``ident`` into an scf.forall and fusing its members into it,
     consumers before producers (a producer is fused once per use inside; CSE in the loop
-    merges the copies)."""
+    merges the copies). A slice of an empty tensor becomes an empty tensor of the slice's
+    size: each tile's intermediates are tile-sized buffers that stay in cache, not slices
+    of whole-tensor buffers."""
     g = f"%g{ident}"
     return f"""    {g}_root = transform.structured.match attributes{{{ROOT_ATTR} = {ident} : i64}} in %root
       : (!transform.any_op) -> !transform.any_op
@@ -248,6 +250,9 @@ def _group_block(ident: int, tiles: tuple[int, ...], count: int) -> str:
     {g}_fused, {g}_loop = transform.structured.fuse_into_containing_op {g}_ordered into {g}_forall
       : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
     transform.apply_cse to {g}_loop : !transform.any_op
+    transform.apply_patterns to {g}_loop {{
+      transform.apply_patterns.tensor.fold_tensor_empty
+    }} : !transform.any_op
 """
 
 
