@@ -98,6 +98,16 @@ class TileFusionTest(parameterized.TestCase):
         names = [m.name for m in group.members]
         self.assertEqual(names.count("linalg.generic"), 6)  # q.k, scale, max, exp, sum, divide
 
+    def test_group_intermediates_are_tile_sized(self):
+        # Each tile's scores live in a buffer of the tile's size (in cache), not in a slice of
+        # a whole (batch, heads, queries, keys) tensor.
+        q = np.zeros((1, 2, 128, 16), np.float32)
+        module = _after("tile-fusion", _attention, q, q, q)
+        forall = next(o for o in walk(module.operation) if o.name == "scf.forall")
+        empties = [ir.RankedTensorType(o.results[0].type).shape for o in walk(forall) if o.name == "tensor.empty"]
+        self.assertIn([1, 1, 8, 128], empties)
+        self.assertTrue(all(shape[-2] <= 8 for shape in empties), empties)
+
     def test_prime_row_count_takes_whole_heads(self):
         # 37 rows divide only by 1: one-row tiles would be too little work each.
         module = _after("fusion", lambda x: jax.nn.softmax(x, -1), np.zeros((2, 4, 37, 37), np.float32))
