@@ -7,10 +7,11 @@ Two steps, on two machines:
   run (a CUDA GPU, jax with its CUDA plugin, cuda-python; no MLIR):
       python bench/gpu_check.py run --artifacts bench/results/gpu_artifacts --results bench/results/gpu.json
 
-``build`` compiles every case for sm_80 and sm_90 and writes each GpuExecutable
-(PTX + launch plan + signature, JSON) beside a manifest of the input shapes. ``run``
-loads the executable for the device's chip (sm_80 PTX is JIT-compiled by the driver on
-newer chips), makes seeded random inputs, runs XLA GPU on the same inputs in the same
+``build`` compiles every case for sm_80, sm_90 and sm_90a (Hopper's arch-specific PTX, with
+wgmma) and writes each GpuExecutable (PTX + launch plan + signature, JSON) beside a manifest
+of the input shapes. ``run`` loads the executable for the device's chip, the arch-specific one
+first (sm_90a on an H100; sm_80 PTX is JIT-compiled by the driver on newer chips), makes
+seeded random inputs, runs XLA GPU on the same inputs in the same
 process, compares the results (the "GPU tests") and times both (median of repeats,
 device-resident buffers, transfers excluded), then writes one results JSON.
 
@@ -27,9 +28,10 @@ What is not verified, stated plainly:
   package, which the build environment lacks.)
 - Matmuls and NHWC convolutions of bf16/f16 operands (and f32 ones under the precision=tf32 flag,
   the default here: XLA GPU's default precision for f32 dots and convolutions is TF32 on
-  sm_80 and newer) run as mma.sync kernels with a cp.async shared-memory pipeline; every
-  other op maps one thread to one output element, reductions inside the thread, and the
-  products' elementwise epilogues are separate kernels. The kernels were checked by ptxas
+  sm_80 and newer) run as mma.sync kernels (wgmma warpgroups for bf16/f16 on sm_90a) with a
+  cp.async shared-memory pipeline, and the elementwise op right after one (bias, activation,
+  residual, conversion) is computed on its accumulators; every other op maps one thread to
+  one output element, reductions inside the thread. The kernels were checked by ptxas
   and by an emulator of their instructions (tests/test_nvptx.py), never timed: whether
   the speed goals (70% of cuBLAS on the matmul, 1.0x XLA on the models) are met is what
   the first run will tell.
@@ -49,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-CHIPS = ("sm_80", "sm_90")
+CHIPS = ("sm_80", "sm_90", "sm_90a")
 TOLERANCE = {"float32": (1e-4, 1e-4), "bfloat16": (5e-2, 5e-2)}  # GPU math and summation order differ
 TF32_TOLERANCE = (2e-2, 2e-2)  # f32 products with 10-bit mantissas, on both sides, in different orders
 DEFAULT_FLAGS = "precision=tf32"     # the precision XLA GPU uses for f32 dots and convolutions by default
@@ -146,8 +148,8 @@ def run(artifacts: str, results: str, budget_s: float) -> None:
     device = runtime.device()
     with open(os.path.join(artifacts, "manifest.json")) as f:
         manifest = json.load(f)
-    chip = device.chip if os.path.exists(os.path.join(artifacts, f"{next(iter(manifest))}.{device.chip}.json")) \
-        else "sm_80"
+    chip = next((c for c in (device.chip + "a", device.chip)
+                 if os.path.exists(os.path.join(artifacts, f"{next(iter(manifest))}.{c}.json"))), "sm_80")
     report = {"device": jax.devices()[0].device_kind, "chip": device.chip, "ptx_for": chip, "cases": {}}
     deadline = time.perf_counter() + budget_s
     for name, entry in manifest.items():

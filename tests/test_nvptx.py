@@ -18,16 +18,17 @@ import nvptx_emulator
 import support
 from polyblocks_jax import cpu, passes
 from polyblocks_jax.errors import InvalidProgramError, PolyblocksError
-from polyblocks_jax.nvptx import SM80, SM90, GpuExecutable, compile as gpu_compile, lowering, ptx, runtime
+from polyblocks_jax.nvptx import SM80, SM90, SM90A, GpuExecutable, compile as gpu_compile, lowering, ptx, runtime
 from polyblocks_jax.nvptx.mma_kernel import ConvWindow, MmaProblem, kernel_function
-from polyblocks_jax.nvptx.mma_tiles import MmaTiles, choose_mma_tiles
+from polyblocks_jax.nvptx.mma_tiles import MmaTiles, WgmmaTiles, choose_mma_tiles, choose_wgmma_tiles
+from polyblocks_jax.nvptx.wgmma_kernel import wgmma_kernel_function
 from polyblocks_jax.options import Options
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from bench import flax_models  # noqa: E402
 
 CHIPS = ("sm_80", "sm_90")
-TARGETS = {"sm_80": SM80, "sm_90": SM90}
+TARGETS = {"sm_80": SM80, "sm_90": SM90, "sm_90a": SM90A}
 f32, f16, bf16 = np.float32, np.float16, ml_dtypes.bfloat16
 
 
@@ -195,7 +196,7 @@ def instruction_counts(text: str) -> dict[str, int]:
     return {name: len(re.findall(pattern, text)) for name, pattern in (
         ("mma", r"\bmma\.sync\.aligned\.(m16n8k\d+\.row\.col\.f32\.\w+\.\w+\.f32)"),
         ("ldmatrix", r"\bldmatrix\.sync\.aligned\.m8n8\.x4"), ("cp_async", r"\bcp\.async\.cg\.shared\.global"),
-        ("wait_group", r"\bcp\.async\.wait_group"))}
+        ("wait_group", r"\bcp\.async\.wait_group"), ("wgmma", r"\bwgmma\.mma_async\.sync"))}
 
 
 class TensorCoreTest(parameterized.TestCase):
@@ -253,6 +254,58 @@ class TensorCoreTest(parameterized.TestCase):
                 self.assertLessEqual(used.registers, TARGETS[exe.chip].registers_per_thread, kernel)
 
 
+class WgmmaTest(parameterized.TestCase):
+    """sm_90a: bf16/f16 products and convolutions become wgmma kernels (warpgroups of 128 threads,
+    shared memory within 227 KiB), read in the PTX and assembled by ptxas without spills."""
+
+    @parameterized.parameters(*sorted(name for name, case in MMA_PROGRAMS.items() if case[3] != "tf32"))
+    def test_wgmma_kernel_in_ptx(self, name):
+        fn, specs, flags, operand = MMA_PROGRAMS[name]
+        exe = gpu_compile.compile_gpu(_lowered(fn, *[np.ones(shape, dtype) for shape, dtype in specs]), "sm_90a",
+                                      Options.from_flags(flags))
+        check_executable(self, exe)
+        text = "\n".join(exe.ptx.values())
+        self.assertEqual(instruction_counts(text)["mma"], 0)
+        shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.(\w+)\.(\w+)", text))
+        self.assertNotEmpty(shapes)
+        for n, a, b in shapes:
+            self.assertEqual((a, b), (operand, operand))
+            self.assertIn(int(n), (64, 128, 192, 256))
+        (launch,) = [launch for launch in exe.plan.launches if launch.shared_bytes > 0]
+        self.assertIn(launch.block, [(128, 1, 1), (256, 1, 1)])  # one or two warpgroups
+        self.assertLessEqual(launch.shared_bytes, 227 << 10)
+        TensorCoreTest.assert_no_spills(self, exe)
+
+    def test_tf32_stays_on_mma_sync(self):
+        fn, specs, flags, _ = MMA_PROGRAMS["matmul_tf32"]
+        exe = gpu_compile.compile_gpu(_lowered(fn, *[np.ones(shape, dtype) for shape, dtype in specs]), "sm_90a",
+                                      Options.from_flags(flags))
+        text = "\n".join(exe.ptx.values())
+        self.assertGreater(instruction_counts(text)["mma"], 0)
+        self.assertNotIn("wgmma", text)
+
+    def test_benchmark_matmul_4096(self):
+        """The cost model's tile for bench/gpu_check.py's bf16 matmul, launched as chosen; per k tile, the k
+        loop issues bk / 16 wgmma between one fence, commit and wait; no spills."""
+        a = jax.ShapeDtypeStruct((4096, 4096), bf16)
+        exe = gpu_compile.compile_gpu(_lowered(lambda a, b: a @ b, a, a), "sm_90a")
+        check_executable(self, exe)
+        (launch,) = exe.plan.launches
+        tiles = choose_wgmma_tiles(4096, 4096, 4096, 1, 2, SM90A)
+        self.assertGreaterEqual(tiles.block[0] * tiles.block[1], 128 * 128)
+        self.assertGreaterEqual(tiles.stages, 3)
+        self.assertEqual(launch.block, (tiles.threads, 1, 1))
+        self.assertEqual(launch.grid, (4096 // tiles.block[1], 4096 // tiles.block[0], 1))
+        self.assertEqual(launch.shared_bytes, tiles.shared_bytes(2))
+        text = exe.ptx[launch.module]
+        self.assertLen(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tiles.block[1]}k16\.f32\.bf16", text),
+                       tiles.block[2] // 16)
+        for pattern in (r"wgmma\.fence\.sync\.aligned", r"wgmma\.commit_group", r"wgmma\.wait_group\.sync\.aligned",
+                        r"fence\.proxy\.async\.shared::cta"):
+            self.assertLen(re.findall(pattern, text), 1, pattern)
+        TensorCoreTest.assert_no_spills(self, exe)
+
+
 class TensorCoreMatchingTest(absltest.TestCase):
     """Which products on buffers become kernels: the accumulator must hold a known constant."""
 
@@ -294,6 +347,67 @@ class TensorCoreMatchingTest(absltest.TestCase):
         self.assertLen(launches, 3)
 
 
+class EpilogueMatchingTest(absltest.TestCase):
+    """Which consumers of a product the kernel computes: elementwise ones, reached without a write to
+    the product's operands on the way."""
+
+    PROGRAM = """
+    #id = affine_map<(d0, d1) -> (d0, d1)>
+    #col = affine_map<(d0, d1) -> (d1)>
+    #row = affine_map<(d0, d1) -> (d0)>
+    func.func @main(%a: memref<32x64xbf16>, %b: memref<64x32xbf16>, %bias: memref<32xf32>,
+                    %o1: memref<32x32xbf16>, %o2: memref<32x32xf32>, %o3: memref<32xf32>, %other: memref<32xf32>) {
+      %zero = arith.constant 0.0 : f32
+      %c1 = memref.alloc() : memref<32x32xf32>
+      linalg.fill ins(%zero : f32) outs(%c1 : memref<32x32xf32>)
+      linalg.matmul ins(%a, %b : memref<32x64xbf16>, memref<64x32xbf16>) outs(%c1 : memref<32x32xf32>)
+      linalg.fill ins(%zero : f32) outs(%other : memref<32xf32>)
+      linalg.generic {indexing_maps = [#id, #col, #id], iterator_types = ["parallel", "parallel"], name = "bias_relu"}
+          ins(%c1, %bias : memref<32x32xf32>, memref<32xf32>) outs(%o1 : memref<32x32xbf16>) {
+      ^bb0(%x: f32, %y: f32, %out: bf16):
+        %s = arith.addf %x, %y : f32
+        %r = arith.maximumf %s, %zero : f32
+        %t = arith.truncf %r : f32 to bf16
+        linalg.yield %t : bf16
+      }
+      %c2 = memref.alloc() : memref<32x32xf32>
+      linalg.fill ins(%zero : f32) outs(%c2 : memref<32x32xf32>)
+      linalg.matmul ins(%a, %b : memref<32x64xbf16>, memref<64x32xbf16>) outs(%c2 : memref<32x32xf32>)
+      %bf = arith.constant 1.0 : bf16
+      linalg.fill ins(%bf : bf16) outs(%a : memref<32x64xbf16>)
+      linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"], name = "after_a_written"}
+          ins(%c2 : memref<32x32xf32>) outs(%o2 : memref<32x32xf32>) {
+      ^bb0(%x: f32, %out: f32):
+        %r = arith.maximumf %x, %zero : f32
+        linalg.yield %r : f32
+      }
+      %c3 = memref.alloc() : memref<32x32xf32>
+      linalg.fill ins(%zero : f32) outs(%c3 : memref<32x32xf32>)
+      linalg.matmul ins(%a, %b : memref<32x64xbf16>, memref<64x32xbf16>) outs(%c3 : memref<32x32xf32>)
+      linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"], name = "row_sum"}
+          ins(%c3 : memref<32x32xf32>) outs(%o3 : memref<32xf32>) {
+      ^bb0(%x: f32, %out: f32):
+        %r = arith.addf %x, %out : f32
+        linalg.yield %r : f32
+      }
+      return
+    }"""
+
+    def test_elementwise_consumers_reached_without_writes_to_the_operands_are_fused(self):
+        from mlir import ir
+        from polyblocks_jax.nvptx.tensor_cores import use_tensor_cores
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(self.PROGRAM)
+            use_tensor_cores(module, Options(), SM80)
+            ops = [op.operation for op in module.body.operations[0].regions[0].blocks[0].operations]
+            left = [ir.StringAttr(op.attributes["name"]).value for op in ops if op.name == "linalg.generic"]
+            names = [op.name for op in ops]
+        self.assertEqual(left, ["after_a_written", "row_sum"])
+        self.assertEqual(names.count("gpu.launch"), 3)
+        # The first kernel moved past the fill of an unrelated buffer, to its consumer's place.
+        self.assertLess(names.index("linalg.fill"), names.index("gpu.launch"))
+
+
 class MmaTilesTest(absltest.TestCase):
     """The cost model on its own: choices within the chip's budgets, and the expected ones."""
 
@@ -331,6 +445,18 @@ class MmaTilesTest(absltest.TestCase):
         tiles = choose_mma_tiles(512, 512, 4096, 1, 2, (16, 8, 16), 32, SM80)
         self.assertGreaterEqual((512 // tiles.block[0]) * (512 // tiles.block[1]), 32)
 
+    def test_wgmma_choices_fit_the_budgets(self):
+        for m, n, k, batch in [(4096, 4096, 4096, 1), (100, 40, 72, 1), (64, 64, 16, 1), (2048, 64, 64, 16),
+                               (6272, 128, 1152, 1), (64, 50000, 64, 1)]:
+            tiles = choose_wgmma_tiles(m, n, k, batch, 2, SM90A)
+            with self.subTest(shape=(m, n, k, batch)):
+                self.assertIn(tiles.threads, (128, 256))
+                self.assertEqual(tiles.block[2], 64)  # one 128-byte swizzled row
+                self.assertIn(tiles.block[1], (64, 128, 192, 256))
+                self.assertLessEqual(tiles.shared_bytes(2), SM90A.shared_bytes_per_block_optin)
+                self.assertLessEqual(tiles.registers((64, tiles.block[1], 16), 2), SM90A.registers_per_thread)
+                self.assertTrue(tiles.copies_divide(2))
+
     def test_shared_memory_budget_bounds_the_pipeline(self):
         """sm_90 has more shared memory a block than sm_80: the same product gets at least as deep a pipeline."""
         a80, a90 = (choose_mma_tiles(8192, 8192, 8192, 1, 2, (16, 8, 16), 32, t) for t in (SM80, SM90))
@@ -353,6 +479,11 @@ EMULATED = [
     (20, 16, 48, (), "bf16", MmaTiles((16, 16, 16), (16, 16), 2), 1.5),
     (33, 40, 24, (2,), "tf32", MmaTiles((32, 32, 16), (16, 16), 3), 0.0),
     (64, 64, 96, (), "tf32", MmaTiles((64, 64, 32), (32, 32), 2), 0.0),
+    # wgmma (sm_90a): 1 or 2 warpgroups, n of 64 to 256 (several 64-column panels of B), edges in m, n, k.
+    (64, 64, 64, (), "bf16", WgmmaTiles((64, 64, 64), (16, 64), 2), 0.0),
+    (100, 72, 200, (), "f16", WgmmaTiles((64, 128, 64), (16, 128), 3), 0.0),
+    (130, 256, 96, (), "bf16", WgmmaTiles((128, 256, 64), (16, 256), 2), 0.5),
+    (40, 192, 136, (2,), "bf16", WgmmaTiles((64, 192, 64), (16, 192), 4), 0.0),
 ]
 
 
@@ -363,12 +494,14 @@ EMULATED_CONVS = [
     ((1, 9, 11, 8), (3, 2, 16), 2, 1, "f16", MmaTiles((16, 16, 16), (16, 16), 2)),
     ((2, 8, 8, 8), (2, 2, 32), 1, 2, "bf16", MmaTiles((32, 32, 32), (16, 16), 4)),
     ((1, 6, 6, 4), (3, 3, 16), 1, 1, "tf32", MmaTiles((32, 16, 16), (16, 16), 3)),
+    ((2, 7, 7, 16), (3, 3, 24), 1, 1, "bf16", WgmmaTiles((64, 64, 64), (16, 64), 3)),
 ]
 
 
 class MmaKernelEmulationTest(parameterized.TestCase):
-    """The kernel's text run by tests/nvptx_emulator.py (ldmatrix, mma.sync, cp.async groups as the
-    PTX ISA defines them) against XLA's product or convolution of the same operands."""
+    """The kernel's text run by tests/nvptx_emulator.py (ldmatrix, mma.sync, wgmma through its
+    descriptors and swizzle, cp.async groups as the PTX ISA defines them) against XLA's product or
+    convolution of the same operands."""
 
     @parameterized.parameters(*range(len(EMULATED)))
     def test_product(self, case):
@@ -418,7 +551,8 @@ def _emulate(problem: MmaProblem, tiles: MmaTiles, a: np.ndarray, b: np.ndarray,
     from mlir import ir
     c = np.full(c_shape, np.nan, f32)
     with ir.Context():
-        module = ir.Module.parse(kernel_function("kernel", problem, tiles))
+        text = (wgmma_kernel_function if isinstance(tiles, WgmmaTiles) else kernel_function)("kernel", problem, tiles)
+        module = ir.Module.parse(text)
         body = module.body.operations[0].regions[0].blocks[0]
         (launch,) = [op.operation for op in body.operations if op.operation.name == "gpu.launch"]
         nvptx_emulator.run_launch(launch, dict(zip(body.arguments, (a, b, c))))
@@ -428,6 +562,73 @@ def _emulate(problem: MmaProblem, tiles: MmaTiles, a: np.ndarray, b: np.ndarray,
 def _tf32(x: np.ndarray, operand: str) -> np.ndarray:
     """What the tensor core reads of an f32 operand: its top 19 bits; other operands as they are."""
     return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(f32) if operand == "tf32" else x
+
+
+# name -> (function, argument shapes and dtypes): products and convolutions with elementwise consumers
+# (bias, activations, scale and shift, residual, conversion) that the kernel computes on its accumulators.
+FUSED_PROGRAMS = {
+    "matmul_bias_relu_bf16": (lambda a, b, bias: jax.nn.relu(a @ b + bias),
+                              [((100, 72), bf16), ((72, 40), bf16), ((40,), bf16)]),
+    "matmul_gelu_tanh_to_bf16": (lambda a, b: jax.nn.gelu(jnp.matmul(a, b, preferred_element_type=f32),
+                                                          approximate=True).astype(bf16),
+                                 [((64, 128), f16), ((128, 48), f16)]),
+    "batch_matmul_scale_shift_residual": (
+        lambda a, b, scale, shift, residual: jnp.einsum("bmk,bkn->bmn", a, b, preferred_element_type=f32)
+        * scale + shift + residual, [((2, 40, 32), bf16), ((2, 32, 24), bf16), ((24,), f32), ((24,), f32),
+                                     ((2, 40, 24), f32)]),
+    "dense_tokens_bias_bf16": (lambda x, w, bias: x @ w + bias, [((2, 24, 64), bf16), ((64, 32), bf16), ((32,), bf16)]),
+    "conv_bias_relu_bf16": (lambda x, w, bias: jax.nn.relu(jax.lax.conv_general_dilated(
+        x, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")) + bias),
+                            [((2, 6, 6, 16), bf16), ((3, 3, 16, 32), bf16), ((32,), bf16)]),
+    "row_scale_transposed_residual": (lambda a, b, scale, residual:
+                                      jnp.matmul(a, b, preferred_element_type=f32) * scale[:, None] + residual.T,
+        [((48, 64), bf16), ((64, 40), bf16), ((48,), f32), ((40, 48), f32)]),
+    "product_and_its_relu": (lambda a, b: (lambda c: (c, jax.nn.relu(c) * 0.5))(
+        jnp.matmul(a, b, preferred_element_type=f32)), [((48, 64), bf16), ((64, 40), bf16)]),
+}
+
+
+# Kernels besides the fused one: the residual's transpose, which the consumer reads (the product moves
+# past it to its consumer).
+OTHER_KERNELS = {"row_scale_transposed_residual": 1}
+
+
+def _fused_args(name: str) -> list[np.ndarray]:
+    rng = np.random.default_rng(len(name))
+    return [rng.standard_normal(shape).astype(dtype) for shape, dtype in FUSED_PROGRAMS[name][1]]
+
+
+class EpilogueFusionTest(parameterized.TestCase):
+    """A product's elementwise consumers run in its mma kernel: one kernel in the PTX, and the
+    kernel's text, run by the emulator from the host function on, equals XLA."""
+
+    @parameterized.product(name=sorted(FUSED_PROGRAMS), chip=CHIPS + ("sm_90a",))
+    def test_one_kernel_in_ptx(self, name, chip):
+        exe = gpu_compile.compile_gpu(_lowered(FUSED_PROGRAMS[name][0], *_fused_args(name)), chip)
+        check_executable(self, exe)
+        # no separate kernel reads the product back
+        self.assertLen(exe.plan.launches, 1 + OTHER_KERNELS.get(name, 0))
+        counts = instruction_counts("".join(exe.ptx.values()))
+        self.assertGreater(counts["wgmma" if chip == "sm_90a" else "mma"], 0)
+        TensorCoreTest.assert_no_spills(self, exe)
+
+    @parameterized.product(name=sorted(FUSED_PROGRAMS), chip=("sm_80", "sm_90a"))
+    def test_emulated_against_xla(self, name, chip):
+        from mlir import ir
+        from polyblocks_jax.stablehlo_import import import_program
+
+        fn, args = FUSED_PROGRAMS[name][0], _fused_args(name)
+        options = gpu_compile._without_host_choices(Options())
+        with ir.Context() as context, ir.Location.unknown():
+            imported = import_program(_lowered(fn, *args), context)
+            target = TARGETS[chip]
+            stages = passes.shared_stages(options, target.hardware()) + lowering.nvptx_stages(options, target, None)[:1]
+            passes.run_stages(imported.module, stages, options)
+            main = next(op.operation for op in imported.module.body.operations if op.operation.name == "func.func")
+            results = nvptx_emulator.run_function(main, args)
+        expected = support.xla_cpu(fn, *args)
+        support.assert_close(self, results, expected, msg=name,
+                             **({} if all(r.dtype != f32 for r in results) else _tolerance("matmul")))
 
 
 @absltest.skipUnless(runtime.available(), "needs cuda-python and a CUDA GPU")

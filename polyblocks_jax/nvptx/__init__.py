@@ -8,6 +8,6 @@ from __future__ import annotations
 
 from polyblocks_jax.nvptx.compile import GpuExecutable, compile_gpu
 from polyblocks_jax.nvptx.plan import LaunchPlan
-from polyblocks_jax.nvptx.target import SM80, SM90, TARGETS, NvptxTarget, target
+from polyblocks_jax.nvptx.target import SM80, SM90, SM90A, TARGETS, NvptxTarget, target
 
-__all__ = ["GpuExecutable", "LaunchPlan", "NvptxTarget", "SM80", "SM90", "TARGETS", "compile_gpu", "target"]
+__all__ = ["GpuExecutable", "LaunchPlan", "NvptxTarget", "SM80", "SM90", "SM90A", "TARGETS", "compile_gpu", "target"]

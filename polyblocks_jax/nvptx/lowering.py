@@ -56,7 +56,9 @@ def nvptx_stages(options: Options, target: NvptxTarget, toolkit: str | None) -> 
         Stage("nvvm",
               f"nvvm-attach-target{{chip={target.chip} features={target.ptx_features} O=3}}, "
               "gpu.module(expand-strided-metadata, lower-affine, convert-scf-to-cf, "
-              "convert-nvgpu-to-nvvm, convert-gpu-to-nvvm, canonicalize, reconcile-unrealized-casts)"),
+              # convert-nvvm-to-llvm: NVVM ops that are PTX text (wgmma), as inline assembly.
+              "convert-nvgpu-to-nvvm, convert-gpu-to-nvvm, convert-nvvm-to-llvm, canonicalize, "
+              "reconcile-unrealized-casts)"),
         Stage("ptx", f"gpu-module-to-binary{{format=isa{toolkit_option}}}"),
     ]
 

@@ -16,6 +16,9 @@ input pixel, so the channel count must be a multiple of a chunk.
 Edges: rows of A beyond m, columns of B beyond n and k beyond k read as zeros (cp.async
 with a source size of 0, from a clamped in-bounds address), and C is stored under a
 bound check; the caller guarantees 16-byte aligned rows (k and n multiples of a copy).
+With an epilogue (epilogue.py), each accumulator goes through C's elementwise consumer
+under the same check instead: its other operands loaded, its results stored, C written
+only when it outlives the consumer.
 Upstream has the pieces (nvgpu, nvvm ops) but no pass that builds this kernel for bf16
 with f32 accumulators (nvgpu.mma.sync and rewrite_matmul_as_mma_sync take f16 only).
 """
@@ -23,9 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from polyblocks_jax.nvptx.mma_tiles import COPY_BYTES, MmaTiles
+
+if TYPE_CHECKING:
+    from polyblocks_jax.nvptx.epilogue import Epilogue
 
 Value = Union[int, str]  # a Python int folds; a str is an SSA name of type index
 _SHARED = "#gpu.address_space<workgroup>"
@@ -55,6 +61,7 @@ class MmaProblem:
     types: tuple[str, str, str]   # the MLIR memref types of A (the NHWC input for a convolution), B, C
     init: float                   # the accumulators' first value (the fill of C)
     conv: ConvWindow | None = None
+    epilogue: Epilogue | None = None  # C's elementwise consumer, computed before the store
 
     @property
     def element(self) -> str:
@@ -119,6 +126,11 @@ class _Body:
     def min(self, a: Value, b: int) -> Value:
         return min(a, b) if isinstance(a, int) else self.let(f"arith.minui {a}, {self.index(b)} : index")
 
+    def xor(self, a: Value, b: Value) -> Value:
+        if isinstance(a, int) and isinstance(b, int):
+            return a ^ b
+        return self.let(f"arith.xori {self.index(a)}, {self.index(b)} : index")
+
     def less(self, a: Value, b: int) -> str:
         return self.let(f"arith.cmpi ult, {self.index(a)}, {self.index(b)} : index")
 
@@ -145,8 +157,9 @@ class _Kernel:
         body = self._body()
         grid = (-(-p.n // self.bn), -(-p.m // self.bm), math.prod(p.batch))
         shared = t.shared_bytes(p.operand_bytes)
+        extra = "".join(f", %E{i}: {p.epilogue.operands[i]}" for i in p.epilogue.extra) if p.epilogue else ""
         head = [
-            f"func.func private @{name}(%A: {p.types[0]}, %B: {p.types[1]}, %C: {p.types[2]}) {{",
+            f"func.func private @{name}(%A: {p.types[0]}, %B: {p.types[1]}, %C: {p.types[2]}{extra}) {{",
             "  %one = arith.constant 1 : index",
             *[f"  %grid{i} = arith.constant {g} : index" for i, g in enumerate(grid)],
             f"  %threads = arith.constant {t.threads} : index",
@@ -160,8 +173,7 @@ class _Kernel:
     def _body(self) -> list[str]:
         b, t = self.b, self.t
         b.do(f"%smem = gpu.dynamic_shared_memory : memref<?xi8, {_SHARED}>")
-        b.do(f"%As = memref.view %smem[{b.index(0)}][] : memref<?xi8, {_SHARED}> to {self.shared_a}")
-        b.do(f"%Bs = memref.view %smem[{b.index(self.b_offset)}][] : memref<?xi8, {_SHARED}> to {self.shared_b}")
+        self._shared_views(0)
         warp, lane = b.div("%tx", 32), b.rem("%tx", 32)
         self.warp_m = b.mul(b.div(warp, t.warps[1]), t.warp[0])
         self.warp_n = b.mul(b.rem(warp, t.warps[1]), t.warp[1])
@@ -179,6 +191,20 @@ class _Kernel:
         b.do(f"nvgpu.device_async_wait {first} {{numGroups = 0 : i32}}")
         self._store(acc)
         return b.lines
+
+    def _shared_views(self, base: Value) -> None:
+        """%As and %Bs: the A and B tiles' rings, from byte ``base`` of the dynamic shared memory."""
+        b = self.b
+        b.do(f"%As = memref.view %smem[{b.index(base)}][] : memref<?xi8, {_SHARED}> to {self.shared_a}")
+        b.do(f"%Bs = memref.view %smem[{b.index(b.add(base, self.b_offset))}][] : memref<?xi8, {_SHARED}> "
+             f"to {self.shared_b}")
+
+    def _a_slot(self, stage: Value, row: Value, col: Value) -> list[Value]:
+        """Where in %As the chunk at (row, col) of an A tile goes."""
+        return [stage, row, col]
+
+    def _b_slot(self, stage: Value, row: Value, col: Value) -> list[Value]:
+        return [stage, row, col]
 
     def _chunks(self, rows: int, cols: int) -> list[tuple[Value, Value]]:
         """(row, column) in a rows x cols tile of each 16-byte chunk this thread copies."""
@@ -204,13 +230,13 @@ class _Kernel:
             m, k = b.add(self.m0, row), b.add(k0, col)
             valid = b.both(b.both(exists, self._inside(m, p.m, self.bm)), self._inside(k, p.k, self.bk))
             src = self._a_indices(a_row, b.min(k, p.k - self.per_copy) if p.k % self.bk else k)
-            tokens.append(self._async_copy("%A", src, "%As", [stage, row, col], valid, 0))
+            tokens.append(self._async_copy("%A", src, "%As", self._a_slot(stage, row, col), valid, 0))
         for row, col in self.b_chunks:
             k, n = b.add(k0, row), b.add(self.n0, col)
             valid = b.both(b.both(exists, self._inside(k, p.k, self.bk)), self._inside(n, p.n, self.bn))
             src = self._indices(b.min(k, p.k - 1) if p.k % self.bk else k,
                                 b.min(n, p.n - self.per_copy) if p.n % self.bn else n)
-            tokens.append(self._async_copy("%B", src, "%Bs", [stage, row, col], valid, 1))
+            tokens.append(self._async_copy("%B", src, "%Bs", self._b_slot(stage, row, col), valid, 1))
         return b.let(f"nvgpu.device_async_create_group {', '.join(tokens)}")
 
     def _a_row(self, m: Value) -> list[Value]:
@@ -338,7 +364,8 @@ class _Kernel:
         return [b.let(f"llvm.extractvalue {d}[{i}] : {_ACC}") for i in range(4)]
 
     def _store(self, acc: list[str]) -> None:
-        """Each lane's accumulator pairs (rows lane/4 and lane/4 + 8, columns 2 (lane % 4) + 0, 1) to C."""
+        """Each lane's accumulator pairs (rows lane/4 and lane/4 + 8, columns 2 (lane % 4) + 0, 1) to C,
+        or through the epilogue."""
         b, p, t = self.b, self.p, self.t
         row0 = b.add(b.add(self.m0, self.warp_m), b.div(self.lane, 4))
         col0 = b.add(b.add(self.n0, self.warp_n), b.mul(b.rem(self.lane, 4), 2))
@@ -348,13 +375,86 @@ class _Kernel:
                 for h in range(2):
                     row, col = b.add(row0, 16 * i + 8 * h), b.add(col0, 8 * j)
                     first = 4 * (i * fn + j) + 2 * h
-                    pair = b.let(f"vector.from_elements {acc[first]}, {acc[first + 1]} : vector<2xf32>")
                     inside = b.both(self._inside(row, p.m, self.bm), self._inside(col, p.n, self.bn))
-                    store = (f"vector.store {pair}, %C[{', '.join(b.index(x) for x in self._indices(row, col))}] "
-                             f": {p.types[2]}, vector<2xf32>")
-                    if inside is None:
-                        b.do(store)
-                        continue
-                    b.do(f"scf.if {inside} {{")
-                    b.do("  " + store)
-                    b.do("}")
+                    if inside is not None:
+                        b.do(f"scf.if {inside} {{")
+                        b.depth += 1
+                    self._store_pair(row, col, acc[first:first + 2])
+                    if inside is not None:
+                        b.depth -= 1
+                        b.do("}")
+
+    def _store_pair(self, row: Value, col: Value, pair: list[str]) -> None:
+        e = self.p.epilogue
+        if e is None or e.store_c:
+            self._store_c(row, col, pair)
+        if e is not None:
+            self._epilogue_pair(row, col, pair)
+
+    def _store_c(self, row: Value, col: Value, pair: list[str]) -> None:
+        b, p = self.b, self.p
+        vector = b.let(f"vector.from_elements {pair[0]}, {pair[1]} : vector<2xf32>")
+        b.do(f"vector.store {vector}, %C[{', '.join(b.index(x) for x in self._indices(row, col))}] "
+             f": {p.types[2]}, vector<2xf32>")
+
+    def _epilogue_pair(self, row: Value, col: Value, pair: list[str]) -> None:
+        """The consumer's body on accumulators ``pair`` at C[row, col and col + 1] (the kernel's view of C):
+        its other operands loaded at the same points of the loops, its results stored; as pairs of
+        elements where an operand's rows hold them side by side (``Epilogue.paired``)."""
+        b, e = self.b, self.p.epilogue
+        loops = [self._loops(self._indices(row, b.add(col, j))) for j in range(2)]
+        loaded: list[dict[int, str]] = [{i: acc for i in e.c_operands} for acc in pair]
+        results: list[list[str]] = [[], []]
+
+        def at(operand: int, j: int) -> str:
+            return ", ".join(b.index(0 if d is None else loops[j][d]) for d in e.dims[operand])
+
+        def value(ref: tuple[str, int], j: int) -> str:
+            kind, i = ref
+            if kind == "op":
+                return results[j][i]
+            if i not in loaded[j]:
+                self._load_pair(i, at, loaded)
+            return loaded[j][i]
+
+        for j in range(2):
+            for op in e.ops:
+                operands = ", ".join(value(r, j) for r in op.operands)
+                results[j].append(b.let(f'"{op.name}"({operands}) {{{op.attributes}}} : '
+                                        f'({", ".join(op.operand_types)}) -> {op.result_type}'))
+        for output, ref in zip(e.outputs, e.yields):
+            values = [value(ref, j) for j in range(2)]
+            if output in e.c_operands:
+                self._store_c(row, col, values)
+            elif e.paired[output]:
+                element = e.element_types[output]
+                vector = b.let(f"vector.from_elements {values[0]}, {values[1]} : vector<2x{element}>")
+                b.do(f"vector.store {vector}, %E{output}[{at(output, 0)}] {{alignment = {e.pair_bytes[output]} : i64}} "
+                     f": {e.operands[output]}, vector<2x{element}>")
+            else:
+                for j in range(2):
+                    b.do(f"memref.store {values[j]}, %E{output}[{at(output, j)}] : {e.operands[output]}")
+
+    def _load_pair(self, operand: int, at, loaded: list[dict[int, str]]) -> None:
+        """Operand ``operand`` at both elements: one load of a pair, or of one element both share, or two."""
+        b, e = self.b, self.p.epilogue
+        if e.paired[operand]:
+            element = e.element_types[operand]
+            vector = b.let(f"vector.load %E{operand}[{at(operand, 0)}] {{alignment = {e.pair_bytes[operand]} : i64}} "
+                           f": {e.operands[operand]}, vector<2x{element}>")
+            for j in range(2):
+                loaded[j][operand] = b.let(f"vector.extract {vector}[{j}] : {element} from vector<2x{element}>")
+        elif e.c_groups[-1] == (len(e.c_shape) - 1,) and len(e.c_shape) - 1 not in e.dims[operand]:
+            # constant along C's last dimension, the one the two elements differ in: both read one element
+            loaded[0][operand] = loaded[1][operand] = b.let(f"memref.load %E{operand}[{at(operand, 0)}] "
+                                                            f": {e.operands[operand]}")
+        else:
+            for j in range(2):
+                loaded[j][operand] = b.let(f"memref.load %E{operand}[{at(operand, j)}] : {e.operands[operand]}")
+
+    def _loops(self, c_indices: list[Value]) -> list[Value]:
+        """The consumer's loop indices at C[c_indices] (the kernel's view of C merges C's dimensions)."""
+        e, loops = self.p.epilogue, []
+        for index, group in zip(c_indices, e.c_groups):
+            loops += self._delinearize(index, tuple(e.c_shape[d] for d in group))
+        return loops

@@ -9,7 +9,8 @@ writes and ldmatrix reads), L2 traffic, and the global-load latency that ``stage
 tiles in flight hide; a wave of blocks runs its k tiles plus one latency to fill the
 pipeline, and padded tiles count as work. The cheapest (within 2%) wins; ties go to larger
 warp tiles (fewer fragment loads per mma), then to deeper pipelines (latency varies more than
-the model says), then to less shared memory.
+the model says), then to less shared memory. wgmma tiles (sm_90a) are priced the same way, with
+the operands read from shared memory once a warpgroup and the warpgroup instruction's rate.
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ _WARP_TILES = (16, 32, 64)
 _WARP_GRIDS = ((1, 1), (1, 2), (2, 1), (2, 2), (1, 4), (4, 1), (2, 4), (4, 2))
 _K_TILES = (16, 32, 64)
 _STAGES = (2, 3, 4)
+SWIZZLE_ATOM_BYTES = 1024  # 8 rows of 128 bytes: the unit of the 128-byte swizzle, aligned to itself
+_WGMMA_N = (64, 128, 192, 256)
+_WGMMA_STAGES = (2, 3, 4, 5, 6)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +77,37 @@ class MmaTiles:
         a, b = self.copies(operand_bytes)
         return 4 * fm * fn + 4 * fm + 2 * fn + 2 * (a * row_indices + b) + 24
 
+    def shared_traffic(self, operand_bytes: int) -> int:
+        """Bytes a k tile moves through shared memory: the copies in, every warp's fragments out."""
+        warps = self.threads // 32
+        return (warps * (self.warp[0] + self.warp[1]) + self.block[0] + self.block[1]) * self.block[2] * operand_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class WgmmaTiles(MmaTiles):
+    """A wgmma block: ``block[0] / 64`` warpgroups, each an m64 x n (``block[1]``) accumulator (its warps
+    16 x n, hence ``warp``), k tiles of one 128-byte swizzle row (64 16-bit elements); shared rows
+    unpadded (the swizzle spreads the banks), plus a swizzle atom of slack to align the rings to 1 KiB."""
+
+    @property
+    def warpgroups(self) -> int:
+        return self.block[0] // 64
+
+    def padded_rows(self, operand_bytes: int) -> tuple[int, int]:
+        return self.block[2], self.block[1]
+
+    def shared_bytes(self, operand_bytes: int) -> int:
+        return self.stages * (self.block[0] + self.block[1]) * self.block[2] * operand_bytes + SWIZZLE_ATOM_BYTES
+
+    def registers(self, instruction: tuple[int, int, int], operand_bytes: int, row_indices: int = 1) -> int:
+        """Accumulators (n / 2 a thread), the copies' indices, descriptors and a few."""
+        a, b = self.copies(operand_bytes)
+        return self.block[1] // 2 + 2 * (a * row_indices + b) + 40
+
+    def shared_traffic(self, operand_bytes: int) -> int:
+        """wgmma reads its operands from shared memory once a warpgroup: A's m64 rows and all of B."""
+        return (self.warpgroups * (64 + self.block[1]) + self.block[0] + self.block[1]) * self.block[2] * operand_bytes
+
 
 def choose_mma_tiles(m: int, n: int, k: int, batch: int, operand_bytes: int, instruction: tuple[int, int, int],
                      max_fragments: int, target: NvptxTarget, fma_per_clock: int | None = None,
@@ -92,6 +127,26 @@ def choose_mma_tiles(m: int, n: int, k: int, batch: int, operand_bytes: int, ins
                          rate, target)
         key = (round(math.log(cycles, 1.02)), -tiles.warp[0] * tiles.warp[1], -tiles.stages,
                tiles.shared_bytes(operand_bytes), tiles.block, tiles.warp)
+        if best_key is None or key < best_key:
+            best, best_key = tiles, key
+    return best
+
+
+def choose_wgmma_tiles(m: int, n: int, k: int, batch: int, operand_bytes: int, target: NvptxTarget,
+                       row_indices: int = 1) -> WgmmaTiles:
+    """The cheapest wgmma tiling (16-bit operands): 1 or 2 warpgroups of m64nN (N 64 to 256), 2 to 6
+    stages, within the chip's shared memory and registers; priced as ``choose_mma_tiles`` does."""
+    best, best_key = None, None
+    bk = 128 // operand_bytes
+    for bm, bn, stages in itertools.product((64, 128), _WGMMA_N, _WGMMA_STAGES):
+        tiles = WgmmaTiles((bm, bn, bk), (16, bn), stages)
+        registers = tiles.registers((64, bn, 16), operand_bytes, row_indices)
+        if (not tiles.copies_divide(operand_bytes) or registers > target.registers_per_thread
+                or tiles.shared_bytes(operand_bytes) + STATIC_SHARED_BYTES > target.shared_bytes_per_block_optin
+                or stages > max(2, math.ceil(k / bk) + 1)):
+            continue
+        cycles = _cycles(tiles, m, n, k, batch, operand_bytes, registers, target.wgmma_fma_per_clock, target)
+        key = (round(math.log(cycles, 1.02)), -bm * bn, -stages, tiles.shared_bytes(operand_bytes), tiles.block)
         if best_key is None or key < best_key:
             best, best_key = tiles, key
     return best
@@ -123,7 +178,7 @@ def _cycles(tiles: MmaTiles, m: int, n: int, k: int, batch: int, operand_bytes: 
     warps = tiles.threads // 32
     # Four sub-partitions, one tensor core each: fewer resident warps leave cores idle.
     compute = bm * bn * bk / fma_per_clock / min(1.0, resident * warps / 4)
-    shared = (warps * (tiles.warp[0] + tiles.warp[1]) + bm + bn) * bk * operand_bytes / target.shared_bytes_per_clock
+    shared = tiles.shared_traffic(operand_bytes) / target.shared_bytes_per_clock
     l2 = (bm + bn) * bk * operand_bytes / target.l2_bytes_per_clock
     per_k_tile = max(resident * max(compute, shared, l2), GLOBAL_LATENCY / (tiles.stages - 1)) + BARRIER_CYCLES
     epilogue = resident * bm * bn * 4 / target.l2_bytes_per_clock

@@ -45,6 +45,11 @@ class NvptxTarget:
     mma_fma_per_clock: int
     l2_bytes_per_clock: int
     shared_bytes_per_clock: int
+    wgmma_fma_per_clock: int = 0     # the warpgroup instruction's rate (sm_90a), 16-bit operands
+
+    def wgmma_shape(self, dtype: str) -> MmaShape | None:
+        """The warpgroup instruction for ``dtype`` operands, when the chip's PTX has it (sm_90a)."""
+        return next((s for s in self.mma_shapes if s.instruction == "wgmma" and s.dtype == dtype), None)
 
     def hardware(self):
         """The description the shared cost models read: a thread's 128-bit loads, shared memory as L1."""
@@ -93,13 +98,16 @@ SM80 = NvptxTarget(chip="sm_80", ptx_features="+ptx80", sms=108, shared_bytes_pe
                    mma_fma_per_clock=1024, l2_bytes_per_clock=36, **_COMMON)
 
 SM90 = NvptxTarget(chip="sm_90", ptx_features="+ptx80", sms=132, shared_bytes_per_block_optin=227 << 10,
-                   shared_bytes_per_sm=228 << 10, l2_bytes=50 << 20,
-                   mma_shapes=_MMA_SYNC + (MmaShape("wgmma", "bf16", 64, 256, 16),
-                                           MmaShape("wgmma", "f16", 64, 256, 16),
-                                           MmaShape("wgmma", "tf32", 64, 256, 8)),
+                   shared_bytes_per_sm=228 << 10, l2_bytes=50 << 20, mma_shapes=_MMA_SYNC,
                    mma_fma_per_clock=1024, l2_bytes_per_clock=40, **_COMMON)
 
-TARGETS = {t.chip: t for t in (SM80, SM90)}
+# sm_90a: Hopper's architecture-specific PTX (runs on sm_90 parts only, not later chips), which has
+# the warpgroup instructions. Products of 16-bit operands take wgmma there (wgmma_kernel.py).
+SM90A = dataclasses.replace(SM90, chip="sm_90a", wgmma_fma_per_clock=2048,
+                            mma_shapes=_MMA_SYNC + (MmaShape("wgmma", "bf16", 64, 256, 16),
+                                                    MmaShape("wgmma", "f16", 64, 256, 16)))
+
+TARGETS = {t.chip: t for t in (SM80, SM90, SM90A)}
 
 
 def target(chip: str) -> NvptxTarget:
