@@ -1,8 +1,11 @@
 """The three benchmark models at small sizes, through jax.jit on platform "polyblocks", vs XLA."""
+import dataclasses
+
 import jax
 import numpy as np
 from absl.testing import absltest, parameterized
 
+import polyblocks_jax as pb
 import support
 from bench import flax_models
 
@@ -26,6 +29,24 @@ class ModelsTest(parameterized.TestCase):
         expected = support.xla_cpu(case.apply, case.params, case.input)
         actual = on_polyblocks(case.apply, case.params, case.input)
         support.assert_close(self, actual, expected, rtol=MODEL_RTOL, atol=MODEL_ATOL, msg=name)
+
+
+def switches() -> list[str]:
+    """The optimizations Options can switch off by name (boolean fields, on by default)."""
+    return [f.name for f in dataclasses.fields(pb.Options) if f.type in (bool, "bool") and f.default is True]
+
+
+class SwitchedOffTest(parameterized.TestCase):
+    """Each model with each optimization off in turn: the same results, so that any one of
+    them can be measured on its own (bench/ablation.py) without changing what is computed."""
+
+    @parameterized.named_parameters((f"{name}_no_{switch}", name, switch)
+                                    for name in flax_models.MODEL_NAMES for switch in switches())
+    def test_model_without(self, name, switch):
+        case = flax_models.make(name, batch=2, small=True)
+        leaves, tree = jax.tree_util.tree_flatten((case.params, case.input))
+        support.check_against_xla(self, lambda *flat: case.apply(*jax.tree_util.tree_unflatten(tree, flat)),
+                                  *leaves, rtol=MODEL_RTOL, atol=MODEL_ATOL, options=pb.Options(**{switch: False}))
 
 
 if __name__ == "__main__":
