@@ -1,10 +1,16 @@
 """Running a GpuExecutable through the CUDA driver API (cuda-python's ``cuda.bindings.driver``).
 
 Imported only when something runs: compiling needs neither cuda-python nor a GPU.
-The primary context of device 0 is used (the one XLA's CUDA plugin uses too, so both
-can share a process); PTX is JIT-compiled by the driver at module load. A launch's
+Each device's primary context is used (the one XLA's CUDA plugin uses too, so both
+can share a process), made current on the calling thread before each call, with one
+stream per device: copies, launches, allocations and frees are all stream-ordered on
+it (``cuMemAllocAsync`` / ``cuMemFreeAsync``), and CUDA events recorded on it say when
+work is done. PTX is JIT-compiled by the driver at module load. A launch's
 parameters follow the plan: a memref argument is its descriptor (allocated pointer,
 aligned pointer, offset, sizes, strides), each field one 8-byte kernel parameter.
+
+The driver module is looked up in one place, ``_driver()``: ``use_driver`` replaces it
+(tests inject a double of the calls used here, with memory backed by numpy).
 
 Written from the driver API documentation without a GPU at hand; bench/gpu_check.py
 is what exercises it on one.
@@ -27,18 +33,36 @@ class CudaError(PolyblocksError):
     """A CUDA driver call failed; the message names the call and the driver's error."""
 
 
-def available() -> bool:
-    """Whether cuda-python is installed and a CUDA device can be opened."""
-    try:
-        device()
-    except (ImportError, CudaError):
-        return False
-    return True
+_injected_driver = None  # set by use_driver: a stand-in for cuda.bindings.driver
+
+
+def use_driver(module) -> None:
+    """Run on ``module`` instead of ``cuda.bindings.driver`` (``None``: the real one again)."""
+    global _injected_driver
+    _injected_driver = module
+    device.cache_clear()
 
 
 def _driver():
+    if _injected_driver is not None:
+        return _injected_driver
     from cuda.bindings import driver  # cuda-python >= 12.6
     return driver
+
+
+def device_count() -> int:
+    """How many CUDA devices can be used: 0 without cuda-python, a driver or a device."""
+    try:
+        driver = _driver()
+        check(driver.cuInit(0), "cuInit")
+        return int(check(driver.cuDeviceGetCount(), "cuDeviceGetCount"))
+    except (ImportError, CudaError, RuntimeError):  # RuntimeError: cuda-python finds no libcuda
+        return 0
+
+
+def available() -> bool:
+    """Whether cuda-python is installed and a CUDA device can be opened."""
+    return device_count() > 0
 
 
 def check(result, call: str):
@@ -52,12 +76,15 @@ def check(result, call: str):
 
 
 class Device:
-    """The primary context of one device, current on this thread, and one stream."""
+    """The primary context of one device and one stream on it."""
 
     def __init__(self, ordinal: int = 0) -> None:
         driver = _driver()
         check(driver.cuInit(0), "cuInit")
+        self.ordinal = ordinal
         self.device = check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
+        name = check(driver.cuDeviceGetName(256, self.device), "cuDeviceGetName")
+        self.name = (name.decode() if isinstance(name, bytes) else str(name)).split("\0")[0].strip()
         self.context = check(driver.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
         self.make_current()
         self.stream = check(driver.cuStreamCreate(0), "cuStreamCreate")
@@ -71,26 +98,67 @@ class Device:
         check(_driver().cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
 
     def synchronize(self) -> None:
+        self.make_current()
         check(_driver().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
 
     def alloc(self, nbytes: int) -> int:
-        return int(check(_driver().cuMemAlloc(max(nbytes, 1)), "cuMemAlloc"))
+        """Device memory, usable by work enqueued on the stream from now on."""
+        self.make_current()
+        return int(check(_driver().cuMemAllocAsync(max(nbytes, 1), self.stream), "cuMemAllocAsync"))
 
     def free(self, pointer: int) -> None:
-        check(_driver().cuMemFree(pointer), "cuMemFree")
+        """Free once the work enqueued so far is done (no wait here)."""
+        self.make_current()
+        check(_driver().cuMemFreeAsync(pointer, self.stream), "cuMemFreeAsync")
 
     def upload(self, pointer: int, array: np.ndarray) -> None:
-        if array.nbytes:
-            check(_driver().cuMemcpyHtoDAsync(pointer, array.ctypes.data, array.nbytes, self.stream), "cuMemcpyHtoD")
+        self.upload_bytes(pointer, array.ctypes.data, array.nbytes)
+
+    def upload_bytes(self, pointer: int, host: int, nbytes: int) -> None:
+        """Enqueue a copy of ``nbytes`` at host address ``host`` to ``pointer``."""
+        if nbytes:
+            self.make_current()
+            check(_driver().cuMemcpyHtoDAsync(pointer, host, nbytes, self.stream), "cuMemcpyHtoDAsync")
 
     def download(self, array: np.ndarray, pointer: int) -> None:
-        if array.nbytes:
-            check(_driver().cuMemcpyDtoHAsync(array.ctypes.data, pointer, array.nbytes, self.stream), "cuMemcpyDtoH")
+        self.download_bytes(array.ctypes.data, pointer, array.nbytes)
+
+    def download_bytes(self, host: int, pointer: int, nbytes: int) -> None:
+        """Enqueue a copy of ``nbytes`` at ``pointer`` to host address ``host``."""
+        if nbytes:
+            self.make_current()
+            check(_driver().cuMemcpyDtoHAsync(host, pointer, nbytes, self.stream), "cuMemcpyDtoHAsync")
+
+    def record_event(self):
+        """A CUDA event that completes when the work enqueued so far on the stream is done."""
+        driver = _driver()
+        self.make_current()
+        event = check(driver.cuEventCreate(int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)), "cuEventCreate")
+        check(driver.cuEventRecord(event, self.stream), "cuEventRecord")
+        return event
+
+    def event_done(self, event) -> bool:
+        driver = _driver()
+        self.make_current()
+        result = driver.cuEventQuery(event)
+        err = result[0] if isinstance(result, tuple) else result
+        if err == driver.CUresult.CUDA_ERROR_NOT_READY:
+            return False
+        check(result, "cuEventQuery")
+        return True
+
+    def wait_event(self, event) -> None:
+        self.make_current()
+        check(_driver().cuEventSynchronize(event), "cuEventSynchronize")
+
+    def destroy_event(self, event) -> None:
+        self.make_current()
+        check(_driver().cuEventDestroy(event), "cuEventDestroy")
 
 
 @functools.cache
-def device() -> Device:
-    return Device(0)
+def device(ordinal: int = 0) -> Device:
+    return Device(ordinal)
 
 
 class LoadedExecutable:
@@ -119,6 +187,7 @@ class LoadedExecutable:
     def launch(self, pointers: Sequence[int]) -> None:
         """Enqueue every launch of the plan; ``pointers``: device addresses of the plan's buffers."""
         driver = _driver()
+        self.device.make_current()
         for launch in self.exe.plan.launches:
             params = _parameters(launch, pointers)
             addresses = np.array([p.ctypes.data for p in params], dtype=np.uint64)
@@ -165,13 +234,13 @@ def _parameters(launch: Launch, pointers: Sequence[int]) -> list[np.ndarray]:
     return params
 
 
-def load(exe) -> LoadedExecutable:
-    """``exe`` loaded on device 0, once per executable."""
-    loaded = getattr(exe, "_loaded", None)
-    if loaded is None:
-        loaded = LoadedExecutable(exe, device())
-        exe._loaded = loaded
-    return loaded
+def load(exe, on: Device | None = None) -> LoadedExecutable:
+    """``exe`` loaded on ``on`` (default: device 0), once per executable and device."""
+    on = on or device()
+    loaded = exe.__dict__.setdefault("_loaded", {})
+    if on not in loaded:
+        loaded[on] = LoadedExecutable(exe, on)
+    return loaded[on]
 
 
 def run(exe, arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:

@@ -5,6 +5,9 @@ it and the data is aligned and dense), or as an executable's output. Deleting a 
 (``Buffer_Delete``, or donation) drops the array; later uses raise INVALID_ARGUMENT.
 Donation may hand the memory to an output buffer instead (``give_up``), but only memory
 that may be written: an immutable zero-copy wrap belongs to the caller's host array.
+
+A GPU device's buffers are ``gpu_buffer.GpuBuffer``; both kinds answer ``pointer``,
+``is_deleted``, ``ready_event``, ``to_host``, ``host_copy`` and ``delete``.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pypjrt._abi import pjrt_0_114 as abi
 from polyblocks_jax.cpu.memref import ALIGNMENT, aligned_empty, contiguous_strides
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.errors import PjrtError, unimplemented
+from polyblocks_jax.pjrt.events import READY
 
 NUMPY_OF_TYPE: dict[int, np.dtype] = {code: np.dtype(t) for code, t in (
     (abi.PJRT_Buffer_Type_PRED, np.bool_),
@@ -63,6 +67,24 @@ class Buffer:
             raise PjrtError(abi.PJRT_Error_Code_INVALID_ARGUMENT,
                             "polyblocks PJRT: buffer has been deleted or donated")
         return array
+
+    def pointer(self) -> int:
+        return self.data().ctypes.data
+
+    def is_deleted(self) -> bool:
+        return self.array is None
+
+    def ready_event(self) -> int:
+        return READY
+
+    def to_host(self, destination: int) -> int:
+        """Copy to host address ``destination``; returns the (ready) PJRT_Event of the copy."""
+        array = self.data()
+        ctypes.memmove(destination, array.ctypes.data, array.nbytes)
+        return READY
+
+    def host_copy(self) -> np.ndarray:
+        return aligned_copy(self.data())
 
     def delete(self) -> None:
         self.array = None

@@ -1,11 +1,15 @@
-"""The PJRT client: one host device, compile and load."""
+"""The PJRT client: the host device (id 0), a GPU device per CUDA device (ids 1...), compile and load.
+
+Programs are compiled for the device JAX assigns them (the compile options' device
+assignment): the host's through the CPU pipeline, a GPU's to PTX.
+"""
 from __future__ import annotations
 
 import ctypes
 
 import polyblocks_jax
-from polyblocks_jax.pjrt import handles
-from polyblocks_jax.pjrt.device import Device, HandleArray, Text
+from polyblocks_jax.pjrt import device_assignment, handles
+from polyblocks_jax.pjrt.device import Device, HandleArray, Text, gpu_devices
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
 from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable, deserialize
 
@@ -19,7 +23,7 @@ def device_kind() -> str:
 
 class Client:
     def __init__(self) -> None:
-        self.devices = [Device(0, device_kind())]
+        self.devices = [Device(0, device_kind()), *gpu_devices(first_id=1)]
         self.device_handles = HandleArray([d.handle for d in self.devices])
         self.memory_handles = HandleArray([d.memory.handle for d in self.devices])
         self.platform_name = Text(PLATFORM_NAME)
@@ -35,21 +39,36 @@ class Client:
     def compile(self, code: bytes, fmt: str, compile_options: bytes) -> LoadedExecutable:
         if fmt != "mlir":
             raise unimplemented(f"program format {fmt!r} (only \"mlir\")")
-        _check_single_device(compile_options)
+        device = self.device_by_id(_assigned_device(compile_options))
+        if device.gpu is not None:
+            from polyblocks_jax.pjrt import gpu_executable
+            return gpu_executable.compile_for(code, compile_options, device)
         compiled = polyblocks_jax.compile(code)  # honours the donation JAX marked in the program
-        return LoadedExecutable(Executable(compiled, "main", compile_options), self.devices[0])
+        return LoadedExecutable(Executable(compiled, "main", compile_options), device)
 
-    def load(self, data: bytes) -> LoadedExecutable:
-        return LoadedExecutable(deserialize(data), self.devices[0])
+    def load(self, data: bytes, compile_options: bytes | None = None) -> LoadedExecutable:
+        """Load on the device the options assign (by default the ones it was compiled with)."""
+        executable = deserialize(data)
+        device = self.device_by_id(_assigned_device(compile_options or executable.compile_options))
+        if executable.target == "cpu" and device.gpu is None:
+            return LoadedExecutable(executable, device)
+        if executable.target != "cpu" and device.gpu is not None:
+            from polyblocks_jax.pjrt import gpu_executable
+            return gpu_executable.GpuLoadedExecutable(executable, device)
+        raise invalid(f"a serialized {executable.target} executable cannot run on "
+                      f"{device.description.kind.buffer.value.decode()}")
 
 
-def _check_single_device(compile_options: bytes) -> None:
+def _assigned_device(compile_options: bytes) -> int:
+    """The id of the one device the program is compiled for (0, the host, when none is assigned)."""
     from jaxlib import xla_client
     options = xla_client.CompileOptions.ParseFromString(compile_options)
     build = options.executable_build_options
     if build.num_replicas > 1 or build.num_partitions > 1:
         raise unimplemented(f"{build.num_replicas} replicas x {build.num_partitions} partitions "
                             "(one polyblocks device)")
+    assignment = build.device_assignment
+    return 0 if assignment is None else device_assignment.device_id(assignment.serialize())
 
 
 def c_bytes(address: int, size: int) -> bytes:

@@ -1,14 +1,18 @@
 """Devices, their descriptions and memories: plain data with stable handles.
 
-One host device serves the CPU target. Its memory kind must be "device": JAX's sharding
-code looks for that kind on every device.
+One host device (id 0) serves the CPU target; when CUDA reports devices, one GPU device
+each follows (ids 1, 2, ...), holding its ``nvptx.runtime.Device``. Every memory's kind
+must be "device": JAX's sharding code looks for that kind on every device.
 """
 from __future__ import annotations
 
 import ctypes
+import logging
 
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.named_values import NamedValues
+
+logger = logging.getLogger(__name__)
 
 MEMORY_KIND = "device"
 MEMORY_KIND_ID = 0
@@ -45,11 +49,11 @@ class DeviceDescription:
 
 
 class Memory:
-    def __init__(self, memory_id: int) -> None:
+    def __init__(self, memory_id: int, where: str) -> None:
         self.id = memory_id
         self.kind = Text(MEMORY_KIND)
         self.kind_id = MEMORY_KIND_ID
-        self.debug_string = Text(f"polyblocks host memory {memory_id}")
+        self.debug_string = Text(f"polyblocks {where} memory {memory_id}")
         self.to_string = Text(f"PolyblocksMemory(id={memory_id}, kind={MEMORY_KIND})")
         self.device = None  # the device this memory belongs to
         self.devices = HandleArray([])
@@ -57,12 +61,25 @@ class Memory:
 
 
 class Device:
-    def __init__(self, device_id: int, kind: str) -> None:
+    def __init__(self, device_id: int, kind: str, gpu=None) -> None:
         self.description = DeviceDescription(device_id, kind)
         self.local_hardware_id = device_id
-        self.memory = Memory(device_id)
+        self.gpu = gpu  # the nvptx.runtime.Device of a GPU device; None on the host
+        self.memory = Memory(device_id, "host" if gpu is None else "GPU")
         self.memories = HandleArray([self.memory.handle])
         self.attributes = NamedValues({})
         self.handle = handles.register(self)
         self.memory.device = self
         self.memory.devices = HandleArray([self.handle])
+
+
+def gpu_devices(first_id: int) -> list[Device]:
+    """One device per CUDA device, ids from ``first_id``; none without cuda-python or a GPU."""
+    from polyblocks_jax.nvptx import runtime  # no MLIR; cuda-python only if installed
+    gpus = []
+    for ordinal in range(runtime.device_count()):
+        try:
+            gpus.append(runtime.device(ordinal))
+        except (runtime.CudaError, RuntimeError) as e:  # e.g. a GPU in exclusive use: the others still serve
+            logger.warning("polyblocks: CUDA device %d not exposed: %s", ordinal, e)
+    return [Device(first_id + i, f"polyblocks gpu {g.chip} {g.name}", g) for i, g in enumerate(gpus)]

@@ -2,8 +2,9 @@
 
 ``Executable`` is the compiled program with the metadata jaxlib asks for (output types,
 dimensions, memory kinds, fingerprint, compile options), each kept as a C array with a
-stable address. ``LoadedExecutable`` binds it to the device; Execute is synchronous.
-Loading a serialized executable goes through ``polyblocks_jax.runtime``: no MLIR.
+stable address. ``LoadedExecutable`` binds it to the host device; Execute is synchronous
+there (``gpu_executable`` binds PTX programs to a GPU device). Loading a serialized
+executable goes through ``polyblocks_jax.runtime`` (or ``nvptx``): no MLIR.
 
 Donation: the inputs the program donates are deleted after a call (unless jaxlib lists
 them as non-donatable), as on XLA. The code may write into a donated input's memory, and
@@ -18,22 +19,23 @@ import ctypes
 import json
 import struct
 
-from polyblocks_jax.pjrt import handles
+from polyblocks_jax.pjrt import device_assignment, handles
 from polyblocks_jax.pjrt.buffer import TYPE_OF_NUMPY, Buffer, aligned_copy, aligned_empty
 from polyblocks_jax.pjrt.device import MEMORY_KIND, HandleArray, Text
 from polyblocks_jax.pjrt.errors import invalid
+from polyblocks_jax.pjrt.events import READY_EVENT
 from polyblocks_jax.runtime import executable as runtime
 
 # Serialized plugin executable: magic, header length, JSON header, runtime executable.
 _MAGIC = b"PBLKPJR2"
 _PREFIX = struct.Struct("<8sI")
-# DeviceAssignmentProto{replica_count: 1, computation_count: 1, computation_devices: [{replica_device_ids: [0]}]}
-DEVICE_ASSIGNMENT_1x1 = b"\x08\x01\x10\x01\x1a\x03\x0a\x01\x00"
+
 
 
 class Executable:
-    def __init__(self, compiled: runtime.Executable, name: str, compile_options: bytes) -> None:
-        self.compiled = compiled
+    def __init__(self, compiled, name: str, compile_options: bytes, target: str = "cpu") -> None:
+        self.compiled = compiled  # a runtime.Executable (cpu) or a gpu_executable.GpuProgram (nvptx)
+        self.target = target
         self.name = Text(name or "main")
         self.compile_options = compile_options
         self.fingerprint = Text(compiled.fingerprint)
@@ -59,7 +61,7 @@ class Executable:
 
     def serialize(self) -> bytes:
         if self._serialized is None:
-            header = json.dumps({"name": self.name.buffer.value.decode(),
+            header = json.dumps({"name": self.name.buffer.value.decode(), "target": self.target,
                                  "compile_options": self.compile_options.hex()}).encode()
             self._serialized = _PREFIX.pack(_MAGIC, len(header)) + header + self.compiled.serialize()
         return self._serialized
@@ -73,9 +75,14 @@ def deserialize(data: bytes) -> Executable:
     try:
         header = json.loads(data[_PREFIX.size:_PREFIX.size + size])
         name, options = str(header["name"]), bytes.fromhex(header["compile_options"])
+        target = str(header.get("target", "cpu"))
     except (ValueError, KeyError, TypeError) as e:
         raise invalid(f"corrupted serialized polyblocks executable: {e}") from None
-    return Executable(runtime.deserialize(data[_PREFIX.size + size:]), name, options)
+    body = data[_PREFIX.size + size:]
+    if target == "cpu":
+        return Executable(runtime.deserialize(body), name, options)
+    from polyblocks_jax.pjrt import gpu_executable
+    return Executable(gpu_executable.deserialize_program(body), name, options, target)
 
 
 class ExecutableRef:
@@ -92,15 +99,28 @@ class LoadedExecutable:
         self.device = device
         self.devices = HandleArray([device.handle])
         self.logical_ids = (ctypes.c_int64 * 2)()  # one {replica 0, partition 0}
+        assignment = device_assignment.encode(device.description.id)
+        self.device_assignment = ctypes.create_string_buffer(assignment, len(assignment))
         self.deleted = False
         self.handle = handles.register(self)
 
-    def execute(self, buffers: list[Buffer], non_donatable: frozenset[int]) -> list[Buffer]:
+    def completion(self, outputs: list[Buffer]):
+        """The event of a call's completion: ready, the host runs synchronously."""
+        return READY_EVENT
+
+    def check_arguments(self, buffers: list) -> None:
+        """As many buffers as the program takes, live and on this executable's device."""
         exe, device = self.executable, self.device
         if len(buffers) != exe.num_inputs:
             raise invalid(f"{exe.name.buffer.value.decode()} takes {exe.num_inputs} arguments, got {len(buffers)}")
-        for b in buffers:
-            b.data()  # raises for a deleted or donated buffer
+        for i, b in enumerate(buffers):
+            if b.device is not device:
+                raise invalid(f"argument {i} is on another device than the executable's")
+            b.pointer()  # raises for a deleted or donated buffer
+
+    def execute(self, buffers: list[Buffer], non_donatable: frozenset[int]) -> list[Buffer]:
+        exe, device = self.executable, self.device
+        self.check_arguments(buffers)
         if not exe.donated:  # the common case, kept short: every output in fresh memory
             results = [Buffer(aligned_empty(shape, dtype), device) for shape, dtype in exe.out_shapes]
             exe.compiled.run_addresses([b.address for b in buffers] + [r.address for r in results])

@@ -6,10 +6,9 @@ import ctypes
 from pypjrt._abi import pjrt_0_114 as abi
 
 from polyblocks_jax.pjrt import handles
-from polyblocks_jax.pjrt.buffer import Buffer, aligned_copy
 from polyblocks_jax.pjrt.callbacks import implements
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
-from polyblocks_jax.pjrt.events import READY
+from polyblocks_jax.pjrt.gpu_buffer import place
 
 _MAX_RANK = 16
 # minor_to_major of the row-major layout of each rank: (r-1, ..., 0).
@@ -81,7 +80,7 @@ def buffer_delete(args):
 
 @implements("PJRT_Buffer_IsDeleted")
 def buffer_is_deleted(args):
-    args.is_deleted = handles.lookup(args.buffer).array is None
+    args.is_deleted = handles.lookup(args.buffer).is_deleted()
 
 
 @implements("PJRT_Buffer_IsOnCpu")
@@ -93,21 +92,21 @@ def buffer_is_on_cpu(args):
 
 @implements("PJRT_Buffer_ReadyEvent")
 def buffer_ready_event(args):
-    args.event = READY
+    args.event = handles.lookup(args.buffer).ready_event()
 
 
 @implements("PJRT_Buffer_ToHostBuffer")
 def buffer_to_host_buffer(args):
-    array = handles.lookup(args.src).data()
+    buffer = handles.lookup(args.src)
+    buffer.pointer()  # raises for a deleted or donated buffer
     if args.host_layout:
-        _check_row_major(abi.PJRT_Buffer_MemoryLayout.from_address(args.host_layout), array.ndim)
+        _check_row_major(abi.PJRT_Buffer_MemoryLayout.from_address(args.host_layout), buffer.num_dims)
     if not args.dst:
-        args.dst_size = array.nbytes  # a size query
+        args.dst_size = buffer.nbytes  # a size query
         return
-    if args.dst_size < array.nbytes:
-        raise invalid(f"host buffer of {args.dst_size} bytes is smaller than the {array.nbytes} needed")
-    ctypes.memmove(args.dst, array.ctypes.data, array.nbytes)
-    args.event = READY
+    if args.dst_size < buffer.nbytes:
+        raise invalid(f"host buffer of {args.dst_size} bytes is smaller than the {buffer.nbytes} needed")
+    args.event = buffer.to_host(args.dst)
 
 
 def _check_row_major(layout, rank: int) -> None:
@@ -122,16 +121,14 @@ def _check_row_major(layout, rank: int) -> None:
 
 @implements("PJRT_Buffer_CopyToDevice")
 def buffer_copy_to_device(args):
-    source = handles.lookup(args.buffer)
-    args.dst_buffer = Buffer(aligned_copy(source.data()), handles.lookup(args.dst_device)).handle
+    args.dst_buffer = place(handles.lookup(args.buffer).host_copy(), handles.lookup(args.dst_device)).handle
 
 
 @implements("PJRT_Buffer_CopyToMemory")
 def buffer_copy_to_memory(args):
-    source = handles.lookup(args.buffer)
-    args.dst_buffer = Buffer(aligned_copy(source.data()), handles.lookup(args.dst_memory).device).handle
+    args.dst_buffer = place(handles.lookup(args.buffer).host_copy(), handles.lookup(args.dst_memory).device).handle
 
 
 @implements("PJRT_Buffer_UnsafePointer")
 def buffer_unsafe_pointer(args):
-    args.buffer_pointer = handles.lookup(args.buffer).data().ctypes.data
+    args.buffer_pointer = handles.lookup(args.buffer).pointer()

@@ -7,10 +7,11 @@ from pypjrt._abi import pjrt_0_114 as abi
 
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.buffer import NUMPY_OF_TYPE, Buffer, aligned_copy, can_alias, host_view
-from polyblocks_jax.pjrt.callbacks import implements
+from polyblocks_jax.pjrt.callbacks import has_field, implements
 from polyblocks_jax.pjrt.client import Client, c_bytes
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
 from polyblocks_jax.pjrt.events import READY, PendingEvent
+from polyblocks_jax.pjrt.gpu_buffer import GpuBuffer
 
 
 @implements("PJRT_Client_Create")
@@ -96,7 +97,9 @@ def client_compile(args):
 def executable_deserialize_and_load(args):
     client = handles.lookup(args.client)
     data = c_bytes(args.serialized_executable, args.serialized_executable_size)
-    args.loaded_executable = client.load(data).handle
+    overridden = c_bytes(args.overridden_serialized_compile_options, args.overridden_serialized_compile_options_size) \
+        if has_field(args, "overridden_serialized_compile_options_size") else b""
+    args.loaded_executable = client.load(data, overridden or None).handle
 
 
 @implements("PJRT_Client_BufferFromHostBuffer")
@@ -111,6 +114,9 @@ def client_buffer_from_host_buffer(args):
     strides = (tuple((ctypes.c_int64 * args.num_byte_strides).from_address(args.byte_strides))
                if args.byte_strides and args.num_byte_strides else None)
     view = host_view(args.data, dtype, dims, strides)
+    if device.gpu is not None:
+        _upload(args, view, device)
+        return
     mutable = args.host_buffer_semantics == abi.PJRT_HostBufferSemantics_kMutableZeroCopy
     zero_copy = (mutable or args.host_buffer_semantics == abi.PJRT_HostBufferSemantics_kImmutableZeroCopy) \
         and view.size and can_alias(view)
@@ -122,6 +128,15 @@ def client_buffer_from_host_buffer(args):
     else:
         args.buffer = Buffer(aligned_copy(view), device).handle
         args.done_with_host_buffer = READY
+
+
+def _upload(args, view, device) -> None:
+    """A GPU buffer is always a copy; the host data is done with when the copy completes."""
+    buffer = GpuBuffer.upload(view, device)
+    if args.host_buffer_semantics == abi.PJRT_HostBufferSemantics_kImmutableOnlyDuringCall:
+        buffer.ready.wait()  # the caller may reuse its memory when this call returns
+    args.buffer = buffer.handle
+    args.done_with_host_buffer = buffer.ready_event()
 
 
 def _target_device(args):

@@ -84,9 +84,12 @@ def device_get_attributes(args):
 
 @implements("PJRT_Device_MemoryStats")
 def device_memory_stats(args):
-    """Bytes held by live buffers; jaxlib's struct is shorter than 0.114's, so check its size."""
+    """Bytes held by the device's live buffers; jaxlib's struct is shorter than 0.114's, so check its size."""
     from polyblocks_jax.pjrt.buffer import Buffer
-    in_use = sum(b.nbytes for b in handles.LIVE.values() if type(b) is Buffer and b.array is not None)
+    from polyblocks_jax.pjrt.gpu_buffer import GpuBuffer
+    device = handles.lookup(args.device)
+    in_use = sum(b.nbytes for b in handles.LIVE.values()
+                 if type(b) in (Buffer, GpuBuffer) and b.device is device and not b.is_deleted())
     args.bytes_in_use = in_use
     for name in ("peak_bytes_in_use_is_set", "num_allocs_is_set", "largest_alloc_size_is_set",
                  "bytes_limit_is_set"):

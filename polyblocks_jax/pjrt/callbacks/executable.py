@@ -7,15 +7,14 @@ from pypjrt._abi.pjrt_0_114 import PJRT_ExecuteOptions
 
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.callbacks import implements, pointer_array
-from polyblocks_jax.pjrt.events import READY
-from polyblocks_jax.pjrt.executable import DEVICE_ASSIGNMENT_1x1, ExecutableRef
+from polyblocks_jax.pjrt.events import handle_of
+from polyblocks_jax.pjrt.executable import ExecutableRef
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
 
 _BYTES_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 # Serialized bytes handed to jaxlib stay in the handle table until it calls this deleter.
 _RELEASE = _BYTES_DELETER(lambda handle, _release=handles.release: _release(handle) and None)
 _RELEASE_ADDRESS = ctypes.cast(_RELEASE, ctypes.c_void_p).value
-_ASSIGNMENT = ctypes.create_string_buffer(DEVICE_ASSIGNMENT_1x1, len(DEVICE_ASSIGNMENT_1x1))
 _NO_DELETE = _BYTES_DELETER(lambda handle: None)
 
 
@@ -39,7 +38,7 @@ def loaded_execute(args):
     for i, buffer in enumerate(outputs):
         out_list[i] = buffer.handle
     if args.device_complete_events:
-        ctypes.c_void_p.from_address(args.device_complete_events).value = READY
+        ctypes.c_void_p.from_address(args.device_complete_events).value = handle_of(loaded.completion(outputs))
 
 
 def _non_donatable(options_address: int | None) -> frozenset[int]:
@@ -76,7 +75,8 @@ def loaded_logical_ids(args):
 
 @implements("PJRT_LoadedExecutable_GetDeviceAssignment")
 def loaded_device_assignment(args):
-    args.serialized_bytes, args.serialized_bytes_size = ctypes.addressof(_ASSIGNMENT), len(DEVICE_ASSIGNMENT_1x1)
+    assignment = handles.lookup(args.executable).device_assignment
+    args.serialized_bytes, args.serialized_bytes_size = ctypes.addressof(assignment), len(assignment)
     args.serialized_device_assignment = None
     args.serialized_device_assignment_deleter = ctypes.cast(_NO_DELETE, ctypes.c_void_p).value
 
