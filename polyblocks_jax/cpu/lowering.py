@@ -6,6 +6,7 @@ import functools
 from polyblocks_jax.cpu.bf16 import bits_for_bf16_moves, define_truncsfbf2
 from polyblocks_jax.cpu.heap import check_heap_buffers
 from polyblocks_jax.cpu.matrix_units import lower_matrix_units
+from polyblocks_jax.cpu.outline import outline_kernels
 from polyblocks_jax.cpu.target import host
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import Stage
@@ -26,6 +27,9 @@ def cpu_stages(options: Options) -> list[Stage]:
         Stage("bf16-bits", bits_for_bf16_moves),
         # An intermediate that can never be allocated: an error now, not a NULL store later.
         Stage("heap-limit", check_heap_buffers),
+        # One function per top-level loop nest: LLVM's OpenMP outlining and optimizer then
+        # work on small functions, not on one function holding the whole model.
+        Stage("outline", outline_kernels),
         Stage("to-llvm",
               "convert-vector-to-scf, "
               # scf.parallel -> omp.parallel + omp.wsloop; its body sits in memref.alloca_scope,

@@ -1,0 +1,161 @@
+"""Each top-level loop nest (a kernel) in a private function of its own, before LLVM.
+
+A whole model is one function with hundreds of loop nests. LLVM's work on a function grows
+faster than its size: the OpenMP translation extracts each parallel region with a code
+extractor that scans the whole enclosing function, and the optimizer's passes see one huge
+function. One function per kernel keeps every such unit small (ViT-Tiny at 224, batch 8:
+LLVM's time 49 s -> 37 s).
+
+``transform.loop.outline`` does the outlining (values from outside become arguments). Then
+each kernel recomputes the constants and views it was passed, so that its loop bounds stay
+constants (trip counts LLVM can unroll and vectorize by) and its call passes few arguments;
+the kernels become internal and ``noinline``: LLVM would inline each one back into its only
+caller otherwise.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from mlir import ir
+from mlir.dialects import func
+
+from polyblocks_jax.options import Options
+from polyblocks_jax.passes.transform import apply_script
+
+KERNEL_ATTR = "polyblocks.kernel"  # marks the loops to outline, for the script's match
+_LOOPS = ("scf.for", "scf.parallel")
+# Recomputed in a kernel rather than passed to it: constants and views (free in LLVM).
+_RECOMPUTED = ("arith.constant", "ub.poison", "memref.view", "memref.subview", "memref.expand_shape",
+               "memref.collapse_shape", "memref.reinterpret_cast", "memref.cast", "memref.get_global")
+_OUTLINE = """module attributes {transform.with_named_sequence} {
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %kernels = transform.structured.match attributes{polyblocks.kernel} in %root
+      : (!transform.any_op) -> !transform.any_op
+    %functions, %calls = transform.loop.outline %kernels {func_name = "kernel"}
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.yield
+  }
+}"""
+
+
+def outline_kernels(module: ir.Module, options: Options) -> None:
+    """Move every outermost loop nest of every function into a private function of its own."""
+    functions = [op.operation for op in module.body.operations
+                 if op.operation.name == "func.func" and op.operation.regions[0].blocks]
+    kernels = [loop for f in functions for loop in _outermost_loops(f)]
+    if not kernels:
+        return
+    unit = ir.UnitAttr.get(module.context)
+    for loop in kernels:
+        loop.attributes[KERNEL_ATTR] = unit
+    apply_script(module, _OUTLINE)
+    known = {_name(f) for f in functions}
+    outlined = {_name(op.operation): op.operation.opview for op in module.body.operations
+                if op.operation.name == "func.func" and _name(op.operation) not in known}
+    for f in functions:
+        for call in [op for op in _calls(f) if _callee(op) in outlined]:
+            _pass_only_roots(call, outlined[_callee(call)])
+        _erase_unused(f)
+    private = {"sym_visibility": ir.StringAttr.get("private", module.context),
+               # func.func's no_inline does not reach LLVM; these do (an internal symbol).
+               "llvm.linkage": ir.Attribute.parse("#llvm.linkage<internal>", module.context),
+               "passthrough": ir.ArrayAttr.get([ir.StringAttr.get("noinline", module.context)], module.context)}
+    for kernel in outlined.values():
+        for name, value in private.items():
+            kernel.attributes[name] = value
+        for op in kernel.entry_block.operations:
+            if KERNEL_ATTR in op.operation.attributes:
+                del op.operation.attributes[KERNEL_ATTR]
+
+
+def _outermost_loops(op: ir.Operation) -> Iterator[ir.Operation]:
+    """The loops in ``op`` not nested in another loop (looking into ifs, whiles, ...)."""
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                if child.operation.name in _LOOPS:
+                    yield child.operation
+                else:
+                    yield from _outermost_loops(child.operation)
+
+
+def _calls(op: ir.Operation) -> Iterator[ir.Operation]:
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                if child.operation.name == "func.call":
+                    yield child.operation
+                yield from _calls(child.operation)
+
+
+def _name(op: ir.Operation) -> str:
+    return ir.StringAttr(op.attributes["sym_name"]).value
+
+
+def _callee(call: ir.Operation) -> str:
+    return ir.FlatSymbolRefAttr(call.attributes["callee"]).value
+
+
+def _pass_only_roots(call: ir.Operation, callee: func.FuncOp) -> None:
+    """Recompute in ``callee`` (``call``'s only callee) what it can: constants and views.
+
+    Each memref argument costs LLVM a descriptor of 3 + 2 x rank words, which ``main``
+    stores for every call: with hundreds of calls that one block of stores is what LLVM's
+    instruction selection spends its time on. Views of one buffer (the arena, an argument)
+    cost nothing to recompute; the callee then receives the buffers they view.
+    """
+    entry, passed = callee.entry_block, []
+    body_start = ir.InsertionPoint(entry.operations[0])
+    inside: dict[ir.Value, ir.Value] = {}
+
+    def value_in_callee(value: ir.Value) -> ir.Value:
+        if value not in inside:
+            owner = value.owner
+            if isinstance(owner, ir.OpView) and owner.operation.name in _RECOMPUTED:
+                operands = [value_in_callee(v) for v in owner.operation.operands]
+                clone = owner.operation.clone(body_start)
+                for index, operand in enumerate(operands):
+                    clone.operands[index] = operand
+                inside[value] = clone.results[ir.OpResult(value).result_number]
+            else:
+                inside[value] = entry.add_argument(value.type, callee.location)
+                passed.append(value)
+        return inside[value]
+
+    count = len(entry.arguments)
+    for argument, value in zip(list(entry.arguments), list(call.operands)):
+        argument.replace_all_uses_with(value_in_callee(value))
+    for index in reversed(range(count)):
+        entry.erase_argument(index)
+    results = list(callee.type.results)
+    inputs = [argument.type for argument in entry.arguments]
+    callee.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(inputs, results))
+    with ir.InsertionPoint(call), call.location:
+        replacement = func.CallOp(results, _callee(call), passed)
+    for old, new in zip(call.results, replacement.results):
+        old.replace_all_uses_with(new)
+    call.erase()
+    _unwrap(replacement.operation)
+
+
+def _erase_unused(op: ir.Operation) -> None:
+    """Drop the constants and views left without uses (those that only fed kernels)."""
+    for region in op.regions:
+        for block in region.blocks:
+            for child in reversed(list(block.operations)):
+                if child.operation.name in _RECOMPUTED:
+                    if not any(True for result in child.operation.results for _ in result.uses):
+                        child.operation.erase()
+                else:
+                    _erase_unused(child.operation)
+
+
+def _unwrap(call: ir.Operation) -> None:
+    """Outlining a loop with results leaves its call in an ``scf.execute_region``: take it out."""
+    region_op = call.parent
+    if region_op.name != "scf.execute_region" or len(region_op.regions[0].blocks[0].operations) != 2:
+        return
+    call.move_before(region_op)
+    for old, new in zip(region_op.results, call.results):
+        old.replace_all_uses_with(new)
+    region_op.erase()

@@ -1,0 +1,158 @@
+"""Kernel outlining (cpu/outline.py): each top-level loop nest in a private, noinline
+function that recomputes its constants and views; on IR, then programs against XLA with
+parallel loops on and off.
+
+The matmuls accumulate in another order than XLA: rtol/atol 1e-5, as in test_fusion.py.
+"""
+import dataclasses
+import glob
+import os
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from mlir import ir
+
+import polyblocks_jax as pb
+import support
+from polyblocks_jax import compiler
+from polyblocks_jax.cpu import lowering, outline
+from polyblocks_jax.passes import run_stages
+from polyblocks_jax.passes.transform import walk
+
+# Three kernels: a parallel loop on a view, a loop yielding a value (used after it), and a
+# loop inside a while loop (its induction value comes from outside the kernel).
+_KERNELS = """
+func.func @main(%a: memref<64xf32>, %arena: memref<1024xi8>, %out: memref<f32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c16 = arith.constant 16 : index
+  %one = arith.constant 1.0 : f32
+  %zero = arith.constant 0.0 : f32
+  %view = memref.view %arena[%c0][] : memref<1024xi8> to memref<16x16xf32>
+  %row = memref.subview %a[16] [16] [1] : memref<64xf32> to memref<16xf32, strided<[1], offset: 16>>
+  scf.parallel (%i) = (%c0) to (%c16) step (%c1) {
+    %x = memref.load %row[%i] : memref<16xf32, strided<[1], offset: 16>>
+    memref.store %x, %view[%i, %i] : memref<16x16xf32>
+    scf.reduce
+  }
+  %sum = scf.for %i = %c0 to %c16 step %c1 iter_args(%s = %zero) -> f32 {
+    %x = memref.load %view[%i, %i] : memref<16x16xf32>
+    %t = arith.addf %s, %x : f32
+    scf.yield %t : f32
+  }
+  memref.store %sum, %out[] : memref<f32>
+  %n = scf.while (%k = %c0) : (index) -> index {
+    %more = arith.cmpi ult, %k, %c16 : index
+    scf.condition(%more) %k : index
+  } do {
+  ^bb0(%k: index):
+    scf.for %j = %c0 to %c16 step %c1 {
+      memref.store %one, %view[%k, %j] : memref<16x16xf32>
+    }
+    %next = arith.addi %k, %c1 : index
+    scf.yield %next : index
+  }
+  return
+}
+"""
+
+
+def _functions(module: ir.Module) -> dict[str, ir.Operation]:
+    return {ir.StringAttr(op.attributes["sym_name"]).value: op.operation for op in module.body.operations
+            if op.operation.name == "func.func"}
+
+
+def _outlined_dump(fn, *args, options: pb.Options) -> str:
+    """The module right after the outline stage, from a compile with dumps on."""
+    with tempfile.TemporaryDirectory() as tmp:
+        lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
+        compiler.CACHE.clear()  # a cached executable would write no dumps
+        pb.compile(lowered, dataclasses.replace(options, dump_dir=tmp))
+        (path,) = glob.glob(os.path.join(tmp, "*", "*-outline.mlir"))
+        with open(path) as f:
+            return f.read()
+
+
+def _mlp(x, w1, w2):
+    h = jax.nn.relu(x @ w1)
+    return jax.nn.softmax(h @ w2, axis=-1), h.sum(axis=0)
+
+
+def _mlp_args():
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((64, 96), np.float32), rng.standard_normal((96, 128), np.float32) * 0.1,
+            rng.standard_normal((128, 32), np.float32) * 0.1)
+
+
+class OutlineIrTest(absltest.TestCase):
+    def test_each_top_level_loop_becomes_a_private_noinline_function(self):
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(_KERNELS)
+            outline.outline_kernels(module, pb.Options())
+            module.operation.verify()
+            functions = _functions(module)
+            kernels = [f for name, f in functions.items() if name != "main"]
+            self.assertLen(kernels, 3)
+            for kernel in kernels:
+                self.assertEqual(ir.StringAttr(kernel.attributes["sym_visibility"]).value, "private")
+                self.assertIn("noinline", str(kernel.attributes["passthrough"]))
+                self.assertIn("internal", str(kernel.attributes["llvm.linkage"]))
+            main_ops = [op.name for op in walk(functions["main"])]
+            self.assertNotIn("scf.parallel", main_ops)
+            self.assertNotIn("scf.for", main_ops)
+            self.assertNotIn("scf.execute_region", main_ops)  # the loop with a result is a plain call
+            self.assertEqual(main_ops.count("func.call"), 3)
+
+    def test_calls_pass_buffers_not_constants_or_views(self):
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(_KERNELS)
+            outline.outline_kernels(module, pb.Options())
+            for op in walk(_functions(module)["main"]):
+                if op.name == "func.call":
+                    for operand in op.operands:
+                        owner = operand.owner
+                        producer = owner.operation.name if isinstance(owner, ir.OpView) else "argument"
+                        self.assertNotIn(producer, ("arith.constant", "memref.view", "memref.subview"))
+            # The kernels' loop bounds are constants again (trip counts known to LLVM).
+            kernel = next(f for name, f in _functions(module).items() if name != "main")
+            self.assertIn("arith.constant", [op.name for op in walk(kernel)])
+
+    def test_outlined_module_lowers_to_llvm(self):
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(_KERNELS)
+            stages = [s for s in lowering.cpu_stages(pb.Options()) if s.name in ("outline", "to-llvm")]
+            run_stages(module, stages, pb.Options())
+            functions = [op for op in module.body.operations if op.operation.name == "llvm.func"]
+            self.assertGreaterEqual(len(functions), 4)
+
+    def test_function_without_loops_is_unchanged(self):
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse("func.func @main(%a: memref<4xf32>) { return }")
+            outline.outline_kernels(module, pb.Options())
+            self.assertEqual(list(_functions(module)), ["main"])
+
+
+class OutlineProgramTest(absltest.TestCase):
+    def test_several_kernels_compile_into_several_functions(self):
+        text = _outlined_dump(_mlp, *_mlp_args(), options=pb.Options())
+        self.assertGreaterEqual(text.count("func.func private @kernel"), 3)
+
+    def test_matches_xla(self):
+        support.check_against_xla(self, _mlp, *_mlp_args(), rtol=1e-5, atol=1e-5)
+
+    def test_matches_xla_without_parallel_loops(self):
+        support.check_against_xla(self, _mlp, *_mlp_args(), rtol=1e-5, atol=1e-5,
+                                  options=pb.Options(parallel=False))
+
+    def test_loop_program_matches_xla(self):
+        def scan(x):
+            return jax.lax.fori_loop(0, 5, lambda i, y: jnp.tanh(y * 1.5 + i), x)
+        x = np.random.default_rng(1).standard_normal((32, 64)).astype(np.float32)
+        support.check_against_xla(self, scan, x)
+
+
+if __name__ == "__main__":
+    absltest.main()
