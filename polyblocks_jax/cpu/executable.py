@@ -9,7 +9,10 @@ memref descriptor. The JIT reaches it through the engine's packed entry point (o
 ``void**`` whose slots point at the arguments); a shared library exposes it directly.
 Outputs are out-parameters that we allocate, so no memory allocated by compiled code
 crosses the boundary; an output computed in a donated input's buffer (``aliases``) has no
-out-parameter: the entry takes the inputs, then the outputs that alias no input.
+out-parameter: the entry takes the inputs, then the outputs that alias no input, then the
+arena of the intermediates (``arena_bytes``, see passes/arena.py) when it has one. The arena
+is allocated per call (so that two threads never share one), checked: memory that cannot
+be had is a ResourceExhaustedError before the code runs.
 
 Parallel loops call the LLVM OpenMP runtime (``libomp.so`` of the cmeel-libomp wheel):
 the JIT loads it, a shared library links against it, and loading one makes it global
@@ -27,9 +30,10 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from polyblocks_jax import dtypes
 from polyblocks_jax.cpu.memref import DescriptorFactory, aligned_empty
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.errors import CompilationError
+from polyblocks_jax.errors import CompilationError, ResourceExhaustedError
 from polyblocks_jax.runtime.specs import check_arguments
 
 _PACKED = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -40,7 +44,9 @@ _LINKER = os.environ.get("CC", "cc")
 def build(llvm_module, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], options,
           aliases: Sequence[int | None] | None = None, overwritten: Iterable[int] = ()) -> "CpuExecutable":
     """JIT-compile an LLVM-dialect module (compiler side: needs MLIR) into a CpuExecutable."""
-    return CpuExecutable(jit(llvm_module, options.opt_level), inputs, outputs, aliases, overwritten)
+    from polyblocks_jax.passes.arena import arena_bytes
+    return CpuExecutable(jit(llvm_module, options.opt_level), inputs, outputs, aliases, overwritten,
+                         arena_bytes(llvm_module))
 
 
 def jit(llvm_module, opt_level: int, shared_libs: Sequence[str] = ()):
@@ -71,17 +77,21 @@ class CpuExecutable:
     ``aliases[k]`` the input whose buffer holds output ``k`` (None: a fresh buffer). A call
     writes into such an input array (its contents are then undefined, or output ``k``,
     returned as that very array), unless the array is read-only or shares memory with
-    another argument: then the code writes into a private copy.
+    another argument: then the code writes into a private copy. ``arena_bytes``: the size of
+    the intermediates' arena, the entry's last argument (0: none).
     """
 
     def __init__(self, engine, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                 aliases: Sequence[int | None] | None = None, overwritten: Iterable[int] = ()) -> None:
+                 aliases: Sequence[int | None] | None = None, overwritten: Iterable[int] = (),
+                 arena_bytes: int = 0) -> None:
         self._owner = engine  # owns the code that _call points into
         self.inputs, self.outputs = list(inputs), list(outputs)
         self.aliases: tuple[int | None, ...] = tuple(aliases) if aliases is not None else (None,) * len(outputs)
         self.overwritten = frozenset(overwritten) | {a for a in self.aliases if a is not None}
         fresh_outputs = [s for s, a in zip(self.outputs, self.aliases) if a is None]
-        self._factories = [DescriptorFactory(s) for s in self.inputs + fresh_outputs]
+        self.arena_bytes = arena_bytes
+        arena = [TensorSpec((arena_bytes,), dtypes.dtype("ui8"))] if arena_bytes else []
+        self._factories = [DescriptorFactory(s) for s in self.inputs + fresh_outputs + arena]
         self._slots = len(self._factories)
         self._call: Callable[[list[int]], None] = (
             self._packed_caller(engine) if engine is not None else lambda addresses: None)
@@ -115,6 +125,9 @@ class CpuExecutable:
 
     def run_addresses(self, data: Sequence[int]) -> None:
         """``run`` on data addresses: the inputs, then the outputs that alias no input (the plugin's path)."""
+        arena = _allocate_arena(self.arena_bytes) if self.arena_bytes else None
+        if arena is not None:
+            data = [*data, arena.ctypes.data]
         descriptors = [make(address) for make, address in zip(self._factories, data)]
         self._call([ctypes.addressof(d) for d in descriptors])
 
@@ -136,7 +149,7 @@ class CpuExecutable:
     @classmethod
     def from_shared_library(cls, library: bytes, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
                             aliases: Sequence[int | None] | None = None,
-                            overwritten: Iterable[int] = ()) -> "CpuExecutable":
+                            overwritten: Iterable[int] = (), arena_bytes: int = 0) -> "CpuExecutable":
         """Load code made by ``to_shared_library``; the file is unlinked once mapped."""
         with tempfile.NamedTemporaryFile(prefix="polyblocks-", suffix=".so", delete=False) as f:
             f.write(library)
@@ -145,7 +158,7 @@ class CpuExecutable:
             dll = ctypes.CDLL(f.name, mode=os.RTLD_LOCAL)
         finally:
             os.unlink(f.name)
-        exe = cls(None, inputs, outputs, aliases, overwritten)
+        exe = cls(None, inputs, outputs, aliases, overwritten, arena_bytes)
         exe._owner = dll
         entry = getattr(dll, _ENTRY_SYMBOL)
         entry.restype, entry.argtypes = None, [ctypes.c_void_p] * exe._slots
@@ -159,3 +172,12 @@ def _private_if_shared(array: np.ndarray, others: Sequence[np.ndarray]) -> np.nd
     if array.flags.writeable and not any(np.may_share_memory(array, o) for o in others):
         return array
     return np.array(array, copy=True)
+
+
+def _allocate_arena(size: int) -> np.ndarray:
+    """The intermediates' memory for one call; compiled code never sees a failed allocation."""
+    try:
+        return aligned_empty((size,), np.dtype(np.uint8))
+    except MemoryError:
+        raise ResourceExhaustedError(f"the intermediates of this program need {size / (1 << 30):.2f} GiB "
+                                     "at once, which this process cannot allocate") from None

@@ -1,14 +1,15 @@
 """Intermediate buffers larger than the memory this process may use, rejected at compile time.
 
-Compiled code allocates its intermediates with malloc and does not check the result: a
-buffer that cannot be had is a NULL store, a segfault that ends the process. Every shape
-is static, so a buffer that can never fit is known before running: it becomes a
-ResourceExhaustedError (PJRT: RESOURCE_EXHAUSTED). Buffers that fit one by one but not
-all together still fail at run time.
+Compiled code allocates the intermediates left outside the arena (passes/arena.py) with
+malloc and does not check the result: a buffer that cannot be had is a NULL store, a
+segfault that ends the process. Every shape is static, so memory that can never be had is
+known before running: one buffer too large, or the buffers alive at once (the arena, the
+other top-level buffers, freed only at the end, and the largest buffer inside a loop)
+together too large. Either becomes a ResourceExhaustedError (PJRT: RESOURCE_EXHAUSTED).
+The arena itself is allocated, checked, by the runtime.
 """
 from __future__ import annotations
 
-import math
 import os
 import resource
 
@@ -16,24 +17,39 @@ from mlir import ir
 
 from polyblocks_jax.errors import ResourceExhaustedError
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.arena import arena_bytes, buffer_bytes
 
 _GIB = float(1 << 30)
 
 
 def check_heap_buffers(module: ir.Module, options: Options) -> None:
-    """Raise ResourceExhaustedError if one memref.alloc is larger than ``memory_limit()``."""
-    buffers: list[ir.MemRefType] = []
+    """Raise ResourceExhaustedError if one intermediate buffer (an alloc or a view of the
+    arena), or those alive at once, exceed ``memory_limit()``."""
+    buffers: list[tuple[ir.MemRefType, int, str]] = []  # type, bytes, where: arena | top | nested
 
     def visit(op: ir.Operation) -> ir.WalkResult:  # the native walk: models have 10^4 ops
-        if op.name == "memref.alloc" and ir.MemRefType(op.result.type).has_static_shape:
-            buffers.append(ir.MemRefType(op.result.type))
+        if op.name in ("memref.alloc", "memref.view") and ir.MemRefType(op.result.type).has_static_shape:
+            type_ = ir.MemRefType(op.result.type)
+            size = buffer_bytes(type_) or 0
+            where = "arena" if op.name == "memref.view" else "top" if op.parent.operation.name == "func.func" \
+                else "nested"
+            buffers.append((type_, size, where))
         return ir.WalkResult.ADVANCE
     module.operation.walk(visit)
-    largest = max(buffers, key=_bytes, default=None)
-    if largest is not None and _bytes(largest) > (limit := memory_limit()):
+    limit = memory_limit()
+    largest = max(buffers, key=lambda b: b[1], default=None)
+    if largest is not None and largest[1] > limit:
         raise ResourceExhaustedError(
-            f"an intermediate buffer {largest} needs {_bytes(largest) / _GIB:.1f} GiB; this process "
+            f"an intermediate buffer {largest[0]} needs {largest[1] / _GIB:.1f} GiB; this process "
             f"may allocate {limit / _GIB:.1f} GiB more (physical memory, RLIMIT_AS, RLIMIT_DATA)")
+    arena = arena_bytes(module)
+    together = arena + sum(size for _, size, where in buffers if where == "top") + \
+        max((size for _, size, where in buffers if where == "nested"), default=0)
+    if together > limit:
+        raise ResourceExhaustedError(
+            f"the intermediate buffers alive at once need {together / _GIB:.1f} GiB (arena "
+            f"{arena / _GIB:.1f} GiB); this process may allocate {limit / _GIB:.1f} GiB more "
+            "(physical memory, RLIMIT_AS, RLIMIT_DATA)")
 
 
 def memory_limit() -> int:
@@ -50,15 +66,3 @@ def memory_limit() -> int:
 def _mapped_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _bytes(type_: ir.MemRefType) -> int:
-    return math.prod(type_.shape) * _element_bytes(type_.element_type)
-
-
-def _element_bytes(elem: ir.Type) -> int:
-    if isinstance(elem, ir.VectorType):
-        return math.prod(ir.VectorType(elem).shape) * _element_bytes(ir.VectorType(elem).element_type)
-    if isinstance(elem, ir.IndexType):
-        return 8
-    return max(1, elem.width // 8)  # IntegerType and FloatType

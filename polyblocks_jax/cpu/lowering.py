@@ -10,6 +10,7 @@ from polyblocks_jax.cpu.outline import outline_kernels
 from polyblocks_jax.cpu.target import host
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import Stage
+from polyblocks_jax.passes.arena import plan_arena
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
 from polyblocks_jax.passes.parallel import parallelize_loops
 
@@ -25,6 +26,8 @@ def cpu_stages(options: Options) -> list[Stage]:
         Stage("parallel", functools.partial(parallelize_loops, threads=host().cores)),
         Stage("bool-buffers", widen_bool_buffers),
         Stage("bf16-bits", bits_for_bf16_moves),
+        # The top level's intermediates: views of one arena the runtime allocates per call.
+        Stage("arena", plan_arena),
         # An intermediate that can never be allocated: an error now, not a NULL store later.
         Stage("heap-limit", check_heap_buffers),
         # One function per top-level loop nest: LLVM's OpenMP outlining and optimizer then

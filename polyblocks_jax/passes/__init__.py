@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.arena import split_empty_tensors
 from polyblocks_jax.passes.conv_tiling import pointwise_convs_to_matmuls
 from polyblocks_jax.passes.copies import strided_copies_to_linalg
 from polyblocks_jax.passes.fusion import fuse_elementwise
@@ -56,6 +57,8 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
     stages += [
         # Results distinct, each donated argument writable and tied to the result reusing it.
         Stage("results", prepare_results),
+        # Equal empty tensors unshared: buffers with short lifetimes for the host's arena.
+        Stage("split-empty-tensors", split_empty_tensors),
         Stage("bufferize",
               # allow-return-allocs-from-loops: a while loop may yield a new buffer (a
               # loop-carried value built afresh each iteration); it is copied, not rejected.

@@ -2,7 +2,7 @@
 
 ``Executable`` is what ``polyblocks_jax.compile`` returns and the PJRT plugin runs;
 ``serialize`` / ``deserialize`` carry it to another process as a shared library plus a
-header (signature, donation, target, checksum). Loading needs no MLIR, LLVM or jax.
+header (signature, donation, arena size, target, checksum). Loading needs no MLIR, LLVM or jax.
 """
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ from polyblocks_jax.errors import InvalidProgramError
 from polyblocks_jax.runtime.specs import spec_from_json, spec_to_json
 
 # Serialized executables: magic, format version, header length, JSON header, shared library.
+# Format 3 added the arena size; format 2 (no arena) still loads.
 _MAGIC = b"PBLKEXE\0"
-_FORMAT = 2
+_FORMAT = 3
+_READABLE = (2, 3)
 _PREFIX = struct.Struct("<8sII")
 
 
@@ -57,6 +59,11 @@ class Executable:
     def overwritten(self) -> frozenset[int]:
         return self._exe.overwritten
 
+    @property
+    def arena_bytes(self) -> int:
+        """Bytes of the intermediates' arena, allocated once per call (0: none)."""
+        return self._exe.arena_bytes
+
     def __call__(self, *arrays) -> tuple[np.ndarray, ...]:
         return self._exe(*arrays)
 
@@ -79,7 +86,7 @@ class Executable:
             "fingerprint": self.fingerprint, "target": host().description(),
             "inputs": [spec_to_json(s) for s in self.inputs], "outputs": [spec_to_json(s) for s in self.outputs],
             "aliases": list(self.aliases), "overwritten": sorted(self.overwritten),
-            "donated": sorted(self.donated),
+            "donated": sorted(self.donated), "arena_bytes": self._exe.arena_bytes,
             "sha256": hashlib.sha256(library).hexdigest(),
         }).encode()
         return _PREFIX.pack(_MAGIC, _FORMAT, len(header)) + header + library
@@ -91,8 +98,8 @@ def deserialize(data: bytes) -> Executable:
     if len(data) < _PREFIX.size:
         raise InvalidProgramError("not a polyblocks executable: too short")
     magic, version, size = _PREFIX.unpack_from(data)
-    if magic != _MAGIC or version != _FORMAT:
-        raise InvalidProgramError(f"not a polyblocks executable of format {_FORMAT}")
+    if magic != _MAGIC or version not in _READABLE:
+        raise InvalidProgramError(f"not a polyblocks executable of format {' or '.join(map(str, _READABLE))}")
     try:
         header = json.loads(data[_PREFIX.size:_PREFIX.size + size])
         library = data[_PREFIX.size + size:]
@@ -101,6 +108,7 @@ def deserialize(data: bytes) -> Executable:
         aliases = _aliases_from_json(header["aliases"], len(inputs), len(outputs))
         overwritten = [_index(i, len(inputs)) for i in header["overwritten"]]
         donated = frozenset(_index(i, len(inputs)) for i in header["donated"])
+        arena = _size(header["arena_bytes"]) if version >= 3 else 0
         checksum, target, key = header["sha256"], header["target"], header["fingerprint"]
     except (ValueError, KeyError, TypeError) as e:
         raise InvalidProgramError(f"corrupted polyblocks executable header: {e}") from None
@@ -109,7 +117,7 @@ def deserialize(data: bytes) -> Executable:
     if target != host().description():
         raise InvalidProgramError(f"polyblocks executable built for {target!r}, "
                                   f"this host is {host().description()!r}")
-    code = CpuExecutable.from_shared_library(library, inputs, outputs, aliases, overwritten)
+    code = CpuExecutable.from_shared_library(library, inputs, outputs, aliases, overwritten, arena)
     return Executable(code, key, {}, donated)
 
 
@@ -126,4 +134,10 @@ def _aliases_from_json(value, inputs: int, outputs: int) -> list[int | None]:
 def _index(value, bound: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < bound:
         raise ValueError(f"bad input index {value!r}")
+    return value
+
+
+def _size(value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"bad arena size {value!r}")
     return value

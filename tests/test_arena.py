@@ -1,0 +1,169 @@
+"""The intermediates' arena (passes/arena.py): reuse by liveness, options, serialized form, limits."""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from mlir import ir
+from mlir.dialects import func
+
+import polyblocks_jax as pb
+import support
+from bench import flax_models
+from polyblocks_jax import cpu, passes
+from polyblocks_jax.errors import InvalidProgramError
+from polyblocks_jax.passes.arena import buffer_bytes
+from polyblocks_jax.runtime import executable as runtime
+from polyblocks_jax.stablehlo_import import import_program, reader
+
+MODEL_RTOL, MODEL_ATOL = 1e-4, 1e-4  # as tests/test_models.py: f32 sums of whole models
+
+
+def chain(x, w):
+    """Matmuls and sorts: each result a buffer of its own, dead two ops later."""
+    for axis in (0, 1, 0, 1):
+        x = jnp.sort(jnp.tanh(x @ w), axis=axis)
+    return (x @ w).sum(axis=1)
+
+
+def lowered(fn, *args):
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
+
+
+def intermediate_bytes(fn, *args) -> int:
+    """Bytes of the top-level intermediates of ``main`` just before the arena stage: what
+    compiled code allocated, all alive until the end, without an arena."""
+    options = pb.Options()
+    with ir.Context() as context, ir.Location.unknown():
+        imported = import_program(reader.program_source(lowered(fn, *args)), context)
+        stages = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
+        passes.run_stages(imported.module, stages[:[s.name for s in stages].index("arena")], options)
+        main = next(op for op in imported.module.body.operations
+                    if isinstance(op, func.FuncOp) and op.name.value == "main")
+        return sum(buffer_bytes(ir.MemRefType(op.result.type)) or 0 for op in main.entry_block.operations
+                   if op.operation.name == "memref.alloc")
+
+
+def run_child(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter whose address space is capped at 8 GiB."""
+    preamble = "import resource; resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))\n"
+    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", preamble + textwrap.dedent(code)],
+                          capture_output=True, text=True, timeout=300)
+
+
+class ArenaTest(absltest.TestCase):
+    def setUp(self):
+        rng = np.random.default_rng(0)
+        self.x = rng.standard_normal((64, 64)).astype(np.float32)
+        self.w = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
+
+    def test_chain_reuses_arena_space(self):
+        support.check_against_xla(self, chain, self.x, self.w)
+        exe = pb.compile(lowered(chain, self.x, self.w))
+        self.assertGreater(exe.arena_bytes, 0)
+        self.assertLess(exe.arena_bytes, intermediate_bytes(chain, self.x, self.w) / 2)
+
+    def test_no_arena_option(self):
+        options = pb.Options.from_flags("no-arena")
+        self.assertFalse(options.arena)
+        self.assertEqual(pb.compile(lowered(chain, self.x, self.w), options).arena_bytes, 0)
+        support.check_against_xla(self, chain, self.x, self.w, options=options)
+
+    def test_serialized_round_trip_keeps_the_arena(self):
+        exe = pb.compile(lowered(chain, self.x, self.w))
+        loaded = runtime.deserialize(exe.serialize())
+        self.assertEqual(loaded.arena_bytes, exe.arena_bytes)
+        support.assert_close(self, list(loaded(self.x, self.w)), support.xla_cpu(chain, self.x, self.w))
+
+    def test_format_2_loads_without_arena_and_bad_size_is_rejected(self):
+        data = pb.compile(lowered(lambda a: a * 2 + 1, self.x), pb.Options(arena=False)).serialize()
+        magic, _, size = struct.unpack_from("<8sII", data)
+        header = json.loads(data[16:16 + size])
+        library = data[16 + size:]
+
+        def with_header(version: int, header: dict) -> bytes:
+            text = json.dumps(header).encode()
+            return struct.pack("<8sII", magic, version, len(text)) + text + library
+        old = {k: v for k, v in header.items() if k != "arena_bytes"}
+        loaded = runtime.deserialize(with_header(2, old))
+        self.assertEqual(loaded.arena_bytes, 0)
+        np.testing.assert_array_equal(loaded(self.x)[0], self.x * 2 + 1)
+        with self.assertRaisesRegex(InvalidProgramError, "bad arena size"):
+            runtime.deserialize(with_header(3, {**header, "arena_bytes": -1}))
+        with self.assertRaisesRegex(InvalidProgramError, "format 2 or 3"):
+            runtime.deserialize(with_header(1, header))
+
+    def test_concurrent_calls_do_not_share_the_arena(self):
+        import concurrent.futures
+        exe = pb.compile(lowered(chain, self.x, self.w))
+        inputs = [(self.x * (i + 1), self.w) for i in range(4)]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda args: exe(*args)[0], inputs * 4))
+        for args, got in zip(inputs * 4, results):
+            np.testing.assert_array_equal(got, exe(*args)[0])
+
+    def test_small_model_matches_xla(self):
+        case = flax_models.make("vit_tiny", batch=2, small=True)
+        exe = pb.compile(lowered(case.apply, case.params, case.input))
+        # Equal layers: without split_empty_tensors their buffers (a matmul's zeros, its
+        # packed panels) would be shared from the first layer to the last (about half).
+        self.assertLess(exe.arena_bytes, intermediate_bytes(case.apply, case.params, case.input) / 3)
+        leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves((case.params, case.input))]
+        support.assert_close(self, list(exe(*leaves)), support.xla_cpu(case.apply, case.params, case.input),
+                             rtol=MODEL_RTOL, atol=MODEL_ATOL)
+
+
+class ArenaMemoryTest(absltest.TestCase):
+    # Each buffer (4 GiB) fits in the child's 8 GiB, the ones alive at once (8 GiB) do not.
+    PROGRAM = "lambda a: jnp.sort(jnp.outer(a, a).reshape(-1))[:4]"
+
+    def test_arena_larger_than_memory_rejected_when_compiling(self):
+        done = run_child(f"""
+            import numpy as np, jax, jax.numpy as jnp, polyblocks_jax as pb
+            from polyblocks_jax.errors import ResourceExhaustedError
+            x = np.ones((1 << 15,), np.float32)
+            try:
+                pb.compile(jax.jit({self.PROGRAM}).trace(x).lower(lowering_platforms=("cpu",)))
+                print("no error")
+            except ResourceExhaustedError as e:
+                print("raised", str(e)[:60])
+        """)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertIn("raised the intermediate buffers alive at once need", done.stdout)
+
+    def test_arena_larger_than_memory_rejected_before_running(self):
+        # Compiled here (no limit), run in the child: the runtime's allocation of the arena fails.
+        x = np.ones((1 << 15,), np.float32)
+        exe = pb.compile(lowered(eval(self.PROGRAM, {"jnp": jnp}), x))
+        self.assertGreater(exe.arena_bytes, 6 << 30)
+        with tempfile.NamedTemporaryFile(suffix=".pbx", delete=False) as f:
+            f.write(exe.serialize())
+        try:
+            done = run_child(f"""
+                import numpy as np
+                from polyblocks_jax.errors import ResourceExhaustedError
+                from polyblocks_jax.runtime.executable import deserialize
+                exe = deserialize(open({f.name!r}, "rb").read())
+                try:
+                    exe(np.ones((1 << 15,), np.float32))
+                    print("no error")
+                except ResourceExhaustedError as e:
+                    print("raised", isinstance(e, MemoryError), str(e)[:40])
+                print("alive")
+            """)
+        finally:
+            os.unlink(f.name)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertIn("raised True the intermediates of this program need", done.stdout)
+        self.assertIn("alive", done.stdout)
+
+
+if __name__ == "__main__":
+    absltest.main()
