@@ -22,7 +22,7 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.runtime.specs import check_arguments, spec_from_json, spec_to_json
 
 _FORMAT = "polyblocks-gpu-executable/1"
-_HOST_ONLY = ("tiling", "vectorize", "parallel")
+_HOST_ONLY = ("tiling", "vectorize", "parallel", "arena")
 
 
 @dataclasses.dataclass
