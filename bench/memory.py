@@ -8,15 +8,18 @@ intermediates' memory each compiler planned (XLA's temporary buffers, polyblocks
 A polyblocks program is compiled by a first child into a temporary JAX persistent cache
 and loaded from it by the measured one, as a deployed program would be: the compiler
 (MLIR, LLVM) never enters the measured process, as XLA's own compiler does not count
-beyond the jaxlib both load. Prints a table; writes nothing.
+beyond the jaxlib both load. Prints a table; ``--save`` writes
+bench/results/memory-<machine>[-quick].json beside the other tables.
 
     python bench/memory.py                   # the small (--quick) configs, batch 2
     python bench/memory.py --models unet --batch 1 8
+    python bench/memory.py --full --batch 8 --backends cpu polyblocks --save
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import os
 import subprocess
@@ -113,15 +116,32 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(flax_models.MODEL_NAMES))
     parser.add_argument("--batch", nargs="+", type=int, default=[2])
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     parser.add_argument("--full", action="store_true", help="the full configurations (default: small)")
+    parser.add_argument("--save", action="store_true", help="write bench/results/memory-<machine>.json")
     args = parser.parse_args(argv)
     print(f"{'model':<10} {'batch':>5}  {'backend':<20} {'peak MiB':>9} {'run growth MiB':>15} {'planned MiB':>12}")
+    rows = []
     for name in args.models:
         for batch in args.batch:
-            for backend in BACKENDS:
+            for backend in args.backends:
                 p = peak_memory(backend, name, batch, not args.full)
+                rows.append(dict(model=name, batch=batch, **dataclasses.asdict(p)))
                 print(f"{name:<10} {batch:>5}  {backend:<20} {p.peak_mib:>9.1f} {p.growth_mib:>15.2f} "
                       f"{p.planned_mib:>12.3f}", flush=True)
+    if args.save:
+        print(f"wrote {_save(rows, args.full)}")
+
+
+def _save(rows: list[dict], full: bool) -> Path:
+    from bench import models
+    path = ROOT / "bench" / "results" / f"memory-{models.machine_slug()}{'' if full else '-quick'}.json"
+    path.write_text(json.dumps({
+        "machine": models.machine_slug(), "cpu": models.cpu_name(), "cores": models.cores(),
+        "date": datetime.date.today().isoformat(), "full_size": full,
+        "units": "MiB: process peak over one run, its growth over the run, planned intermediates",
+        "rows": rows}, indent=1) + "\n")
+    return path
 
 
 if __name__ == "__main__":
