@@ -59,6 +59,13 @@ def _top_level(module: ir.Module) -> list[str]:
     return [op.operation.name for op in body.operations]
 
 
+def _inside(op: ir.Operation, ancestor: ir.Operation) -> bool:
+    parent = op.parent
+    while parent is not None and parent != ancestor:
+        parent = parent.parent
+    return parent is not None
+
+
 def _reducing_generics(op: ir.Operation) -> list[ir.Operation]:
     return [o for o in walk(op) if o.name == "linalg.generic" and "reduction" in str(o.attributes["iterator_types"])]
 
@@ -108,13 +115,30 @@ class TileFusionTest(parameterized.TestCase):
         self.assertIn([1, 1, 8, 128], empties)
         self.assertTrue(all(shape[-2] <= 8 for shape in empties), empties)
 
-    def test_prime_row_count_takes_whole_heads(self):
-        # 37 rows divide only by 1: one-row tiles would be too little work each.
+    def test_prime_row_count_takes_whole_heads_by_rows(self):
+        # 37 rows divide only by 1: one-row tiles would be too little work each. A tile is a
+        # whole head, stepped through 8 rows at a time (4 steps and a peeled remainder of 5).
         module = _after("fusion", lambda x: jax.nn.softmax(x, -1), np.zeros((2, 4, 37, 37), np.float32))
         body = module.body.operations[0].regions[0].blocks[0]
         with module.context:
             (group,) = tile_fusion.fusion_groups(body, AVX2)
-        self.assertEqual(group.tiles, (1, 1, 0, 0))
+        self.assertEqual((group.tiles, group.row_loop, group.row_step), ((1, 1, 0, 0), 2, 8))
+
+    def test_attention_at_a_prime_token_count_is_grouped_by_rows(self):
+        # ViT at 224: 197 tokens. Both contractions join the group, computed with the softmax
+        # 8 query rows at a time (24 steps, then 5 rows), all at static shapes.
+        q = np.zeros((2, 2, 197, 64), np.float32)
+        self.assertNotIn("linalg.batch_matmul", str(_after("fused-contractions", _attention, q, q, q)))
+        module = _after("tile-fusion", _attention, q, q, q)
+        forall = next(o for o in walk(module.operation) if o.name == "scf.forall")
+        loop = next(o for o in walk(forall) if o.name == "scf.for")
+        contractions = [o for o in _reducing_generics(forall) if len(o.operands) == 3]
+        self.assertLen([o for o in contractions if _inside(o, loop)], 2)  # main rows
+        self.assertLen([o for o in contractions if not _inside(o, loop)], 2)  # remainder
+        empties = [ir.RankedTensorType(o.results[0].type).shape for o in walk(forall) if o.name == "tensor.empty"]
+        self.assertIn([1, 1, 8, 197], empties)
+        self.assertIn([1, 1, 5, 197], empties)
+        self.assertNotIn("?", str(forall))  # every slice static: the vectorizer takes them all
 
     def test_only_contractions_around_a_softmax_leave_the_matmul_tiling(self):
         x, w = np.zeros((64, 32), np.float32), np.zeros((32, 64), np.float32)
@@ -157,6 +181,10 @@ class FusedResultsTest(parameterized.TestCase):
     def test_attention(self):
         rng = np.random.default_rng(1)
         self._check(_attention, *(rng.standard_normal((2, 2, 24, 16), np.float32) for _ in range(3)))
+
+    def test_attention_at_a_prime_token_count(self):
+        rng = np.random.default_rng(3)
+        self._check(_attention, *(rng.standard_normal((2, 2, 197, 64), np.float32) for _ in range(3)))
 
     @parameterized.named_parameters(("3x3", (3, 3, 16, 16)), ("pointwise", (1, 1, 16, 16)),
                                     ("odd_channels", (3, 3, 16, 5)))

@@ -18,7 +18,7 @@ import support
 from polyblocks_jax import passes
 from polyblocks_jax.passes.conv_tiling import choose_conv_tiles
 from polyblocks_jax.passes.tiling import Hardware
-from polyblocks_jax.passes.vectorize import LoopNest, choose_vector_tiles
+from polyblocks_jax.passes.vectorize import LoopNest, choose_vector_tiles, peeled_loops
 from polyblocks_jax.stablehlo_import import import_program
 
 AVX2 = Hardware(vector_bits=256, vector_registers=16, l1_bytes=32 << 10, l2_bytes=512 << 10)
@@ -44,6 +44,19 @@ class PlannerTest(parameterized.TestCase):
         # (b, m, n, k): A (b, m, k), B (b, k, n) -> C (b, m, n)
         nest = LoopNest((2, 12, 64, 32), frozenset({3}), ((0, 1, 3), (0, 3, 2)), (0, 1, 2))
         self.assertEqual(choose_vector_tiles(nest, 4, AVX2), (1, 4, 16, 1))
+
+    def test_prime_lengths_take_whole_vectors_and_a_peeled_remainder(self):
+        # 197 tokens (ViT at 224): 24 vectors and 5 lanes; blocks divide the 24 vectors.
+        elementwise = LoopNest((8, 197), frozenset(), ((0, 1),), (0, 1))
+        self.assertEqual(choose_vector_tiles(elementwise, 4, AVX2), (1, 32))
+        self.assertEqual(peeled_loops(elementwise, (1, 32)), {1})
+        row_sum = LoopNest((8, 197), frozenset({1}), ((0, 1),), (0,))
+        self.assertEqual(choose_vector_tiles(row_sum, 4, AVX2), (1, 96))
+        # (b, m, n, k): rows and columns both 197, each with a remainder
+        contraction = LoopNest((1, 197, 197, 64), frozenset({3}), ((0, 1, 3), (0, 3, 2)), (0, 1, 2))
+        tiles = choose_vector_tiles(contraction, 4, AVX2)
+        self.assertEqual(tiles, (1, 4, 16, 1))
+        self.assertEqual(peeled_loops(contraction, tiles), {1, 2})
 
     def test_indivisible_rows_stay_scalar(self):
         self.assertIsNone(choose_vector_tiles(LoopNest((3, 5), frozenset(), ((0, 1),), (0, 1)), 4, AVX2))
@@ -96,6 +109,15 @@ class StageTest(absltest.TestCase):
         self.assertIn("vector.reduction <maximumf>", text)
         self.assertNotRegex(text, r"arith\.maximumf .* : f32\n")
 
+    def test_prime_row_length_runs_on_vectors(self):
+        # 197 = 24 vectors + 5: whole vectors in a loop, the peeled remainder one 5-lane vector.
+        text = _staged(lambda x: jax.nn.softmax(x, axis=-1), np.zeros((4, 197), np.float32))
+        self.assertNotIn("linalg.generic", text)
+        self.assertIn("vector.reduction <add>", text)
+        self.assertIn("vector.reduction <maximumf>", text)
+        self.assertRegex(text, r"math\.floor %\w+ : vector<32xf32>")
+        self.assertRegex(text, r"vector\.transfer_read .* vector<5xf32>")
+
     def test_polynomial_steps_contract_into_fmas(self):
         text = _staged(jnp.exp, np.zeros((4, 64), np.float32))
         self.assertRegex(text, r"arith\.mulf .* fastmath<contract> : vector<")
@@ -121,6 +143,7 @@ class SignedZeroTest(parameterized.TestCase):
             np.testing.assert_array_equal(np.signbit(actual), np.signbit(expected))
 
 
+class ResultsTest(parameterized.TestCase):
     """Each program with vectorize on (serial and parallel tiles) and off."""
 
     def _check(self, fn, *args, **tolerance):
@@ -154,6 +177,14 @@ class SignedZeroTest(parameterized.TestCase):
         rng = np.random.default_rng(2)
         x = rng.standard_normal((3, 5, 7), np.float32)
         self._check(lambda a: (jax.nn.softmax(a, -1), a.sum(0) * 3), x, **ACCUMULATE)
+
+    def test_prime_lengths(self):
+        # Peeled remainders: rows of 197, a 197-wide register tile of a contraction.
+        rng = np.random.default_rng(6)
+        x = rng.standard_normal((6, 197), np.float32)
+        w = rng.standard_normal((197, 197), np.float32)
+        self._check(lambda a, b: (jax.nn.softmax(a, -1), a.max(-1), a.sum(0), jnp.exp(a) * 2,
+                                  jnp.einsum("ik,kj->ij", jnp.tanh(b), b)), x, w, **ACCUMULATE)
 
     def test_reductions(self):
         rng = np.random.default_rng(3)

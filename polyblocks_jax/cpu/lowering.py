@@ -40,12 +40,13 @@ def cpu_stages(options: Options) -> list[Stage]:
               "convert-scf-to-openmp, "
               # expand-strided-metadata emits affine.apply: lower affine after it.
               "expand-strided-metadata, lower-affine, finalize-memref-to-llvm, convert-scf-to-cf, "
-              # enable-amx / enable-x86vector: amx.* and x86vector.* ops to their intrinsics.
-              "convert-vector-to-llvm{enable-amx enable-x86vector}, "
               # bf16 math in f32 (see cpu/bf16.py). Then math ops with an LLVM intrinsic;
-              # the rest (erf, tan, ...) call libm.
+              # the rest (erf, cbrt, ...) call libm, one call per lane of a vector (vector
+              # extracts and inserts, hence before the vector lowering).
               "func.func(math-extend-to-supported-types{extra-types=f16 target-type=f32}), "
               "convert-math-to-llvm, convert-math-to-libm, "
+              # enable-amx / enable-x86vector: amx.* and x86vector.* ops to their intrinsics.
+              "convert-vector-to-llvm{enable-amx enable-x86vector}, "
               # bf16 arithmetic in f32, and bf16 extf/truncf as integer ops: LLVM would
               # call __truncsfbf2, which the JIT cannot resolve.
               "func.func(arith-emulate-unsupported-floats{source-types=bf16 target-type=f32}, "

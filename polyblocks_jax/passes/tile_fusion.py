@@ -32,6 +32,7 @@ from polyblocks_jax.passes.vectorize import REGISTER_ROWS
 
 ROOT_ATTR = "polyblocks.group"
 MEMBER_ATTR = "polyblocks.member"
+ROW_MEMBER_ATTR = "polyblocks.row_member"  # members fused again into a group's row loop
 FUSED_CONTRACTION_ATTR = "polyblocks.fused_contraction"
 _CONTRACTIONS = ("linalg.matmul", "linalg.batch_matmul")
 # Ops a softmax between two contractions is made of, as imported (before elementwise fusion).
@@ -58,6 +59,9 @@ class Group:
     root: ir.Operation
     tiles: tuple[int, ...]            # tile size per root loop, 0: untiled
     members: list[ir.Operation]
+    row_loop: int | None = None       # a root loop stepped by an scf.for inside each tile, ...
+    row_step: int = 0                 # ... by this many rows
+    row_peeled: bool = False          # the step does not divide the rows: a remainder peeled
 
 
 def nest_of(op: ir.Operation) -> Nest | None:
@@ -119,7 +123,9 @@ def _grow(root: ir.Operation, taken: set[ir.Operation], hw: Hardware) -> Group |
     tiled loop then takes as many rows as keep both. Tiling stops early where a tiled loop
     would lose producers (one that does not index a producer's value would make every tile
     recompute it), and steps back one loop where the rows left would be too little work per
-    tile (a prime row count) while the coarser slices still fit in half of L2."""
+    tile (a prime row count) while the coarser slices still fit in half of L2; each coarse
+    tile then steps through its rows in an scf.for, as many rows a step as the finer tiling
+    would take (a remainder of rows peeled), so that a step's intermediates stay in L1."""
     nest = nest_of(root)
     if nest is None:
         return None
@@ -146,6 +152,11 @@ def _grow(root: ir.Operation, taken: set[ir.Operation], hw: Hardware) -> Group |
         coarse, coarse_members = candidates[-2]
         if _row_bytes(root, coarse_members, nest, coarse) <= hw.l2_bytes // 2 \
                 and math.prod(nest.ranges[d] for d in coarse) >= _MIN_COARSE_TILES:
+            if limit > 1 and inner > limit:
+                tiles = tuple(1 if d in coarse else 0 for d in range(len(nest.ranges)))
+                group = Group(root, tiles, members, tiled[-1], limit, inner % limit != 0)
+                if _row_members(group):
+                    return group
             tiled, members, rows = coarse, coarse_members, 1
     tiles = tuple((rows if d == tiled[-1] else 1) if d in tiled else 0 for d in range(len(nest.ranges)))
     return Group(root, tiles, members)
@@ -224,21 +235,58 @@ def tile_and_fuse(module: ir.Module, options: Options, hw: Hardware) -> None:
         group.root.attributes[ROOT_ATTR] = ir.IntegerAttr.get(i64, ident)
         for member in group.members:
             member.attributes[MEMBER_ATTR] = ir.IntegerAttr.get(i64, ident)
+        for member in _row_members(group):
+            member.attributes[ROW_MEMBER_ATTR] = ir.IntegerAttr.get(i64, ident)
     if groups:
-        blocks = "".join(_group_block(ident, group.tiles, len(group.members)) for ident, group in enumerate(groups))
+        blocks = "".join(_group_block(ident, group) for ident, group in enumerate(groups))
         apply_script(module, "module attributes {transform.with_named_sequence} {\n"
                      "  transform.named_sequence @main(%root: !transform.any_op {transform.readonly}) {\n"
                      f"{blocks}    transform.yield\n  }}\n}}")
         passmanager.PassManager.parse("builtin.module(canonicalize, cse)", module.context).run(module.operation)
 
 
-def _group_block(ident: int, tiles: tuple[int, ...], count: int) -> str:
+def _row_members(group: Group) -> list[ir.Operation]:
+    """The members fused into a group's row loop: all but the root's init (the loop's
+    iteration argument, which upstream fusion cannot slice)."""
+    if group.row_loop is None:
+        return []
+    inits = {v.owner.operation for v in group.root.operands[len(group.root.operands) - len(group.root.results):]
+             if isinstance(v.owner, ir.OpView)}
+    return [m for m in group.members if m not in inits]
+
+
+def _row_block(ident: int, group: Group) -> str:
+    """Script lines tiling a group's tiled root (in its scf.forall) by an scf.for of rows,
+    fusing the row members into it, consumers first, and peeling a remainder of rows."""
+    g = f"%g{ident}"
+    sizes = [group.row_step if d == group.row_loop else 0 for d in range(len(group.tiles))]
+    n = len(_row_members(group))
+    lines = f"""    {g}_rtiled, {g}_rows = transform.structured.tile_using_for {g}_tiled tile_sizes [{', '.join(map(str, sizes))}]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    {g}_rmembers = transform.structured.match attributes{{{ROW_MEMBER_ATTR} = {ident} : i64}} in {g}_loop
+      : (!transform.any_op) -> !transform.any_op
+    {g}_reach:{n} = transform.split_handle {g}_rmembers : (!transform.any_op) -> ({', '.join(['!transform.any_op'] * n)})
+    {g}_rordered = transform.merge_handles {', '.join(f'{g}_reach#{i}' for i in reversed(range(n)))} : !transform.any_op
+    {g}_rfused, {g}_rloop = transform.structured.fuse_into_containing_op {g}_rordered into {g}_rows
+      : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
+"""
+    if group.row_peeled:
+        lines += f"""    {g}_for = transform.cast {g}_rloop : !transform.any_op to !transform.op<"scf.for">
+    {g}_main, {g}_rest = transform.loop.peel {g}_for : (!transform.op<"scf.for">) -> (!transform.any_op, !transform.any_op)
+"""
+    return lines
+
+
+def _group_block(ident: int, group: Group) -> str:
     """Script lines tiling root ``ident`` into an scf.forall and fusing its members into it,
     consumers before producers (a producer is fused once per use inside; CSE in the loop
-    merges the copies). A slice of an empty tensor becomes an empty tensor of the slice's
+    merges the copies); with a row loop, the same again into an scf.for of rows in each
+    tile, then peeled. A slice of an empty tensor becomes an empty tensor of the slice's
     size: each tile's intermediates are tile-sized buffers that stay in cache, not slices
     of whole-tensor buffers."""
     g = f"%g{ident}"
+    tiles, count = group.tiles, len(group.members)
+    rows = _row_block(ident, group) if group.row_loop is not None else ""
     return f"""    {g}_root = transform.structured.match attributes{{{ROOT_ATTR} = {ident} : i64}} in %root
       : (!transform.any_op) -> !transform.any_op
     {g}_members = transform.structured.match attributes{{{MEMBER_ATTR} = {ident} : i64}} in %root
@@ -250,7 +298,7 @@ def _group_block(ident: int, tiles: tuple[int, ...], count: int) -> str:
     {g}_fused, {g}_loop = transform.structured.fuse_into_containing_op {g}_ordered into {g}_forall
       : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
     transform.apply_cse to {g}_loop : !transform.any_op
-    transform.apply_patterns to {g}_loop {{
+{rows}    transform.apply_patterns to {g}_loop {{
       transform.apply_patterns.tensor.fold_tensor_empty
     }} : !transform.any_op
 """
@@ -279,7 +327,7 @@ def _vectorizable_contraction(op: ir.Operation, hw: Hardware) -> bool:
     result = ir.RankedTensorType(op.results[0].type)
     *_, rows, columns = result.shape
     lanes = hw.vector_bits // 32
-    return isinstance(result.element_type, ir.F32Type) and columns % lanes == 0 and rows % REGISTER_ROWS == 0
+    return isinstance(result.element_type, ir.F32Type) and columns >= lanes and rows >= REGISTER_ROWS
 
 
 def _contraction_above_reduction(value: ir.Value) -> ir.Operation | None:

@@ -13,8 +13,10 @@ Plans, by the loop that carries the vector:
   reduces (a register tile of accumulators), every other loop stepping by one;
 - the innermost dim of the input when it is reduced (row sums, row norms): a chunk of it,
   reduced with a reassociating horizontal add.
-Tiles divide their loops exactly, so neither masks nor remainder loops are needed; an op
-whose loops do not divide stays scalar (LLVM's auto-vectorizer may still take it).
+A loop that no whole number of vectors divides (197 tokens of a ViT) is peeled
+(``transform.loop.peel``): a main loop of whole blocks, then one remainder iteration,
+narrower than a vector, whose static shape vectorizes as is (no masks, which AVX2 lacks
+for most ops). An op whose loops are narrower than one vector stays scalar.
 """
 from __future__ import annotations
 
@@ -70,13 +72,24 @@ def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware) -> tuple[
     # A register tile of accumulators: rows of the next result dim by a few vectors.
     if len(nest.result) > 1 and nest.result[-2] is not None and nest.result[-2] not in nest.reductions:
         row = nest.result[-2]
-        tiles[row] = max(r for r in range(1, REGISTER_ROWS + 1) if nest.ranges[row] % r == 0)
+        # rows that no tile divides (a prime count) get full tiles and a peeled remainder
+        divisors = [r for r in range(2, REGISTER_ROWS + 1) if nest.ranges[row] % r == 0]
+        tiles[row] = max(divisors) if divisors else min(REGISTER_ROWS, nest.ranges[row])
     return _with(tiles, inner, _vector_block(nest.ranges[inner], lanes, _ROW_VECTORS))
 
 
+def peeled_loops(nest: LoopNest, tiles: tuple[int, ...]) -> frozenset[int]:
+    """The loops ``tiles`` do not divide: each gets a remainder iteration of its own."""
+    return frozenset(d for d, t in enumerate(tiles) if nest.ranges[d] % t)
+
+
 def _vector_block(extent: int, lanes: int, max_vectors: int) -> int | None:
-    """The largest multiple of ``lanes`` dividing ``extent``, at most ``max_vectors`` vectors."""
+    """The largest multiple of ``lanes`` dividing ``extent``, at most ``max_vectors`` vectors;
+    else, when ``extent`` is not a whole number of vectors, the largest block of whole
+    vectors dividing that number (the remainder, under one vector, is peeled)."""
     sizes = [v * lanes for v in range(1, max_vectors + 1) if extent % (v * lanes) == 0]
+    if not sizes and extent >= lanes:
+        sizes = [v * lanes for v in range(1, max_vectors + 1) if (extent // lanes) % v == 0]
     return max(sizes) if sizes else None
 
 
@@ -89,9 +102,10 @@ def _with(tiles: list[int], dim: int, size: int | None) -> tuple[int, ...] | Non
 
 def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
     """Annotate each op a plan exists for with its tiles, then tile and vectorize them."""
-    choices: dict[tuple[str, tuple[int, ...], frozenset[int], bool], int] = {}
+    choices: dict[tuple[str, tuple[int, ...], frozenset[int], frozenset[int], bool], int] = {}
     for op in walk(module.operation):
-        plan = conv_tiling.loop_tiles(op, hw) or _plan(op, hw)
+        conv = conv_tiling.loop_tiles(op, hw)
+        plan = (*conv, frozenset()) if conv is not None else _plan(op, hw)
         if plan is not None:
             # an op that tile fusion put in an scf.forall already runs on all cores
             parallel = options.parallel and not _in_forall(op)
@@ -99,8 +113,8 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
                 signed_zeros.plain_combiners(op)
             ident = choices.setdefault((op.name, *plan, parallel), len(choices))
             op.attributes[VECTOR_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ident)
-    for (name, tiles, reductions, parallel), ident in choices.items():
-        apply_script(module, script(name, ident, tiles, reductions, parallel, decompose="conv" in name))
+    for (name, tiles, reductions, peeled, parallel), ident in choices.items():
+        apply_script(module, script(name, ident, tiles, reductions, parallel, peeled, decompose="conv" in name))
     if choices:
         _reassociate_reductions(module)
         vector_math.expand_vector_exps(module)
@@ -121,14 +135,14 @@ def _in_forall(op: ir.Operation) -> bool:
     return False
 
 
-def _plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int]] | None:
-    """Tile sizes and reduction loops of a generic or reduce op, or None."""
+def _plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int], frozenset[int]] | None:
+    """Tile sizes, reduction loops and peeled loops of a generic or reduce op, or None."""
     if (op.name not in _VECTORIZED_OPS or TILE_ATTR in op.attributes or not _vectorizable(op)
             or _has_reversed_index(op)):
         return None
     nest = loop_nest(op)
     tiles = choose_vector_tiles(nest, 4, hw) if nest is not None and nest.ranges else None
-    return (tiles, nest.reductions) if tiles is not None else None
+    return (tiles, nest.reductions, peeled_loops(nest, tiles)) if tiles is not None else None
 
 
 def _vectorizable(op: ir.Operation) -> bool:
@@ -196,19 +210,33 @@ def loop_nest(op: ir.Operation) -> LoopNest | None:
 
 
 def script(op_name: str, ident: int, tiles: tuple[int, ...], reductions: frozenset[int],
-           parallel: bool, decompose: bool = False) -> str:
+           parallel: bool, peeled: frozenset[int] = frozenset(), decompose: bool = False) -> str:
     """Tile ``op_name`` ops marked ``ident`` to one register block, vectorize, lower, hoist;
     ``parallel``: the parallel loops form an scf.forall the target may spread over cores.
+    ``peeled`` loops get a remainder iteration; canonicalization then gives each copy of the
+    tiled op static shapes, and they are matched again (peeling invalidates the handle).
     ``decompose`` turns a tiled 2-D convolution (one kernel row) into a 1-D one first."""
-    vectorized = "%d" if decompose else "%t"
-    decomposed = ("%d = transform.structured.decompose %t : (!transform.any_op) -> !transform.any_op"
+    tiled = "%t"
+    peeling = ""
+    if peeled:
+        tiled = "%p"
+        peeling = _peeling(tiles, reductions, parallel, peeled) + f"""
+    %fp = transform.structured.match ops{{["func.func"]}} in %root : (!transform.any_op) -> !transform.any_op
+    transform.apply_patterns to %fp {{
+      transform.apply_patterns.canonicalization
+    }} : !transform.any_op
+    %p = transform.structured.match ops{{["{op_name}"]}} attributes{{{VECTOR_ATTR} = {ident} : i64}} in %root
+      : (!transform.any_op) -> !transform.any_op"""
+    vectorized = "%d" if decompose else tiled
+    decomposed = (f"%d = transform.structured.decompose {tiled} : (!transform.any_op) -> !transform.any_op"
                   if decompose else "")
     return f"""
 module attributes {{transform.with_named_sequence}} {{
   transform.named_sequence @main(%root: !transform.any_op {{transform.readonly}}) {{
     %op = transform.structured.match ops{{["{op_name}"]}} attributes{{{VECTOR_ATTR} = {ident} : i64}} in %root
       : (!transform.any_op) -> !transform.any_op
-{_tiling(tiles, reductions, parallel)}
+{_tiling(tiles, reductions, parallel, peeled)}
+{peeling}
     {decomposed}
     transform.structured.vectorize {vectorized} : !transform.any_op
     %f = transform.structured.match ops{{["func.func"]}} in %root : (!transform.any_op) -> !transform.any_op
@@ -224,23 +252,48 @@ module attributes {{transform.with_named_sequence}} {{
 }}"""
 
 
-def _tiling(tiles: tuple[int, ...], reductions: frozenset[int], parallel: bool) -> str:
-    """Transform ops tiling ``%op`` into ``%t``: one scf.for per loop, or, when parallel, an
-    scf.forall over the parallel loops and scf.for over the reduction loops inside it."""
-    def tile_for(target: str, sizes: list[int]) -> str:
-        count = sum(1 for s in sizes if s)
-        handles = ", ".join(["!transform.any_op"] * count)
-        return (f"    %t, %loops:{count} = transform.structured.tile_using_for {target} tile_sizes "
-                f"[{', '.join(map(str, sizes))}] : (!transform.any_op) -> (!transform.any_op, {handles})")
-    outer = [0 if d in reductions else t for d, t in enumerate(tiles)]
-    inner = [t if d in reductions else 0 for d, t in enumerate(tiles)]
+def _forall_tiles(tiles: tuple[int, ...], reductions: frozenset[int], parallel: bool,
+                  peeled: frozenset[int]) -> tuple[list[int], list[int]]:
+    """Tile sizes of the scf.forall and of the scf.for loops: the forall takes the parallel
+    loops when ``parallel``, except peeled ones (only an scf.for peels)."""
+    outer = [0 if d in reductions or d in peeled else t for d, t in enumerate(tiles)]
     if not parallel or not any(outer):  # a full reduction has no parallel loop to spread
-        return tile_for("%op", list(tiles))
-    forall = (f"    %t0, %forall = transform.structured.tile_using_forall %op tile_sizes "
-              f"[{', '.join(map(str, outer))}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
-    if not reductions:
-        return forall.replace("%t0,", "%t,")
-    return forall + "\n" + tile_for("%t0", inner)
+        outer = [0] * len(tiles)
+    inner = [0 if o else t for o, t in zip(outer, tiles)]
+    return outer, inner
+
+
+def _tiling(tiles: tuple[int, ...], reductions: frozenset[int], parallel: bool,
+            peeled: frozenset[int] = frozenset()) -> str:
+    """Transform ops tiling ``%op`` into ``%t``: one scf.for per loop, or, when parallel, an
+    scf.forall over the parallel loops and scf.for over the others inside it."""
+    outer, inner = _forall_tiles(tiles, reductions, parallel, peeled)
+    target, lines = "%op", []
+    if any(outer):
+        result = "%t" if not any(inner) else "%t0"
+        lines.append(f"    {result}, %forall = transform.structured.tile_using_forall %op tile_sizes "
+                     f"[{', '.join(map(str, outer))}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
+        target = "%t0"
+    if any(inner):
+        count = sum(1 for s in inner if s)
+        handles = ", ".join(["!transform.any_op"] * count)
+        lines.append(f"    %t, %loops:{count} = transform.structured.tile_using_for {target} tile_sizes "
+                     f"[{', '.join(map(str, inner))}] : (!transform.any_op) -> (!transform.any_op, {handles})")
+    return "\n".join(lines)
+
+
+def _peeling(tiles: tuple[int, ...], reductions: frozenset[int], parallel: bool,
+             peeled: frozenset[int]) -> str:
+    """Peel the scf.for of each ``peeled`` loop, innermost first (an outer loop's peeling
+    then copies the inner ones already peeled)."""
+    _, inner = _forall_tiles(tiles, reductions, parallel, peeled)
+    handle = {d: sum(1 for s in inner[:d] if s) for d in peeled}
+    lines = []
+    for d in sorted(peeled, reverse=True):
+        lines.append(f"    %for{d} = transform.cast %loops#{handle[d]} : !transform.any_op to !transform.op<\"scf.for\">\n"
+                     f"    %main{d}, %rest{d} = transform.loop.peel %for{d}"
+                     " : (!transform.op<\"scf.for\">) -> (!transform.any_op, !transform.any_op)")
+    return "\n".join(lines)
 
 
 def _private_inits(module: ir.Module) -> None:
