@@ -165,5 +165,37 @@ class ArenaMemoryTest(absltest.TestCase):
         self.assertIn("alive", done.stdout)
 
 
+class SplitEmptyTensorsTest(absltest.TestCase):
+    PROGRAM = """
+    func.func @main(%x: tensor<8x64xf32>) -> (tensor<8x64xf32>, tensor<8x64xf32>) {
+      %zero = arith.constant 0.0 : f32
+      %empty = tensor.empty() : tensor<8x64xf32>
+      %fill = linalg.fill ins(%zero : f32) outs(%empty : tensor<8x64xf32>) -> tensor<8x64xf32>
+      %r:2 = scf.forall (%i) in (8) shared_outs(%a = %fill, %b = %fill) -> (tensor<8x64xf32>, tensor<8x64xf32>) {
+        %row = tensor.extract_slice %fill[%i, 0] [1, 64] [1, 1] : tensor<8x64xf32> to tensor<1x64xf32>
+        %in = tensor.extract_slice %x[%i, 0] [1, 64] [1, 1] : tensor<8x64xf32> to tensor<1x64xf32>
+        %s = linalg.add ins(%in, %row : tensor<1x64xf32>, tensor<1x64xf32>) outs(%row : tensor<1x64xf32>) -> tensor<1x64xf32>
+        scf.forall.in_parallel {
+          tensor.parallel_insert_slice %s into %a[%i, 0] [1, 64] [1, 1] : tensor<1x64xf32> into tensor<8x64xf32>
+          tensor.parallel_insert_slice %row into %b[%i, 0] [1, 64] [1, 1] : tensor<1x64xf32> into tensor<8x64xf32>
+        }
+      }
+      return %r#0, %r#1 : tensor<8x64xf32>, tensor<8x64xf32>
+    }"""
+
+    def test_copies_of_a_fill_sliced_in_a_loop_stay_outside_it(self):
+        # Each user gets its own fill, made once before the loop: a copy at the slice would
+        # fill the whole tensor in every iteration.
+        from polyblocks_jax.passes.arena import split_empty_tensors
+        from polyblocks_jax.passes.transform import walk
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(self.PROGRAM)
+            split_empty_tensors(module, pb.Options())
+            fills = [op for op in walk(module.operation) if op.name == "linalg.fill"]
+            self.assertGreater(len(fills), 1)
+            self.assertTrue(all(op.parent.name == "func.func" for op in fills), [op.parent.name for op in fills])
+            module.operation.verify()
+
+
 if __name__ == "__main__":
     absltest.main()

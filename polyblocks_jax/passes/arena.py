@@ -137,11 +137,13 @@ def _tensor_operand(op: ir.Operation) -> ir.Value | None:
 
 
 def _fresh_copy(op: ir.Operation, before: ir.Operation) -> ir.Value:
-    """A copy of ``op`` and of the chain down to its empty tensor, just before ``before``."""
+    """A copy of ``op`` just before ``before``, and of the chain down to its empty tensor each
+    where its original is (a slice in a loop of a fill outside copies the fill outside)."""
     clone = op.clone(ir.InsertionPoint(before)).operation
     if op.name != "tensor.empty":
         source = _tensor_operand(op)
-        clone.replace_uses_of_with(source, _fresh_copy(source.owner.operation, clone))
+        producer = source.owner.operation
+        clone.replace_uses_of_with(source, _fresh_copy(producer, _enclosing_in(producer.parent, clone)))
     return clone.result
 
 
