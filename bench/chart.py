@@ -1,4 +1,4 @@
-"""PNG chart of a bench/models.py report: latency per model and batch, XLA vs polyblocks."""
+"""PNG chart of a bench/models.py or bench/ops.py report: latency per row, XLA vs polyblocks."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 
 def plot(report: dict, path: Path) -> None:
     rows = report["rows"]
-    labels = [f"{r['model']}\nbatch {r['batch']}" for r in rows]
+    labels = [r["op"] if "op" in r else f"{r['model']}\nbatch {r['batch']}" for r in rows]
     xla = [r["xla_ms"] for r in rows]
     pbs = [r["pb_ms"] or 0.0 for r in rows]
     x = np.arange(len(rows))
@@ -21,7 +21,8 @@ def plot(report: dict, path: Path) -> None:
     ax.bar(x + 0.2, pbs, 0.4, label="polyblocks")
     top = max(xla + pbs)
     for i, r in enumerate(rows):
-        note = f"{r['speedup']:.2f}x" if r["speedup"] else f"failed\n{r['failed_op'] or 'error'}"
+        ratio = r.get("speedup", r.get("ratio"))  # models.py names it speedup, ops.py ratio
+        note = f"{ratio:.2f}x" if ratio else f"failed\n{r.get('failed_op') or 'error'}"
         ax.annotate(note, (x[i] + 0.2, pbs[i] or 0.0), xytext=(0, 3), textcoords="offset points",
                     ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, labels, fontsize=8)

@@ -30,7 +30,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench import models, runner  # noqa: E402
+from bench import chart, models, runner  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -139,6 +139,7 @@ def write_results(rows: list[Row], args: argparse.Namespace) -> Path:
     }
     path = RESULTS / f"ops-{models.machine_slug()}{suffix}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
+    chart.plot(report, path.with_suffix(".png"))
     return path
 
 
