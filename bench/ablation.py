@@ -33,13 +33,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ALL_ON = "all-on"
 
 
-def optimizations() -> list[str]:
-    """The optimizations Options can switch off: boolean fields that default to on."""
-    return [f.name for f in dataclasses.fields(pb.Options) if f.type in (bool, "bool") and f.default is True]
-
-
 def configurations() -> list[str]:
-    return [ALL_ON] + [f"no-{name}" for name in optimizations()]
+    return [ALL_ON] + [f"no-{name}" for name in pb.Options.switches()]
 
 
 def run_configuration(config: str, args: argparse.Namespace) -> list[dict]:

@@ -62,6 +62,11 @@ class Options:
         return cls(**values)
 
     @classmethod
+    def switches(cls) -> list[str]:
+        """The optimizations that can be switched off by name (``no-<name>``): the flags."""
+        return [f.name for f in dataclasses.fields(cls) if f.type in (bool, "bool")]
+
+    @classmethod
     def from_env(cls) -> "Options":
         return cls.from_flags(os.environ.get(FLAGS_ENV, ""), dump_dir=os.environ.get(DUMP_ENV) or None)
 

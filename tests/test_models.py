@@ -1,6 +1,4 @@
 """The three benchmark models at small sizes, through jax.jit on platform "polyblocks", vs XLA."""
-import dataclasses
-
 import jax
 import numpy as np
 from absl.testing import absltest, parameterized
@@ -31,17 +29,12 @@ class ModelsTest(parameterized.TestCase):
         support.assert_close(self, actual, expected, rtol=MODEL_RTOL, atol=MODEL_ATOL, msg=name)
 
 
-def switches() -> list[str]:
-    """The optimizations Options can switch off by name (boolean fields, on by default)."""
-    return [f.name for f in dataclasses.fields(pb.Options) if f.type in (bool, "bool") and f.default is True]
-
-
 class SwitchedOffTest(parameterized.TestCase):
     """Each model with each optimization off in turn: the same results, so that any one of
     them can be measured on its own (bench/ablation.py) without changing what is computed."""
 
     @parameterized.named_parameters((f"{name}_no_{switch}", name, switch)
-                                    for name in flax_models.MODEL_NAMES for switch in switches())
+                                    for name in flax_models.MODEL_NAMES for switch in pb.Options.switches())
     def test_model_without(self, name, switch):
         case = flax_models.make(name, batch=2, small=True)
         leaves, tree = jax.tree_util.tree_flatten((case.params, case.input))

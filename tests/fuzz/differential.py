@@ -1,7 +1,6 @@
 """Run one program spec on XLA CPU and through polyblocks under every option setting; compare."""
 from __future__ import annotations
 
-import dataclasses
 import unittest
 
 import jax
@@ -11,21 +10,16 @@ import support
 from . import interpret
 
 
-def _switches() -> list[str]:
-    """Names of the optimizations that Options can switch off (its boolean fields)."""
-    return [f.name for f in dataclasses.fields(pb.Options) if f.type in (bool, "bool")]
-
-
 def _setting(off: list[str]) -> tuple[str, pb.Options]:
     name = ",".join(f"no-{s}" for s in off) or "default"
     return name, pb.Options(**{s: False for s in off})
 
 
 # The CI slice: the default, fusion off, tiling off, every optimization off.
-SETTINGS: dict[str, pb.Options] = dict(_setting(off) for off in ([], ["fusion"], ["tiling"], _switches()))
+SETTINGS: dict[str, pb.Options] = dict(_setting(off) for off in ([], ["fusion"], ["tiling"], pb.Options.switches()))
 # The long mode adds each remaining optimization off on its own.
-ALL_SETTINGS: dict[str, pb.Options] = dict(_setting(off) for off in ([], *[[s] for s in _switches()],
-                                                                      _switches()))
+ALL_SETTINGS: dict[str, pb.Options] = dict(_setting(off) for off in ([], *[[s] for s in pb.Options.switches()],
+                                                                      pb.Options.switches()))
 
 _ASSERT = unittest.TestCase()  # support.assert_close reports through a TestCase
 
