@@ -23,6 +23,7 @@ from polyblocks_jax.passes.transform import walk
 from polyblocks_jax.stablehlo_import import import_program
 
 AVX2 = Hardware(vector_bits=256, vector_registers=16, l1_bytes=32 << 10, l2_bytes=512 << 10)
+AVX512 = Hardware(vector_bits=512, vector_registers=32, l1_bytes=32 << 10, l2_bytes=1 << 20)
 ACCUMULATE = dict(rtol=1e-5, atol=1e-5)
 _NHWC = ("NHWC", "HWIO", "NHWC")
 
@@ -154,6 +155,23 @@ class TileFusionTest(parameterized.TestCase):
         forall = next(o for o in walk(module.operation) if o.name == "scf.forall")
         self.assertIn("linalg.conv_2d_nhwc_hwcf", str(forall))
         self.assertNotIn("linalg.conv_2d_nhwc_hwcf", "\n".join(_top_level(module)))
+
+    def test_channel_tiles_are_whole_vectors(self):
+        # ResNet's last convolution into its global mean pool: a group's step through the
+        # channels takes whole vectors; 8 channels, half an AVX-512 vector, stayed scalar.
+        x = np.zeros((8, 4, 4, 512), np.float32)
+        w = np.zeros((3, 3, 512, 512), np.float32)
+
+        def fn(x, w):
+            y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=_NHWC)
+            return jax.nn.relu(y).mean((1, 2))
+        module = _after("fusion", fn, x, w)
+        body = module.body.operations[0].regions[0].blocks[0]
+        with module.context:
+            (group,) = tile_fusion.fusion_groups(body, AVX512)
+        self.assertIn("linalg.conv_2d_nhwc_hwcf", [m.name for m in group.members])
+        # one image per tile, stepping through its channels a vector at a time
+        self.assertEqual((group.tiles, group.row_loop, group.row_step), ((1, 0), 1, 16))
 
     def test_producer_used_outside_the_group_stays_whole(self):
         # exp(x) is also a result: computing it per tile and again whole would repeat it.

@@ -120,7 +120,8 @@ def _grow(root: ir.Operation, taken: set[ir.Operation], hw: Hardware) -> Group |
 
     Tiles: the root's outer parallel loops one by one (each tiled to 1), until the largest
     op's slice per tile fits in half of L1 and there are enough tiles to share out; the last
-    tiled loop then takes as many rows as keep both. Tiling stops early where a tiled loop
+    tiled loop then takes as many rows as keep both (whole vectors of them where it is the
+    root's contiguous dim, as channels are). Tiling stops early where a tiled loop
     would lose producers (one that does not index a producer's value would make every tile
     recompute it), and steps back one loop where the rows left would be too little work per
     tile (a prime row count) while the coarser slices still fit in half of L2; each coarse
@@ -145,9 +146,11 @@ def _grow(root: ir.Operation, taken: set[ir.Operation], hw: Hardware) -> Group |
     tiled, members = candidates[-1]
     steps = math.prod(nest.ranges[d] for d in tiled)
     row = _row_bytes(root, members, nest, tiled)
-    limit = min(_MAX_ROWS, hw.l1_bytes // 2 // max(1, row))
     inner = nest.ranges[tiled[-1]]
-    rows = max([r for r in range(1, limit + 1) if inner % r == 0 and steps // r >= _MIN_TILES] or [1])
+    unit = min(inner, hw.vector_bits // 32) if nest.operands[-1][-1:] == (tiled[-1],) else 1
+    limit = max(unit, min(_MAX_ROWS, hw.l1_bytes // 2 // max(1, row)) // unit * unit)
+    rows = max([r for r in range(unit, limit + 1, unit) if inner % r == 0 and steps // r >= _MIN_TILES]
+               or [unit if inner % unit == 0 else inner])
     if rows * row < _MIN_TILE_BYTES and len(candidates) > 1:
         coarse, coarse_members = candidates[-2]
         if _row_bytes(root, coarse_members, nest, coarse) <= hw.l2_bytes // 2 \
@@ -219,7 +222,10 @@ def _producer_tiled_loops(consumer: Nest, operand: int, tiled: frozenset[int],
 
 
 def _result_bytes(op: ir.Operation) -> int:
-    t = ir.RankedTensorType(op.results[0].type)
+    return _tensor_bytes(ir.RankedTensorType(op.results[0].type))
+
+
+def _tensor_bytes(t: ir.RankedTensorType) -> int:
     width = t.element_type.width if hasattr(t.element_type, "width") else 32
     return math.prod(t.shape) * max(1, width // 8)
 
@@ -310,12 +316,16 @@ def contractions_into_groups(module: ir.Module, options: Options, hw: Hardware) 
     reduction (a softmax), feed the second (attention). Tiled alone, the scores between them
     would make two passes over memory; in a group, a few rows of them stay in cache while
     the second contraction's operand (a head's values) stays in L2 for all rows. Only where
-    vectorization will take them: columns in whole vectors, rows for a register tile."""
+    vectorization will take them (columns in whole vectors, rows for a register tile) and
+    where both right-hand operands fit in half of L2 together: every row tile reads them
+    whole. A transformer's MLP (weights of 2 x 590 KB at ViT-Tiny) fails that test and is
+    left to the matmul tiling, which packs its weights once."""
     marked = []
     for op in walk(module.operation):
         if op.name in _CONTRACTIONS:
             first = _contraction_above_reduction(op.operands[0])
-            if first is not None and all(_vectorizable_contraction(c, hw) for c in (first, op)):
+            if (first is not None and all(_vectorizable_contraction(c, hw) for c in (first, op))
+                    and _rhs_slice_bytes(first) + _rhs_slice_bytes(op) <= hw.l2_bytes // 2):
                 marked += [first, op]
     for op in marked:
         op.attributes[FUSED_CONTRACTION_ATTR] = ir.UnitAttr.get()
@@ -328,6 +338,12 @@ def _vectorizable_contraction(op: ir.Operation, hw: Hardware) -> bool:
     *_, rows, columns = result.shape
     lanes = hw.vector_bits // 32
     return isinstance(result.element_type, ir.F32Type) and columns >= lanes and rows >= REGISTER_ROWS
+
+
+def _rhs_slice_bytes(op: ir.Operation) -> int:
+    """Bytes of a contraction's right-hand operand that one row tile reads (one batch's)."""
+    rhs = ir.RankedTensorType(op.operands[1].type)
+    return _tensor_bytes(rhs) // (rhs.shape[0] if op.name == "linalg.batch_matmul" else 1)
 
 
 def _contraction_above_reduction(value: ir.Value) -> ir.Operation | None:
