@@ -50,6 +50,14 @@ class CostModelTest(parameterized.TestCase):
         self.assertEqual(plan.split, (192, 192))
         self.assertEqual([p.tiles.register[:2] for p in plan.parts], [(6, 16), (6, 5), (5, 16), (5, 5)])
 
+    def test_rows_in_few_blocks_tile_the_columns_instead(self):
+        # 1024 on AVX-512: a main part of 1022 rows, 73 x 14. Row tiles of 14 rows would
+        # each pack all of B again; one tile of all rows by half the columns packs it once.
+        part = plan_matmul(1024, 1024, 1024, 4, AVX512).parts[0]
+        (mc, nc, _), (mr, nr, _) = part.tiles.cache, part.tiles.register
+        self.assertEqual((part.size[0] // mr, mc), (73, part.size[0]))
+        self.assertGreaterEqual(part.size[1] // nc, 2)  # still two tiles or more for the cores
+
     def test_divisible_shape_is_one_part(self):
         plan = plan_matmul(96, 64, 256, 4, AVX2)
         self.assertEqual(len(plan.parts), 1)

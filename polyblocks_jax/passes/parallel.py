@@ -29,6 +29,7 @@ CHUNKS_PER_THREAD = 4  # enough iterations of the parallel dims to balance the t
 _LOOPS = ("scf.for", "scf.parallel")
 _FREE = ("scf.reduce", "scf.yield", "arith.constant")  # no code of their own in the loop
 _VECTOR_LANES = 8  # a vector op on n elements counts as n / 8 operations
+_MATH_COST = 16  # a math op (sin, exp, erf, ...) becomes a polynomial of some 10-30 operations
 
 
 def parallelize_loops(module: ir.Module, options: Options, threads: int) -> None:
@@ -65,7 +66,7 @@ def _own_cost(op: ir.Operation) -> int:
     for result in op.results:
         if isinstance(result.type, ir.VectorType):
             elements = max(elements, math.prod(ir.VectorType(result.type).shape) // _VECTOR_LANES)
-    return elements
+    return elements * (_MATH_COST if op.name.startswith("math.") else 1)
 
 
 def _dim_trips(op: ir.Operation) -> list[int]:

@@ -41,6 +41,7 @@ _ELEMENT_BYTES = {"f32": 4, "f64": 8}
 _ANY = "!transform.any_op"
 _FOR = '!transform.op<"scf.for">'
 _PACK_ROWS = 8  # rows of B copied per step of a packing loop
+_MIN_ROW_SHARE = 8  # a row tile holds at least 1/8 of the row blocks, or rows are not split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,15 +101,20 @@ def choose_matmul_tiles(m: int, n: int, k: int, register: tuple[int, int], elem_
     kc: a register panel of B (kc x nr) in half of L1, with kc dividing k where a divisor
     near the bound exists; nc: the packed B block (kc x nc) in half of L2, reused by every
     row block; mc: as many rows as leave two row tiles or more for the cores (each row tile
-    packs the B blocks again, while A streams through its one-row-block panel). m and n tiles
-    divide their dims; k may leave a remainder (a peeled last k tile).
+    packs the B blocks again, while A streams through its one-row-block panel). Where the
+    row blocks do not split into large tiles (1022 = 73 x 14 rows: tiles of 14 rows would
+    pack all of B 73 times), all rows make one tile and the columns two or more instead.
+    m and n tiles divide their dims; k may leave a remainder (a peeled last k tile).
     """
     mr, nr = register
     kc_max = max(1, hw.l1_bytes // 2 // (nr * elem_bytes))
     kc = _divisor_near(k, kc_max) or -(-k // -(-k // kc_max))
-    nc = nr * _largest_divisor(n // nr, max(1, hw.l2_bytes // 2 // (kc * elem_bytes * nr)))
-    mc = mr * _largest_divisor(m // mr, max(1, m // mr // 2))
-    return MatmulTiles((mc, nc, kc), (mr, nr, 1))
+    n_blocks = _largest_divisor(n // nr, max(1, hw.l2_bytes // 2 // (kc * elem_bytes * nr)))
+    m_blocks = _largest_divisor(m // mr, max(1, m // mr // 2))
+    if m_blocks * _MIN_ROW_SHARE < m // mr and n // nr > 1:
+        m_blocks = m // mr
+        n_blocks = _largest_divisor(n // nr, max(1, min(n_blocks, n // nr // 2)))
+    return MatmulTiles((mr * m_blocks, nr * n_blocks, kc), (mr, nr, 1))
 
 
 def _largest_divisor(n: int, limit: int) -> int:
