@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from mlir import ir
-from mlir.dialects import func
+from mlir.dialects import arith, func
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.transform import apply_script
@@ -66,6 +66,7 @@ def outline_kernels(module: ir.Module, options: Options) -> None:
         for op in kernel.entry_block.operations:
             if KERNEL_ATTR in op.operation.attributes:
                 del op.operation.attributes[KERNEL_ATTR]
+    _share_identical_kernels(functions, outlined)
 
 
 def _outermost_loops(op: ir.Operation) -> Iterator[ir.Operation]:
@@ -136,6 +137,52 @@ def _pass_only_roots(call: ir.Operation, callee: func.FuncOp) -> None:
         old.replace_all_uses_with(new)
     call.erase()
     _unwrap(replacement.operation)
+
+
+def _share_identical_kernels(functions: list[ir.Operation], outlined: dict[str, func.FuncOp]) -> None:
+    """One function for the kernels that differ only in where their buffers lie in the arena.
+
+    A model repeats its layers (ViT-Tiny: 12 identical blocks), and so its kernels, each
+    viewing the arena at offsets of its own. Each kernel takes those offsets as arguments
+    instead; then the kernels of repeated layers are the same text, and all but one go:
+    LLVM compiles each kernel once, not once per layer.
+    """
+    canonical: dict[str, str] = {}
+    for f in functions:
+        for call in [op for op in _calls(f) if _callee(op) in outlined]:
+            kernel = outlined[_callee(call)]
+            call = _offsets_as_arguments(call, kernel)
+            # local scope: printing a nested op otherwise numbers the values of the whole module
+            text = kernel.operation.get_asm(use_local_scope=True).replace(f"@{_callee(call)}(", "@kernel(", 1)
+            name = canonical.setdefault(text, _callee(call))
+            if name != _callee(call):
+                call.attributes["callee"] = ir.FlatSymbolRefAttr.get(name)
+                kernel.operation.erase()
+
+
+def _offsets_as_arguments(call: ir.Operation, kernel: func.FuncOp) -> ir.Operation:
+    """Make the constant byte offsets of the kernel's views of its arguments (the arena)
+    arguments of the kernel, passed by ``call``; the new call."""
+    entry, offsets = kernel.entry_block, []
+    index = ir.IndexType.get()
+    for op in list(entry.operations):
+        source, shift = (list(op.operands) + [None, None])[:2]
+        if (op.name == "memref.view" and isinstance(source, ir.BlockArgument)
+                and isinstance(shift.owner, ir.OpView) and shift.owner.operation.name == "arith.constant"):
+            offsets.append(ir.IntegerAttr(shift.owner.attributes["value"]).value)
+            op.operation.operands[1] = entry.add_argument(index, kernel.location)
+    if not offsets:
+        return call
+    kernel.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+        [a.type for a in entry.arguments], list(kernel.type.results)))
+    with ir.InsertionPoint(call), call.location:
+        passed = [arith.ConstantOp(index, offset).result for offset in offsets]
+        replacement = func.CallOp(list(kernel.type.results), _callee(call), [*call.operands, *passed])
+    for old, new in zip(call.results, replacement.results):
+        old.replace_all_uses_with(new)
+    call.erase()
+    _erase_unused(kernel.operation)
+    return replacement.operation
 
 
 def _erase_unused(op: ir.Operation) -> None:
