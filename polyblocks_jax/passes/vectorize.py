@@ -113,9 +113,9 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
                 signed_zeros.plain_combiners(op)
             ident = choices.setdefault((op.name, *plan, parallel), len(choices))
             op.attributes[VECTOR_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ident)
-    for (name, tiles, reductions, peeled, parallel), ident in choices.items():
-        apply_script(module, script(name, ident, tiles, reductions, parallel, peeled, decompose="conv" in name))
     if choices:
+        apply_script(module, script([Choice(ident, name, tiles, reductions, parallel, peeled)
+                                     for (name, tiles, reductions, peeled, parallel), ident in choices.items()]))
         _reassociate_reductions(module)
         vector_math.expand_vector_exps(module)
         _contract_multiply_adds(module)
@@ -209,36 +209,37 @@ def loop_nest(op: ir.Operation) -> LoopNest | None:
     return LoopNest(tuple(ranges), reduced, tuple(dims[:n_inputs]), dims[n_inputs])
 
 
-def script(op_name: str, ident: int, tiles: tuple[int, ...], reductions: frozenset[int],
-           parallel: bool, peeled: frozenset[int] = frozenset(), decompose: bool = False) -> str:
-    """Tile ``op_name`` ops marked ``ident`` to one register block, vectorize, lower, hoist;
-    ``parallel``: the parallel loops form an scf.forall the target may spread over cores.
-    ``peeled`` loops get a remainder iteration; canonicalization then gives each copy of the
-    tiled op static shapes, and they are matched again (peeling invalidates the handle).
-    ``decompose`` turns a tiled 2-D convolution (one kernel row) into a 1-D one first."""
-    tiled = "%t"
-    peeling = ""
-    if peeled:
-        tiled = "%p"
-        peeling = _peeling(tiles, reductions, parallel, peeled) + f"""
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One plan and the ops marked with it (``polyblocks.vector = ident``)."""
+    ident: int
+    op_name: str
+    tiles: tuple[int, ...]
+    reductions: frozenset[int]
+    parallel: bool                        # the parallel loops form an scf.forall for the cores
+    peeled: frozenset[int] = frozenset()  # loops that get a remainder iteration
+
+
+def script(choices: list[Choice]) -> str:
+    """Tile the ops of every choice to one register block, vectorize, lower, hoist: one
+    script, so that the function-wide patterns run once, not once per choice. Peeled loops
+    get a remainder iteration; canonicalization then gives each copy of a tiled op static
+    shapes, and every choice's ops are matched again (tiling and peeling replace them).
+    A tiled 2-D convolution (one kernel row) is decomposed into a 1-D one first."""
+    tiling = "\n".join(_tiling(c) + _peeling(c) for c in choices)
+    canonicalize = ""
+    if any(c.peeled for c in choices):
+        canonicalize = f"""
     %fp = transform.structured.match ops{{["func.func"]}} in %root : (!transform.any_op) -> !transform.any_op
     transform.apply_patterns to %fp {{
       transform.apply_patterns.canonicalization
-    }} : !transform.any_op
-    %p = transform.structured.match ops{{["{op_name}"]}} attributes{{{VECTOR_ATTR} = {ident} : i64}} in %root
-      : (!transform.any_op) -> !transform.any_op"""
-    vectorized = "%d" if decompose else tiled
-    decomposed = (f"%d = transform.structured.decompose {tiled} : (!transform.any_op) -> !transform.any_op"
-                  if decompose else "")
+    }} : !transform.any_op"""
+    vectorizing = "".join(_vectorizing(c) for c in choices)
     return f"""
 module attributes {{transform.with_named_sequence}} {{
   transform.named_sequence @main(%root: !transform.any_op {{transform.readonly}}) {{
-    %op = transform.structured.match ops{{["{op_name}"]}} attributes{{{VECTOR_ATTR} = {ident} : i64}} in %root
-      : (!transform.any_op) -> !transform.any_op
-{_tiling(tiles, reductions, parallel, peeled)}
-{peeling}
-    {decomposed}
-    transform.structured.vectorize {vectorized} : !transform.any_op
+{tiling}{canonicalize}
+{vectorizing}
     %f = transform.structured.match ops{{["func.func"]}} in %root : (!transform.any_op) -> !transform.any_op
     // Canonicalization first: it folds a reduction over a one-step loop into plain
     // elementwise ops, which the lowering below would split into one reduction per element.
@@ -252,48 +253,60 @@ module attributes {{transform.with_named_sequence}} {{
 }}"""
 
 
-def _forall_tiles(tiles: tuple[int, ...], reductions: frozenset[int], parallel: bool,
-                  peeled: frozenset[int]) -> tuple[list[int], list[int]]:
+def _match(c: Choice, handle: str) -> str:
+    return (f"    {handle} = transform.structured.match ops{{[\"{c.op_name}\"]}} "
+            f"attributes{{{VECTOR_ATTR} = {c.ident} : i64}} in %root : (!transform.any_op) -> !transform.any_op\n")
+
+
+def _vectorizing(c: Choice) -> str:
+    """Transform ops vectorizing the tiled ops of ``c`` (decomposing a convolution first)."""
+    target, lines = f"%v{c.ident}", _match(c, f"%v{c.ident}")
+    if "conv" in c.op_name:
+        lines += (f"    %d{c.ident} = transform.structured.decompose {target}"
+                  " : (!transform.any_op) -> !transform.any_op\n")
+        target = f"%d{c.ident}"
+    return lines + f"    transform.structured.vectorize {target} : !transform.any_op\n"
+
+
+def _forall_tiles(c: Choice) -> tuple[list[int], list[int]]:
     """Tile sizes of the scf.forall and of the scf.for loops: the forall takes the parallel
-    loops when ``parallel``, except peeled ones (only an scf.for peels)."""
-    outer = [0 if d in reductions or d in peeled else t for d, t in enumerate(tiles)]
-    if not parallel or not any(outer):  # a full reduction has no parallel loop to spread
-        outer = [0] * len(tiles)
-    inner = [0 if o else t for o, t in zip(outer, tiles)]
+    loops when ``c.parallel``, except peeled ones (only an scf.for peels)."""
+    outer = [0 if d in c.reductions or d in c.peeled else t for d, t in enumerate(c.tiles)]
+    if not c.parallel or not any(outer):  # a full reduction has no parallel loop to spread
+        outer = [0] * len(c.tiles)
+    inner = [0 if o else t for o, t in zip(outer, c.tiles)]
     return outer, inner
 
 
-def _tiling(tiles: tuple[int, ...], reductions: frozenset[int], parallel: bool,
-            peeled: frozenset[int] = frozenset()) -> str:
-    """Transform ops tiling ``%op`` into ``%t``: one scf.for per loop, or, when parallel, an
+def _tiling(c: Choice) -> str:
+    """Transform ops tiling the ops of ``c``: one scf.for per loop, or, when parallel, an
     scf.forall over the parallel loops and scf.for over the others inside it."""
-    outer, inner = _forall_tiles(tiles, reductions, parallel, peeled)
-    target, lines = "%op", []
+    outer, inner = _forall_tiles(c)
+    i, any_op = c.ident, "!transform.any_op"
+    lines, target = _match(c, f"%op{i}"), f"%op{i}"
     if any(outer):
-        result = "%t" if not any(inner) else "%t0"
-        lines.append(f"    {result}, %forall = transform.structured.tile_using_forall %op tile_sizes "
-                     f"[{', '.join(map(str, outer))}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
-        target = "%t0"
+        lines += (f"    %t0_{i}, %forall{i} = transform.structured.tile_using_forall {target} tile_sizes "
+                  f"[{', '.join(map(str, outer))}] : ({any_op}) -> ({any_op}, {any_op})\n")
+        target = f"%t0_{i}"
     if any(inner):
         count = sum(1 for s in inner if s)
-        handles = ", ".join(["!transform.any_op"] * count)
-        lines.append(f"    %t, %loops:{count} = transform.structured.tile_using_for {target} tile_sizes "
-                     f"[{', '.join(map(str, inner))}] : (!transform.any_op) -> (!transform.any_op, {handles})")
-    return "\n".join(lines)
+        handles = ", ".join([any_op] * count)
+        lines += (f"    %t{i}, %loops{i}:{count} = transform.structured.tile_using_for {target} tile_sizes "
+                  f"[{', '.join(map(str, inner))}] : ({any_op}) -> ({any_op}, {handles})\n")
+    return lines
 
 
-def _peeling(tiles: tuple[int, ...], reductions: frozenset[int], parallel: bool,
-             peeled: frozenset[int]) -> str:
-    """Peel the scf.for of each ``peeled`` loop, innermost first (an outer loop's peeling
+def _peeling(c: Choice) -> str:
+    """Peel the scf.for of each peeled loop, innermost first (an outer loop's peeling
     then copies the inner ones already peeled)."""
-    _, inner = _forall_tiles(tiles, reductions, parallel, peeled)
-    handle = {d: sum(1 for s in inner[:d] if s) for d in peeled}
-    lines = []
-    for d in sorted(peeled, reverse=True):
-        lines.append(f"    %for{d} = transform.cast %loops#{handle[d]} : !transform.any_op to !transform.op<\"scf.for\">\n"
-                     f"    %main{d}, %rest{d} = transform.loop.peel %for{d}"
-                     " : (!transform.op<\"scf.for\">) -> (!transform.any_op, !transform.any_op)")
-    return "\n".join(lines)
+    _, inner = _forall_tiles(c)
+    i, lines = c.ident, ""
+    for d in sorted(c.peeled, reverse=True):
+        handle = sum(1 for s in inner[:d] if s)
+        lines += (f"    %for{i}_{d} = transform.cast %loops{i}#{handle} : !transform.any_op to !transform.op<\"scf.for\">\n"
+                  f"    %main{i}_{d}, %rest{i}_{d} = transform.loop.peel %for{i}_{d}"
+                  " : (!transform.op<\"scf.for\">) -> (!transform.any_op, !transform.any_op)\n")
+    return lines
 
 
 def _private_inits(module: ir.Module) -> None:
