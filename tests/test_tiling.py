@@ -45,15 +45,21 @@ class CostModelTest(parameterized.TestCase):
         self.assertEqual(register_tile(512, 8, AVX2), (6, 8))
         self.assertEqual(register_tile(1, 4, AVX2), (1, 32))  # one row: four vectors in flight
 
+    def test_row_tile_avoids_a_small_edge_part(self):
+        # 1024 = 73 x 14 + 2: the 2-row edge part would stream all of B for 4 MFLOP.
+        self.assertEqual(register_tile(1024, 4, AVX512), (8, 32))
+        self.assertEqual(register_tile(1022, 4, AVX512), (14, 32))
+        self.assertEqual(register_tile(8, 4, AVX512), (8, 32))
+
     def test_edges_get_their_own_register_tiles(self):
         plan = plan_matmul(197, 197, 64, 4, AVX2)
         self.assertEqual(plan.split, (192, 192))
         self.assertEqual([p.tiles.register[:2] for p in plan.parts], [(6, 16), (6, 5), (5, 16), (5, 5)])
 
     def test_rows_in_few_blocks_tile_the_columns_instead(self):
-        # 1024 on AVX-512: a main part of 1022 rows, 73 x 14. Row tiles of 14 rows would
-        # each pack all of B again; one tile of all rows by half the columns packs it once.
-        part = plan_matmul(1024, 1024, 1024, 4, AVX512).parts[0]
+        # 1022 rows on AVX-512: 73 blocks of 14. Row tiles of 14 rows would each pack all
+        # of B again; one tile of all rows by half the columns packs it once.
+        (part,) = plan_matmul(1022, 1024, 1024, 4, AVX512).parts
         (mc, nc, _), (mr, nr, _) = part.tiles.cache, part.tiles.register
         self.assertEqual((part.size[0] // mr, mc), (73, part.size[0]))
         self.assertGreaterEqual(part.size[1] // nc, 2)  # still two tiles or more for the cores

@@ -2,8 +2,8 @@
 
 ``choose_conv_tiles`` is the cost model: a register tile of output pixels along W by a few
 vectors of output channels, accumulated over a block of input channels; of the tiles that
-fit the registers, the one with the fewest estimated cycles per FMA (FMA throughput, loads,
-and the FMA latency each accumulator chain waits on). The transform script tiles every loop
+fit the registers, the one with the fewest estimated cycles per FMA
+(``tiling.cycles_per_fma``: FMA throughput, loads, and the latency each chain waits on). The transform script tiles every loop
 to that block (kernel rows and columns to one), decomposes the 2-D convolution into a 1-D
 one, vectorizes it (outer products over input channels) and hoists the accumulators out
 of the kh/kw/c loops, like tiling.py's matmul recipe; the script is vectorize.py's, which
@@ -20,13 +20,11 @@ from mlir import ir
 from mlir.dialects import linalg, tensor
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.tiling import Hardware
+from polyblocks_jax.passes.tiling import Hardware, cycles_per_fma
 from polyblocks_jax.passes.transform import walk
 
 _MAX_INPUT_CHANNELS = 32  # input channels per step: bounds the unrolled outer products
 _MAX_VECTORS = 4          # vectors of output channels per pixel
-# Per core, as on current x86 cores with FMA: FMAs and loads issued per cycle, FMA latency.
-_FMA_PER_CYCLE, _LOADS_PER_CYCLE, _FMA_LATENCY = 2, 2, 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,17 +48,9 @@ def choose_conv_tiles(out_width: int, out_channels: int, in_channels: int, elem_
              and width * vectors + vectors + 1 <= hw.vector_registers]
     if not tiles:
         return None
-    width, vectors = min(tiles, key=lambda t: (_cycles_per_fma(*t, depthwise), -t[0] * t[1]))
+    width, vectors = min(tiles, key=lambda t: (cycles_per_fma(*t, depthwise), -t[0] * t[1]))
     reduce = 1 if depthwise else _largest_divisor(in_channels, _MAX_INPUT_CHANNELS)
     return ConvTiles(width, vectors * lanes, reduce)
-
-
-def _cycles_per_fma(width: int, vectors: int, depthwise: bool) -> float:
-    """Estimated cycles per FMA of a width x vectors register tile: the slowest of FMA issue,
-    loads (a kernel vector per pixel row, an input element broadcast per vector column, or
-    an input vector per FMA when depthwise), and the latency of each accumulator's chain."""
-    loads = 1 / width + (1 if depthwise else 1 / vectors)
-    return max(1 / _FMA_PER_CYCLE, loads / _LOADS_PER_CYCLE, _FMA_LATENCY / (width * vectors))
 
 
 def _largest_divisor(n: int, limit: int) -> int:

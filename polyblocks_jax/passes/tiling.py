@@ -42,6 +42,12 @@ _ANY = "!transform.any_op"
 _FOR = '!transform.op<"scf.for">'
 _PACK_ROWS = 8  # rows of B copied per step of a packing loop
 _MIN_ROW_SHARE = 8  # a row tile holds at least 1/8 of the row blocks, or rows are not split
+# Per core, as on current x86 cores with FMA: FMAs and loads issued per cycle, FMA latency.
+FMA_PER_CYCLE, LOADS_PER_CYCLE, FMA_LATENCY = 2, 2, 4
+# A matmul's accumulators cover the latency with a margin (BLIS keeps 12 on AVX2, where 8
+# chains would just cover 2 FMAs x 4 cycles): the k loop also carries the packing's stores.
+_LATENCY_MARGIN = 1.5
+_STREAM_BYTES_PER_CYCLE = 8  # B streamed from L3 or memory into a part's packed panels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,12 +81,35 @@ class MatmulPlan:
 
 
 def register_tile(m: int, elem_bytes: int, hw: Hardware) -> tuple[int, int]:
-    """(mr, nr): rows by columns of accumulators. Two vectors per row and as many rows as leave
-    registers for the two B vectors and a broadcast A element (6 x 16 f32 on AVX2, BLIS's
-    kernel); a matrix of one or two rows gets four vectors per row, for enough FMAs in flight."""
+    """(mr, nr): rows by columns of accumulators. Two vectors per row (four for a matrix of
+    one or two rows: enough FMAs in flight), and the rows that cost the fewest estimated
+    cycles over all m rows: the main part's FMAs, then the edge part of the last m % mr rows,
+    which runs on its own and streams all of B again (on AVX-512, 1024 rows take 8-row tiles:
+    14-row ones would leave a 2-row part reading 4 MB of B for 4 MFLOP). Of equal costs, the
+    most rows (B's panel then loads from L1 fewer times)."""
     lanes = hw.vector_bits // (8 * elem_bytes)
-    mr = min(m, (hw.vector_registers - 4) // 2)
-    return mr, (4 if mr <= 2 else 2) * lanes
+
+    def vectors(rows: int) -> int:
+        return 4 if rows <= 2 else 2
+
+    def cycles(mr: int) -> float:
+        edge = m % mr
+        rows = (m - edge) * cycles_per_fma(mr, vectors(mr), latency=FMA_LATENCY * _LATENCY_MARGIN)
+        if edge:
+            rows += edge * cycles_per_fma(edge, vectors(mr), latency=FMA_LATENCY * _LATENCY_MARGIN)
+            rows += hw.vector_bits / 8 / _STREAM_BYTES_PER_CYCLE  # per B vector, as the rows are
+        return rows
+    mr = min(range(1, min(m, (hw.vector_registers - 4) // 2) + 1), key=lambda r: (cycles(r), -r))
+    return mr, vectors(mr) * lanes
+
+
+def cycles_per_fma(rows: int, vectors: int, depthwise: bool = False, latency: float = FMA_LATENCY) -> float:
+    """Estimated cycles per FMA of a register tile of ``rows`` (output rows or pixels) by
+    ``vectors``: the slowest of FMA issue, loads (a B or kernel vector per row, an A or input
+    element broadcast per vector column, or an input vector per FMA when depthwise), and the
+    ``latency`` each accumulator's chain waits on."""
+    loads = 1 / rows + (1 if depthwise else 1 / vectors)
+    return max(1 / FMA_PER_CYCLE, loads / LOADS_PER_CYCLE, latency / (rows * vectors))
 
 
 def plan_matmul(m: int, n: int, k: int, elem_bytes: int, hw: Hardware) -> MatmulPlan:
