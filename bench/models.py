@@ -26,6 +26,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable from t
 import jax  # noqa: E402
 
 from bench import chart, flax_models, runner  # noqa: E402
+from polyblocks_jax.cpu import target  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -93,10 +94,11 @@ def cores() -> int:
 
 
 def machine_slug() -> str:
-    """A short name for the host: first two words of the CPU model, and the core count."""
+    """A short name for the host: first two words of the CPU model, the core count and the
+    vector width (one model name covers hosts with and without AVX-512)."""
     words = re.sub(r"\((R|TM|tm)\)", "", cpu_name()).lower().split()
     words = [re.sub(r"[^a-z0-9]+", "", w) for w in words]
-    return "-".join([w for w in words if w][:2] + [f"{cores()}c"])
+    return "-".join([w for w in words if w][:2] + [f"{cores()}c", target.host().vector_isa])
 
 
 def write_results(rows: list[Row], args: argparse.Namespace) -> Path:

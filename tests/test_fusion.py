@@ -156,9 +156,10 @@ class TileFusionTest(parameterized.TestCase):
         self.assertIn("linalg.conv_2d_nhwc_hwcf", str(forall))
         self.assertNotIn("linalg.conv_2d_nhwc_hwcf", "\n".join(_top_level(module)))
 
-    def test_channel_tiles_are_whole_vectors(self):
-        # ResNet's last convolution into its global mean pool: a group's step through the
-        # channels takes whole vectors; 8 channels, half an AVX-512 vector, stayed scalar.
+    def test_small_images_with_large_weights_are_tiled_by_channels(self):
+        # ResNet's last convolution into its global mean pool: 4 x 4 pixels an image, 9.4 MB
+        # of weights. Tiles of images would each read all the weights; tiles of 32 channels
+        # (whole AVX-512 vectors) read each slice of them once, all images inside.
         x = np.zeros((8, 4, 4, 512), np.float32)
         w = np.zeros((3, 3, 512, 512), np.float32)
 
@@ -170,8 +171,16 @@ class TileFusionTest(parameterized.TestCase):
         with module.context:
             (group,) = tile_fusion.fusion_groups(body, AVX512)
         self.assertIn("linalg.conv_2d_nhwc_hwcf", [m.name for m in group.members])
-        # one image per tile, stepping through its channels a vector at a time
-        self.assertEqual((group.tiles, group.row_loop, group.row_step), ((1, 0), 1, 16))
+        self.assertEqual((group.tiles, group.row_loop), ((0, 32), None))
+
+    def test_large_images_are_tiled_by_rows(self):
+        x = np.zeros((2, 32, 32, 64), np.float32)
+        w = np.zeros((3, 3, 64, 64), np.float32)
+        module = _after("fusion", _conv_epilogue, x, w, w[0, 0, 0], w[0, 0, 0], x)
+        body = module.body.operations[0].regions[0].blocks[0]
+        with module.context:
+            (group,) = tile_fusion.fusion_groups(body, AVX512)
+        self.assertEqual(group.tiles[-1], 0)  # every channel in a tile
 
     def test_producer_used_outside_the_group_stays_whole(self):
         # exp(x) is also a result: computing it per tile and again whole would repeat it.

@@ -58,11 +58,14 @@ class CpuTarget:
         return Hardware(self.vector_bits, 32 if self.vector_bits == 512 else 16,
                         self.l1d_bytes, self.l2_bytes, self.matrix_units())
 
+    @property
+    def vector_isa(self) -> str:
+        return "avx512" if self.vector_bits == 512 else "avx2" if self.vector_bits == 256 else "sse"
+
     def description(self) -> str:
         """The device kind shown to JAX users, e.g. ``polyblocks cpu x86-64 avx2``, or
         ``polyblocks cpu x86-64 avx512 amx`` with the matrix unit matmuls use."""
-        isa = "avx512" if self.vector_bits == 512 else "avx2" if self.vector_bits == 256 else "sse"
-        return " ".join(["polyblocks cpu x86-64", isa, *self.matrix_unit_names[:1]])
+        return " ".join(["polyblocks cpu x86-64", self.vector_isa, *self.matrix_unit_names[:1]])
 
 
 @functools.cache
