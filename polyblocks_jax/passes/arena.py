@@ -100,11 +100,33 @@ def split_empty_tensors(module: ir.Module, options: Options) -> None:
     module.operation.walk(visit)
     for op in shared:  # erasing an op erases only ops listed before it
         users = list(dict.fromkeys(use.owner.operation for use in op.result.uses))
+        users = [u for u in users if u not in _updated_in_place(op.result, users)]
         if len(users) < 2:
             continue
         for user in users:  # the copy just before its user: a fill runs where it is needed
             user.replace_uses_of_with(op.result, _fresh_copy(op, _enclosing_in(op.parent, user)))
-        _erase_chain(op)
+        if not list(op.result.uses):
+            _erase_chain(op)
+
+
+def _updated_in_place(value: ir.Value, users: list[ir.Operation]) -> set[ir.Operation]:
+    """The users of ``value`` that update it in place, which must share its buffer: an
+    insert_slice back into it, and the slices of it that the inserted value is computed
+    from (the parts of a split matmul, each a tiled loop writing its slice of one result)."""
+    inserts = [u for u in users if u.name == "tensor.insert_slice" and u.operands[1] == value]
+    slices = {u for u in users if u.name == "tensor.extract_slice"}
+    linked = {s for s in slices if any(_depends_on(i.operands[0], s) for i in inserts)}
+    return set(inserts) | linked if linked else set()
+
+
+def _depends_on(value: ir.Value, op: ir.Operation, depth: int = 8) -> bool:
+    """Whether ``value`` is computed from a result of ``op`` within ``depth`` producers."""
+    owner = value.owner
+    if isinstance(owner, ir.Block) or depth == 0:
+        return False
+    if owner.operation == op:
+        return True
+    return any(_depends_on(v, op, depth - 1) for v in owner.operation.operands)
 
 
 def _enclosing_in(parent: ir.Operation, op: ir.Operation) -> ir.Operation:
