@@ -1,5 +1,6 @@
-"""Convolution tiling: the register-tile cost model, and 1x1 convolutions handed to the
-matmul tiling; results against XLA with tiling on and off.
+"""Convolution tiling: the register-tile cost model, 1x1 convolutions and those with weights
+beyond half of L2 (im2col) handed to the matmul tiling; results against XLA with tiling on
+and off.
 
 Tiled convolutions accumulate in another order than XLA: rtol/atol 1e-5.
 """
@@ -33,8 +34,9 @@ class RegisterTileTest(parameterized.TestCase):
         self.assertEqual((width % t.width, channels % t.channels), (0, 0))
 
     def test_depthwise_prefers_pixels(self):
-        # Each depthwise FMA loads its input vector: more pixels per kernel vector.
-        self.assertEqual(choose_conv_tiles(56, 64, 64, 4, AVX2, depthwise=True).width, 14)
+        # Each depthwise FMA loads its input vector: more pixels per kernel vector, the most
+        # that divide the width with two of AVX2's 16 registers kept for scheduled loads.
+        self.assertEqual(choose_conv_tiles(56, 64, 64, 4, AVX2, depthwise=True).width, 8)
 
 
 def _after_pointwise_stage(fn, *args) -> str:
@@ -43,7 +45,7 @@ def _after_pointwise_stage(fn, *args) -> str:
     stages = passes.shared_stages(options, AVX2)
     with ir.Context() as context, ir.Location.unknown():
         module = import_program(lowered, context).module
-        passes.run_stages(module, stages[:[s.name for s in stages].index("pointwise-convs") + 1], options)
+        passes.run_stages(module, stages[:[s.name for s in stages].index("convs-to-matmuls") + 1], options)
         return str(module)
 
 
@@ -72,6 +74,49 @@ class PointwiseConvTest(parameterized.TestCase):
         def fn(x, w, b):
             return jax.nn.relu(jax.lax.conv_general_dilated(x, w, (1, 1), "VALID", dimension_numbers=_NHWC) + b)
         for options in (pb.Options(), pb.Options(parallel=False), pb.Options(tiling=False)):
+            support.check_against_xla(self, fn, x, w, b, options=options, **ACCUMULATE)
+
+
+class Im2colTest(parameterized.TestCase):
+    def test_weights_beyond_half_of_l2_make_a_matmul(self):
+        x, w = np.zeros((1, 6, 6, 128), np.float32), np.zeros((3, 3, 128, 128), np.float32)  # 576 KiB
+        text = _after_pointwise_stage(functools.partial(
+            jax.lax.conv_general_dilated, window_strides=(1, 1), padding="SAME", dimension_numbers=_NHWC), x, w)
+        self.assertIn("linalg.matmul", text)
+        self.assertIn("tensor<36x1152xf32>", text)  # (N*OH*OW, KH*KW*C): the gathered rows
+        self.assertNotIn("linalg.conv_2d", text)
+
+    def test_weights_within_half_of_l2_stay_a_direct_convolution(self):
+        x, w = np.zeros((1, 6, 6, 64), np.float32), np.zeros((3, 3, 64, 64), np.float32)  # 144 KiB
+        text = _after_pointwise_stage(functools.partial(
+            jax.lax.conv_general_dilated, window_strides=(1, 1), padding="SAME", dimension_numbers=_NHWC), x, w)
+        self.assertIn("linalg.conv_2d_nhwc_hwcf", text)
+
+    def test_patch_embedding_is_one_copy(self):
+        x, w = np.zeros((2, 32, 32, 3), np.float32), np.zeros((16, 16, 3, 192), np.float32)
+        text = _after_pointwise_stage(functools.partial(
+            jax.lax.conv_general_dilated, window_strides=(16, 16), padding="VALID", dimension_numbers=_NHWC), x, w)
+        self.assertEqual(text.count("linalg.generic"), 1)  # not one copy per tap (256 here)
+        self.assertIn("tensor<8x768xf32>", text)
+
+    @parameterized.named_parameters(("same", (2, 7, 7, 128), (3, 3, 128, 136), (1, 1), "SAME", (1, 1)),
+                                    ("strided", (2, 9, 8, 64), (3, 3, 64, 256), (2, 2), "SAME", (1, 1)),
+                                    ("dilated_valid", (1, 9, 9, 96), (3, 2, 96, 200), (1, 1), "VALID", (2, 3)),
+                                    ("strided_pointwise", (2, 6, 6, 256), (1, 1, 256, 272), (2, 2), "VALID", (1, 1)),
+                                    ("patches", (2, 32, 32, 3), (16, 16, 3, 192), (16, 16), "VALID", (1, 1)),
+                                    ("patches_cropped", (1, 35, 33, 3), (8, 8, 3, 512), (8, 8), "VALID", (1, 1)))
+    def test_results(self, lhs_shape, rhs_shape, strides, padding, dilation):
+        rng = np.random.default_rng(sum(rhs_shape))
+        x = rng.standard_normal(lhs_shape, np.float32)
+        # scaled by fan-in, as in a network: sums of hundreds of terms stay near one, where
+        # the tolerance compares accumulation orders, not magnitudes
+        w = rng.standard_normal(rhs_shape, np.float32) / np.float32(np.sqrt(np.prod(rhs_shape[:3])))
+        b = rng.standard_normal(rhs_shape[-1], np.float32)
+
+        def fn(x, w, b):
+            y = jax.lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilation, dimension_numbers=_NHWC)
+            return jax.nn.relu(y + b)
+        for options in (pb.Options(), pb.Options(parallel=False)):
             support.check_against_xla(self, fn, x, w, b, options=options, **ACCUMULATE)
 
 

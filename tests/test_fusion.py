@@ -157,11 +157,11 @@ class TileFusionTest(parameterized.TestCase):
         self.assertNotIn("linalg.conv_2d_nhwc_hwcf", "\n".join(_top_level(module)))
 
     def test_small_images_with_large_weights_are_tiled_by_channels(self):
-        # ResNet's last convolution into its global mean pool: 4 x 4 pixels an image, 9.4 MB
-        # of weights. Tiles of images would each read all the weights; tiles of 32 channels
-        # (whole AVX-512 vectors) read each slice of them once, all images inside.
-        x = np.zeros((8, 4, 4, 512), np.float32)
-        w = np.zeros((3, 3, 512, 512), np.float32)
+        # 4 x 4 pixels an image, 256 output channels (weights within half of L2, so the
+        # convolution stays direct rather than im2col). Tiles of images would each read all
+        # the weights; tiles of whole AVX-512 vectors of channels read each slice once.
+        x = np.zeros((8, 4, 4, 16), np.float32)
+        w = np.zeros((3, 3, 16, 256), np.float32)
 
         def fn(x, w):
             y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=_NHWC)
@@ -171,7 +171,7 @@ class TileFusionTest(parameterized.TestCase):
         with module.context:
             (group,) = tile_fusion.fusion_groups(body, AVX512)
         self.assertIn("linalg.conv_2d_nhwc_hwcf", [m.name for m in group.members])
-        self.assertEqual((group.tiles, group.row_loop), ((0, 32), None))
+        self.assertEqual((group.tiles, group.row_loop), ((0, 16), None))
 
     def test_large_images_are_tiled_by_rows(self):
         x = np.zeros((2, 32, 32, 64), np.float32)

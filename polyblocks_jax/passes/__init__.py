@@ -9,7 +9,7 @@ import functools
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.arena import split_empty_tensors
-from polyblocks_jax.passes.conv_tiling import pointwise_convs_to_matmuls
+from polyblocks_jax.passes.conv_tiling import convs_to_matmuls
 from polyblocks_jax.passes.copies import strided_copies_to_linalg
 from polyblocks_jax.passes.fusion import fuse_elementwise
 from polyblocks_jax.passes.matrix_forms import inline_matrix_units, map_matrix_units, select_unit
@@ -39,8 +39,9 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         # tile fusion that computes them with the softmax between them, a few rows at a time.
         stages.append(Stage("fused-contractions", functools.partial(contractions_into_groups, hw=hardware)))
     if options.tiling:
-        # 1x1 convolutions are matmuls on the collapsed image: the matmul tiling takes them.
-        stages.append(Stage("pointwise-convs", pointwise_convs_to_matmuls))
+        # 1x1 convolutions, and those whose weights outgrow the cache, become matmuls (on the
+        # collapsed image, or its im2col rows): the matmul tiling takes them.
+        stages.append(Stage("convs-to-matmuls", functools.partial(convs_to_matmuls, hw=hardware)))
         stages.append(Stage("tiling", functools.partial(tile_contractions, hw=hardware)))
     if options.fusion:
         # After tiling: upstream fusion would turn a matmul into a generic (folding the reshapes

@@ -9,12 +9,14 @@ one, vectorizes it (outer products over input channels) and hoists the accumulat
 of the kh/kw/c loops, like tiling.py's matmul recipe; the script is vectorize.py's, which
 applies these tiles.
 
-A 1x1 convolution with unit strides is a matmul on the collapsed image:
-``pointwise_convs_to_matmuls`` (a stage before tiling) hands it to the matmul tiling.
+A 1x1 convolution with unit strides is a matmul on the collapsed image, and one whose
+weights outgrow L2 a matmul on its im2col rows: ``convs_to_matmuls`` (a stage before tiling)
+hands them to the matmul tiling.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from mlir import ir
 from mlir.dialects import linalg, tensor
@@ -25,6 +27,7 @@ from polyblocks_jax.passes.transform import walk
 
 _MAX_INPUT_CHANNELS = 32  # input channels per step: bounds the unrolled outer products
 _MAX_VECTORS = 4          # vectors of output channels per pixel
+_MAX_TAPS = 49            # kernel taps an im2col gathers one copy each (7 x 7)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,31 +82,124 @@ def loop_tiles(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozens
     return (1, 1, t.width, t.channels, 1, 1, t.reduce), frozenset({4, 5, 6})
 
 
-def pointwise_convs_to_matmuls(module: ir.Module, options: Options) -> None:
-    """Rewrite each f32 1x1 NHWC convolution with unit strides into a matmul on collapsed
-    shapes, (N*H*W x C) @ (C x F), so that the matmul cost model and tiling apply to it."""
-    for op in [o for o in walk(module.operation) if _is_pointwise(o)]:
-        with ir.InsertionPoint(op), op.location:
-            image, kernel, init = op.operands
-            n, h, w, f = ir.RankedTensorType(init.type).shape
-            c = ir.RankedTensorType(image.type).shape[-1]
-            rows = _collapse(image, [n * h * w, c], [[0, 1, 2], [3]])
-            weights = _collapse(kernel, [c, f], [[0, 1, 2], [3]])
-            acc = _collapse(init, [n * h * w, f], [[0, 1, 2], [3]])
-            product = linalg.matmul(rows, weights, outs=[acc])
-            result = tensor.ExpandShapeOp(init.type, product, _reassociation([[0, 1, 2], [3]]),
-                                          [], ir.DenseI64ArrayAttr.get([n, h, w, f])).result
-        op.results[0].replace_all_uses_with(result)
-        op.erase()
+def convs_to_matmuls(module: ir.Module, options: Options, hw: Hardware) -> None:
+    """Hand to the matmul tiling the f32 NHWC convolutions it computes better than the direct
+    convolution: a 1x1 convolution with unit strides as a matmul on the collapsed image,
+    (N*H*W x C) @ (C x F); any other whose weights exceed half of L2 (``im2col_pays``) as a
+    matmul on its gathered input rows, im2col (N*OH*OW x KH*KW*C) @ (KH*KW*C x F)."""
+    for op in list(walk(module.operation)):
+        if _is_static_f32_conv(op) and (_is_pointwise(op) or im2col_pays(op, hw)):
+            with op.location:
+                result = _as_matmul(op)
+            op.results[0].replace_all_uses_with(result)
+            op.erase()
 
 
-def _is_pointwise(op: ir.Operation) -> bool:
+def im2col_pays(op: ir.Operation, hw: Hardware) -> bool:
+    """Whether a convolution is cheaper as im2col and a matmul than as a direct convolution.
+
+    The direct convolution's register tile holds a few pixels by a few vectors of output
+    channels and steps through all the weights for every tile of pixels: weights beyond half
+    of L2 then stream from L3 for a few FMAs each (ResNet-18's 14x14x128 to 4x4x512 stages
+    ran at a third to a half of XLA's speed). The matmul tiling packs cache blocks of them
+    once per block of rows instead; the gathered rows cost one copy of KH*KW times the
+    input, small against the F/2 FLOPs each of their elements then takes part in. Windows
+    that overlap are gathered a copy per tap: a large kernel stays direct (code size)."""
+    kh, kw, _, _ = ir.RankedTensorType(op.operands[1].type).shape
+    return _tensor_bytes(op.operands[1]) > hw.l2_bytes // 2 and (_is_patchify(op) or kh * kw <= _MAX_TAPS)
+
+
+def _as_matmul(op: ir.Operation) -> ir.Value:
+    image, kernel, init = op.operands
+    n, h, w, c = ir.RankedTensorType(image.type).shape
+    kh, kw, _, f = ir.RankedTensorType(kernel.type).shape
+    _, oh, ow, _ = ir.RankedTensorType(init.type).shape
+    with ir.InsertionPoint(op):
+        rows = _collapse(image, [n * h * w, c], [[0, 1, 2], [3]]) if _is_pointwise(op) else _im2col(op)
+        weights = _collapse(kernel, [kh * kw * c, f], [[0, 1, 2], [3]])
+        acc = _collapse(init, [n * oh * ow, f], [[0, 1, 2], [3]])
+        product = linalg.matmul(rows, weights, outs=[acc])
+        return tensor.ExpandShapeOp(init.type, product, _reassociation([[0, 1, 2], [3]]),
+                                    [], ir.DenseI64ArrayAttr.get([n, oh, ow, f])).result
+
+
+def _im2col(conv: ir.Operation) -> ir.Value:
+    """The (N*OH*OW, KH*KW*C) rows of a convolution's (padded) input."""
+    image = conv.operands[0]
+    n, h, w, c = ir.RankedTensorType(image.type).shape
+    kh, kw, _, _ = ir.RankedTensorType(conv.operands[1].type).shape
+    _, oh, ow, _ = ir.RankedTensorType(conv.operands[2].type).shape
+    element = ir.RankedTensorType(image.type).element_type
+    if _is_patchify(conv):
+        # Windows that tile the image (a ViT's patch embedding): each row is one patch, a
+        # reshape of the image, then one copy swapping the patch rows and columns.
+        if (h, w) != (oh * kh, ow * kw):
+            image = tensor.extract_slice(ir.RankedTensorType.get([n, oh * kh, ow * kw, c], element), image,
+                                         [], [], [], [0] * 4, [n, oh * kh, ow * kw, c], [1] * 4)
+        flat = _collapse(image, [n, oh * kh, ow * kw * c], [[0], [1], [2, 3]])
+        blocks = tensor.ExpandShapeOp(ir.RankedTensorType.get([n, oh, kh, ow, kw * c], element), flat,
+                                      _reassociation([[0], [1, 2], [3, 4]]),
+                                      [], ir.DenseI64ArrayAttr.get([n, oh, kh, ow, kw * c])).result
+        rows = _copy(blocks, tensor.EmptyOp([n, oh, ow, kh, kw * c], element).result, [0, 1, 3, 2, 4])
+        return _collapse(rows, [n * oh * ow, kh * kw * c], [[0, 1, 2], [3, 4]])
+    # Otherwise by kernel tap: for each (kh, kw), the strided slice of the image it sees,
+    # copied into its columns by an elementwise generic (identity maps, which the vectorizer
+    # takes; one generic over all taps would index the image by sums of loops, which it
+    # does not).
+    (sh, sw), (dh, dw) = _ints(conv, "strides"), _ints(conv, "dilations")
+    rows = tensor.EmptyOp([n, oh, ow, kh, kw, c], element).result
+    for i in range(kh):
+        for j in range(kw):
+            tap = tensor.extract_slice(ir.RankedTensorType.get([n, oh, ow, c], element), image, [], [], [],
+                                       [0, i * dh, j * dw, 0], [n, oh, ow, c], [1, sh, sw, 1])
+            columns = [0, 0, 0, i, j, 0], [n, oh, ow, 1, 1, c], [1] * 6
+            dest = tensor.extract_slice(tap.type, rows, [], [], [], *columns)
+            rows = tensor.insert_slice(_copy(tap, dest), rows, [], [], [], *columns)
+    return _collapse(rows, [n * oh * ow, kh * kw * c], [[0, 1, 2], [3, 4, 5]])
+
+
+def _is_patchify(conv: ir.Operation) -> bool:
+    """Whether the windows tile the image: strides equal to the kernel, no dilation."""
+    kh, kw, _, _ = ir.RankedTensorType(conv.operands[1].type).shape
+    return _ints(conv, "strides") == [kh, kw] and _ints(conv, "dilations") == [1, 1]
+
+
+def _copy(source: ir.Value, dest: ir.Value, permutation: list[int] | None = None) -> ir.Value:
+    """``source`` copied into ``dest`` by an elementwise linalg.generic: ``dest[d]`` =
+    ``source[d[permutation]]`` (the identity by default)."""
+    rank = ir.RankedTensorType(source.type).rank
+    identity = ir.AffineMap.get_identity(rank)
+    read = identity if permutation is None else ir.AffineMap.get_permutation(permutation)
+    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+    copy = linalg.GenericOp([dest.type], [source], [dest],
+                            ir.ArrayAttr.get([ir.AffineMapAttr.get(read), ir.AffineMapAttr.get(identity)]),
+                            ir.ArrayAttr.get([parallel] * rank))
+    element = ir.RankedTensorType(source.type).element_type
+    block = copy.regions[0].blocks.append(element, element)
+    with ir.InsertionPoint(block):
+        linalg.YieldOp([block.arguments[0]])
+    return copy.result
+
+
+def _is_static_f32_conv(op: ir.Operation) -> bool:
     if op.name != "linalg.conv_2d_nhwc_hwcf":
         return False
     types = [ir.RankedTensorType(v.type) for v in op.operands]
-    strides = list(ir.DenseIntElementsAttr(op.attributes["strides"]))
-    return (all(isinstance(t.element_type, ir.F32Type) and t.has_static_shape for t in types)
-            and list(types[1].shape[:2]) == [1, 1] and strides == [1, 1])
+    return all(isinstance(t.element_type, ir.F32Type) and t.has_static_shape for t in types)
+
+
+def _is_pointwise(op: ir.Operation) -> bool:
+    kernel = ir.RankedTensorType(op.operands[1].type)
+    return list(kernel.shape[:2]) == [1, 1] and _ints(op, "strides") == [1, 1]
+
+
+def _ints(op: ir.Operation, name: str) -> list[int]:
+    return [int(v) for v in ir.DenseIntElementsAttr(op.attributes[name])] if name in op.attributes else [1, 1]
+
+
+def _tensor_bytes(value: ir.Value) -> int:
+    t = ir.RankedTensorType(value.type)
+    return math.prod(t.shape) * t.element_type.width // 8
 
 
 def _collapse(value: ir.Value, shape: list[int], groups: list[list[int]]) -> ir.Value:
