@@ -1,5 +1,7 @@
 """Matmul tiling: the cost model's plans, the kernels the stage leaves, and results against XLA
 with tiling, packing and parallelism on and off, on shapes the register tile does not divide."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,17 +11,18 @@ from mlir import ir
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import passes
-from polyblocks_jax.passes.tiling import Hardware, plan_matmul, register_tile
+from polyblocks_jax.passes.tiling import Hardware, choose_matmul_tiles, plan_matmul, register_tile
 from polyblocks_jax.stablehlo_import import import_program
 
 AVX2 = Hardware(vector_bits=256, vector_registers=16, l1_bytes=32 << 10, l2_bytes=512 << 10)
 AVX512 = Hardware(vector_bits=512, vector_registers=32, l1_bytes=48 << 10, l2_bytes=2 << 20)
+AVX2_2C = Hardware(vector_bits=256, vector_registers=16, l1_bytes=32 << 10, l2_bytes=512 << 10, cores=2)
 # Tiled sums run in another order than XLA's library kernel.
 ACCUMULATE = dict(rtol=1e-5, atol=1e-5)
 
 
 class CostModelTest(parameterized.TestCase):
-    @parameterized.product(hw=[AVX2, AVX512], elem_bytes=[4, 8],
+    @parameterized.product(hw=[AVX2, AVX512, AVX2_2C], elem_bytes=[4, 8],
                            shape=[(512, 512, 512), (197, 192, 192), (96, 64, 300), (8, 32, 7),
                                   (1, 10, 7), (513, 17, 514), (2048, 2048, 2048)])
     def test_parts_cover_the_result_and_tiles_fit(self, hw, elem_bytes, shape):
@@ -29,16 +32,29 @@ class CostModelTest(parameterized.TestCase):
         for part in plan.parts:
             (r0, c0), (rows, cols) = part.offset, part.size
             covered[r0:r0 + rows, c0:c0 + cols] += 1
-            (mc, nc, kc), (mr, nr, kr) = part.tiles.cache, part.tiles.register
-            self.assertEqual((rows % mc, cols % nc, mc % mr, nc % nr, kr), (0, 0, 0, 0, 1))
+            (pm, pn), (mc, kc), (mr, nr, kr) = part.tiles.parallel, part.tiles.cache, part.tiles.register
+            self.assertEqual((rows % pm, cols % pn, mc % mr, pn % nr, kr), (0, 0, 0, 0, 1))
+            self.assertLessEqual(mc, pm)  # a smaller last block of rows is peeled
             lanes = hw.vector_bits // (8 * elem_bytes)
             vectors = -(-nr // lanes)
             self.assertLessEqual(mr * vectors + vectors + 1, hw.vector_registers)  # accumulators, B, A
             self.assertLessEqual(kc, k)
-            if kc < k:  # a k panel of B in L1, a packed B block in L2
+            if kc < k:  # a k panel of B in L1
                 self.assertLessEqual(kc * nr * elem_bytes, hw.l1_bytes)
-                self.assertLessEqual(kc * nc * elem_bytes, hw.l2_bytes)
+            if mc < pm:  # a packed A block in L2
+                self.assertLessEqual(mc * kc * elem_bytes, hw.l2_bytes)
         np.testing.assert_array_equal(covered, 1)
+
+    @parameterized.parameters((2046, 2048, 2048), (1566, 128, 1152), (126, 512, 4608), (390, 256, 2304))
+    def test_parallel_tiles_share_out_evenly(self, m, n, k):
+        # ResNet's im2col convolutions: 1566 rows are 261 = 3 x 3 x 29 register rows, which
+        # split 3 or 9 ways; half the columns each keeps both cores busy all along.
+        pm, pn = choose_matmul_tiles(m, n, k, (6, 16), 4, AVX2_2C).parallel
+        self.assertEqual((m // pm) * (n // pn) % AVX2_2C.cores, 0)
+
+    def test_one_core_takes_one_tile(self):
+        tiles = choose_matmul_tiles(510, 512, 512, (6, 16), 4, AVX2)
+        self.assertEqual(tiles.parallel, (510, 512))
 
     def test_blis_kernel_on_avx2(self):
         self.assertEqual(register_tile(512, 4, AVX2), (6, 16))
@@ -57,12 +73,25 @@ class CostModelTest(parameterized.TestCase):
         self.assertEqual([p.tiles.register[:2] for p in plan.parts], [(6, 16), (6, 5), (5, 16), (5, 5)])
 
     def test_rows_in_few_blocks_tile_the_columns_instead(self):
-        # 1022 rows on AVX-512: 73 blocks of 14. Row tiles of 14 rows would each pack all
-        # of B again; one tile of all rows by half the columns packs it once.
-        (part,) = plan_matmul(1022, 1024, 1024, 4, AVX512).parts
-        (mc, nc, _), (mr, nr, _) = part.tiles.cache, part.tiles.register
-        self.assertEqual((part.size[0] // mr, mc), (73, part.size[0]))
-        self.assertGreaterEqual(part.size[1] // nc, 2)  # still two tiles or more for the cores
+        # 1022 rows on AVX-512: 73 blocks of 14, which split no way but 73 ways. Row tiles of
+        # 14 rows would each pack all of B again; all rows by half the columns pack it once.
+        hw = dataclasses.replace(AVX512, cores=2)
+        (part,) = plan_matmul(1022, 1024, 1024, 4, hw).parts
+        self.assertEqual(part.tiles.parallel, (1022, 512))
+
+    def test_prime_row_blocks_get_full_a_blocks_and_a_peeled_rest(self):
+        # ViT-Tiny's 1576 rows: 262 = 2 x 131 register rows, 131 a share; a divisor would
+        # make A blocks of one register row, each reading all of B's panels for it alone.
+        (part, _) = plan_matmul(1576, 768, 192, 4, AVX2_2C).parts
+        (mc, _), (mr, _, _) = part.tiles.cache, part.tiles.register
+        self.assertGreater(mc // mr, 16)
+        self.assertNotEqual(part.tiles.parallel[0] % mc, 0)
+
+    def test_a_block_fits_half_of_l2(self):
+        (part, _) = plan_matmul(2048, 2048, 2048, 4, AVX2_2C).parts
+        (mc, kc), (mr, _, _) = part.tiles.cache, part.tiles.register
+        self.assertLessEqual(mc * kc * 4, AVX2.l2_bytes // 2)
+        self.assertGreater((mc + mr) * kc * 4, AVX2.l2_bytes // 2 * 0.5)  # not needlessly small
 
     def test_divisible_shape_is_one_part(self):
         plan = plan_matmul(96, 64, 256, 4, AVX2)
@@ -104,7 +133,8 @@ class KernelTest(absltest.TestCase):
 
 
 _SHAPES = [(1, 1, 1), (7, 7, 7), (5, 16, 3), (24, 48, 17), (64, 64, 64), (197, 192, 192),
-           (13, 197, 64), (513, 33, 40), (9, 40, 514)]
+           (13, 197, 64), (513, 33, 40), (9, 40, 514),
+           (894, 32, 300)]  # 149 register rows: blocks of 50 and a peeled one of 49
 
 
 class TiledMatmulTest(parameterized.TestCase):

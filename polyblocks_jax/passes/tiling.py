@@ -28,6 +28,7 @@ The vector patterns run on one part's loop nest at a time, not on the whole func
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from mlir import ir, passmanager
 
@@ -41,13 +42,12 @@ _ELEMENT_BYTES = {"f32": 4, "f64": 8}
 _ANY = "!transform.any_op"
 _FOR = '!transform.op<"scf.for">'
 _PACK_ROWS = 8  # rows of B copied per step of a packing loop
-_MIN_ROW_SHARE = 8  # a row tile holds at least 1/8 of the row blocks, or rows are not split
 # Per core, as on current x86 cores with FMA: FMAs and loads issued per cycle, FMA latency.
 FMA_PER_CYCLE, LOADS_PER_CYCLE, FMA_LATENCY = 2, 2, 4
 # A matmul's accumulators cover the latency with a margin (BLIS keeps 12 on AVX2, where 8
 # chains would just cover 2 FMAs x 4 cycles): the k loop also carries the packing's stores.
 _LATENCY_MARGIN = 1.5
-_STREAM_BYTES_PER_CYCLE = 8  # B streamed from L3 or memory into a part's packed panels
+_STREAM_BYTES_PER_CYCLE = 8  # operands streamed from L3 or memory into packed panels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +58,13 @@ class Hardware:
     l1_bytes: int
     l2_bytes: int
     matrix_units: tuple[MatrixUnit, ...] = ()  # usable matrix units, preferred first
+    cores: int = 1  # that parallel loops share out
 
 
 @dataclasses.dataclass(frozen=True)
 class MatmulTiles:
-    cache: tuple[int, int, int]     # (m, n, k) tile kept in L2/L1
+    parallel: tuple[int, int]       # (m, n) tile of one scf.forall iteration (a core's share)
+    cache: tuple[int, int]          # (mc, kc): A block of mc rows in L2, B panels of kc rows in L1
     register: tuple[int, int, int]  # (m, n, 1) accumulator tile held in vector registers
 
 
@@ -112,38 +114,54 @@ def cycles_per_fma(rows: int, vectors: int, depthwise: bool = False, latency: fl
     return max(1 / FMA_PER_CYCLE, loads / LOADS_PER_CYCLE, latency / (rows * vectors))
 
 
-def plan_matmul(m: int, n: int, k: int, elem_bytes: int, hw: Hardware) -> MatmulPlan:
-    """Split the (m x k) @ (k x n) product into parts of whole register tiles, and tile each."""
+def plan_matmul(m: int, n: int, k: int, elem_bytes: int, hw: Hardware, batch: int = 1) -> MatmulPlan:
+    """Split the (m x k) @ (k x n) product (of ``batch`` matrices) into parts of whole register
+    tiles, and tile each."""
     mr, nr = register_tile(m, elem_bytes, hw)
     split = (m - m % mr, n - n % nr)
     rows = [(0, split[0], mr), (split[0], m % mr, m % mr)]
     cols = [(0, split[1], nr), (split[1], n % nr, n % nr)]
     return MatmulPlan(split, tuple(
-        MatmulPart((r0, c0), (rs, cs), choose_matmul_tiles(rs, cs, k, (rt, ct), elem_bytes, hw))
+        MatmulPart((r0, c0), (rs, cs), choose_matmul_tiles(rs, cs, k, (rt, ct), elem_bytes, hw, batch))
         for r0, rs, rt in rows if rs for c0, cs, ct in cols if cs))
 
 
 def choose_matmul_tiles(m: int, n: int, k: int, register: tuple[int, int], elem_bytes: int,
-                        hw: Hardware) -> MatmulTiles:
-    """Cache tiles for a part whose m and n are multiples of the register tile ``(mr, nr)``.
+                        hw: Hardware, batch: int = 1) -> MatmulTiles:
+    """Tiles for a part whose m and n are multiples of the register tile ``(mr, nr)``, as in BLIS.
 
-    kc: a register panel of B (kc x nr) in half of L1, with kc dividing k where a divisor
-    near the bound exists; nc: the packed B block (kc x nc) in half of L2, reused by every
-    row block; mc: as many rows as leave two row tiles or more for the cores (each row tile
-    packs the B blocks again, while A streams through its one-row-block panel). Where the
-    row blocks do not split into large tiles (1022 = 73 x 14 rows: tiles of 14 rows would
-    pack all of B 73 times), all rows make one tile and the columns two or more instead.
-    m and n tiles divide their dims; k may leave a remainder (a peeled last k tile).
+    kc: a register panel of B (kc x nr) in half of L1, with kc dividing k where a divisor near
+    the bound exists (else a peeled last k tile); mc: the packed A block (mc x kc) in half of
+    L2, reused by every column panel, likewise (else a peeled last block of rows: ViT's 1572
+    rows are 262 = 2 x 131 register rows, which only blocks of one row tile would divide). Parallel tiles: of the splits of rows and columns into
+    whole register tiles, the one with the fewest estimated cycles (``_parallel_cycles``).
     """
     mr, nr = register
     kc_max = max(1, hw.l1_bytes // 2 // (nr * elem_bytes))
     kc = _divisor_near(k, kc_max) or -(-k // -(-k // kc_max))
-    n_blocks = _largest_divisor(n // nr, max(1, hw.l2_bytes // 2 // (kc * elem_bytes * nr)))
-    m_blocks = _largest_divisor(m // mr, max(1, m // mr // 2))
-    if m_blocks * _MIN_ROW_SHARE < m // mr and n // nr > 1:
-        m_blocks = m // mr
-        n_blocks = _largest_divisor(n // nr, max(1, min(n_blocks, n // nr // 2)))
-    return MatmulTiles((mr * m_blocks, nr * n_blocks, kc), (mr, nr, 1))
+    pm, pn = min(((r, c) for r in _divisors(m // mr) for c in _divisors(n // nr)),
+                 key=lambda t: (_parallel_cycles(m, n, k, t, register, elem_bytes, hw, batch), t[0] * t[1]))
+    blocks, bound = m // pm // mr, max(1, hw.l2_bytes // 2 // (kc * elem_bytes * mr))
+    mc = mr * (_divisor_near(blocks, bound) or -(-blocks // -(-blocks // bound)))
+    return MatmulTiles((m // pm, n // pn), (mc, kc), (mr, nr, 1))
+
+
+def _parallel_cycles(m: int, n: int, k: int, split: tuple[int, int], register: tuple[int, int],
+                     elem_bytes: int, hw: Hardware, batch: int) -> float:
+    """Estimated cycles of a part split into ``split`` (row, column) tiles shared out to the
+    cores: the rounds of tiles the busiest core runs, times a tile's FMAs and its packing
+    (its A rows and B columns, each copied once, streamed at ``_STREAM_BYTES_PER_CYCLE``)."""
+    mr, nr = register
+    lanes = hw.vector_bits // (8 * elem_bytes)
+    rows, cols = m // split[0], n // split[1]
+    rounds = -(-batch * split[0] * split[1] // hw.cores)
+    fmas = rows * cols * k / lanes * cycles_per_fma(mr, -(-nr // lanes), latency=FMA_LATENCY * _LATENCY_MARGIN)
+    packing = (rows + cols) * k * elem_bytes / _STREAM_BYTES_PER_CYCLE
+    return rounds * (fmas + packing)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _largest_divisor(n: int, limit: int) -> int:
@@ -174,6 +192,7 @@ class _Matmul:
 def tile_contractions(module: ir.Module, options: Options, hw: Hardware) -> None:
     """Annotate matmuls with the cost model's plans, then split, tile and vectorize them."""
     plans: dict[tuple[_Matmul, MatmulPlan], int] = {}
+    hw = hw if options.parallel else dataclasses.replace(hw, cores=1)
     for op in walk(module.operation):
         planned = _plan_for(op, hw)
         if planned is not None:
@@ -196,12 +215,12 @@ def _plan_for(op: ir.Operation, hw: Hardware) -> tuple[_Matmul, MatmulPlan] | No
     if len(elements) != 1 or not elements <= _ELEMENT_BYTES.keys() or not all(t.has_static_shape for t in types):
         return None  # mixed, narrow or integer types keep the generic loop lowering
     element = elements.pop()
-    *_, m, k = types[0].shape
+    *batch, m, k = types[0].shape
     n = types[1].shape[-1]
-    if min(m, n, k) < 1:
+    if min(m, n, k, *batch) < 1:
         return None
     return (_Matmul(op.name, op.name == "linalg.batch_matmul", k, element),
-            plan_matmul(m, n, k, _ELEMENT_BYTES[element], hw))
+            plan_matmul(m, n, k, _ELEMENT_BYTES[element], hw, math.prod(batch)))
 
 
 def _script(plans: dict[tuple[_Matmul, MatmulPlan], int], options: Options) -> str:
@@ -221,7 +240,7 @@ def _plan_block(ident: int, matmul: _Matmul, plan: MatmulPlan, options: Options)
     for i, (handle, part) in enumerate(zip(handles, plan.parts)):
         outer, kernels = _cache_tiles(lines, f"%p{i}", handle, matmul, part, options.parallel)
         for j, (kernel, kc) in enumerate(kernels):
-            _register_tiles(lines, f"%p{i}k{j}", kernel, matmul, part.tiles.register, kc, options.packing)
+            _register_tiles(lines, f"%p{i}k{j}", kernel, matmul, part.tiles, kc, options.packing)
         _lower(lines, outer)
     body = "".join(f"      {line}\n" for line in lines)
     return f"""    %ops{ident} = transform.structured.match ops{{["{matmul.op_name}"]}} attributes{{{TILE_ATTR} = {ident} : i64}}
@@ -252,15 +271,16 @@ def _split(matmul: _Matmul, plan: MatmulPlan) -> tuple[list[str], list[str]]:
 
 def _cache_tiles(lines: list[str], name: str, handle: str, matmul: _Matmul, part: MatmulPart,
                  parallel: bool) -> tuple[str, list[tuple[str, int]]]:
-    """Append transform ops tiling the part ``handle`` into cache tiles; returns the handle of
-    the outermost loop, and those of the tiled ops with their k extents (two when the last k
-    tile is peeled)."""
-    mc, nc, kc = part.tiles.cache
+    """Append transform ops tiling the part ``handle`` into parallel tiles and k tiles; returns
+    the handle of the outermost loop, and those of the tiled ops with their k extents (two
+    when the last k tile is peeled)."""
+    pm, pn = part.tiles.parallel
+    kc = part.tiles.cache[1]
     if parallel:
         lines.append(f"{name}c, {name}outer = transform.structured.tile_using_forall {handle} "
-                     f"tile_sizes [{matmul.sizes(mc, nc, 0, batch=1)}] : ({_ANY}) -> ({_ANY}, {_ANY})")
+                     f"tile_sizes [{matmul.sizes(pm, pn, 0, batch=1)}] : ({_ANY}) -> ({_ANY}, {_ANY})")
     else:
-        lines += [_tile_for(f"{name}c", handle, matmul.sizes(mc, nc, 0, batch=1), 3 if matmul.batched else 2),
+        lines += [_tile_for(f"{name}c", handle, matmul.sizes(pm, pn, 0, batch=1), 3 if matmul.batched else 2),
                   f"{name}outer = transform.cast {name}c_loops#0 : {_ANY} to {_ANY}"]
     outer = f"{name}outer"
     if kc >= matmul.k:
@@ -281,32 +301,65 @@ def _cache_tiles(lines: list[str], name: str, handle: str, matmul: _Matmul, part
 
 
 def _register_tiles(lines: list[str], name: str, handle: str, matmul: _Matmul,
-                    register: tuple[int, int, int], kc: int, packing: bool) -> None:
-    """Append transform ops tiling the cache tile ``handle`` (k extent ``kc``) into register
-    tiles (rows outer, columns inner), packing their operands, and vectorizing them with a k
-    step of one, unrolled by four."""
-    mr, nr, _ = register
-    lines.append(_tile_for(f"{name}r", handle, matmul.sizes(mr, nr, 0), 2))
-    kernel = f"{name}r"
+                    tiles: MatmulTiles, kc: int, packing: bool) -> None:
+    """Append transform ops tiling the k tile ``handle`` (k extent ``kc``) into blocks of A
+    rows (a smaller last block peeled), then each block into packed register tiles."""
+    mc, rows = tiles.cache[0], tiles.parallel[0]
+    if mc >= rows:  # the tile is one block
+        _kernel(lines, f"{name}r", handle, matmul, tiles, kc, packing, in_block_loop=False)
+        return
+    lines += [_tile_for(f"{name}m", handle, matmul.sizes(mc, 0, 0), 1),
+              # one slice of each operand per register tile, of a value from outside the block
+              # loop (what hoist_pad packs from)
+              f"transform.apply_patterns to {name}m_loops#0 {{ "
+              f"transform.apply_patterns.tensor.merge_consecutive_insert_extract_slice }} : {_ANY}"]
+    if rows % mc == 0:
+        _kernel(lines, f"{name}r", f"{name}m", matmul, tiles, kc, packing, in_block_loop=True)
+        return
+    lines += [f"{name}mp = transform.get_parent_op {name}m_loops#0 : ({_ANY}) -> {_ANY}",
+              f"{name}mf = transform.cast {name}m_loops#0 : {_ANY} to {_FOR}",
+              f"{name}mmain, {name}mrest = transform.loop.peel {name}mf : ({_FOR}) -> ({_ANY}, {_ANY})",
+              # the last block's loop of one iteration folds away, its slices become static
+              f"transform.apply_patterns to {name}mp {{ transform.apply_patterns.canonicalization }} : {_ANY}",
+              f"{name}mops = transform.structured.match ops{{[\"{matmul.op_name}\"]}} in {name}mp"
+              f" : ({_ANY}) -> {_ANY}",
+              f"{name}main, {name}rest = transform.split_handle {name}mops : ({_ANY}) -> ({_ANY}, {_ANY})"]
+    for part, in_loop in (("main", True), ("rest", False)):
+        _kernel(lines, f"{name}{part}r", f"{name}{part}", matmul, tiles, kc, packing, in_block_loop=in_loop)
+
+
+def _kernel(lines: list[str], name: str, handle: str, matmul: _Matmul, tiles: MatmulTiles, kc: int,
+            packing: bool, in_block_loop: bool) -> None:
+    """Append transform ops tiling the block ``handle`` into register tiles (columns outer, rows
+    inner, as BLIS), packing their operands, and vectorizing them with a k step of one,
+    unrolled by four. ``in_block_loop``: the block is one iteration of a loop over blocks of
+    rows, which B's packing is hoisted out of."""
+    mr, nr, _ = tiles.register
+    lead = [0] * matmul.batched
+    interchange = ", ".join(map(str, [*range(len(lead)), len(lead) + 1, len(lead), len(lead) + 2]))
+    lines.append(f"{name}, {name}_loops:2 = transform.structured.tile_using_for {handle} "
+                 f"tile_sizes [{matmul.sizes(mr, nr, 0)}] interchange = [{interchange}] "
+                 f": ({_ANY}) -> ({_ANY}, {_ANY}, {_ANY})")
+    kernel = name
     if packing:
         zeros = ", ".join([f"0.0 : {matmul.element}"] * 3)
         lines += [
             # Paddings that pad nothing, kept (nofold): copies of the register tile's operands...
-            f"{name}p, {name}pads, {name}copy = transform.structured.pad {name}r {{padding_values = [{zeros}], "
+            f"{name}p, {name}pads, {name}copy = transform.structured.pad {name} {{padding_values = [{zeros}], "
             f"padding_dimensions = {list(range(4 if matmul.batched else 3))}, nofold_flags = [1, 1, 0], "
             f"copy_back_op = \"none\"}} : ({_ANY}) -> ({_ANY}, {_ANY}, {_ANY})",
             f"{name}pada = transform.get_producer_of_operand {name}p[0] : ({_ANY}) -> {_ANY}",
             f"{name}padb = transform.get_producer_of_operand {name}p[1] : ({_ANY}) -> {_ANY}",
-            # ... hoisted out of the register loops they do not depend on: B's panels of
-            # the whole cache tile before both loops, A's panel of one row block before the
-            # column loop: each becomes contiguous, and no two rows share an L1 set.
-            f"{name}panelb = transform.structured.hoist_pad {name}padb by 2 loops : ({_ANY}) -> {_ANY}",
-            f"{name}panela = transform.structured.hoist_pad {name}pada by 1 loops : ({_ANY}) -> {_ANY}"]
+            # ... hoisted out of the loops they do not depend on: A's panels of a block of
+            # rows before the column loop (the block stays in L2 while the columns go by),
+            # B's panels of the whole tile's columns before the blocks of rows (a panel stays
+            # in L1 while the rows go by). Each becomes contiguous; no two rows share an L1 set.
+            f"{name}panela = transform.structured.hoist_pad {name}pada by 2 loops : ({_ANY}) -> {_ANY}",
+            f"{name}panelb = transform.structured.hoist_pad {name}padb by {2 + in_block_loop} loops "
+            f": ({_ANY}) -> {_ANY}"]
         rows = _largest_divisor(kc, _PACK_ROWS)
-        _copy_loop(lines, f"{name}b", f"{name}panelb", [0] * matmul.batched + [rows, 0],
-                   [1] * matmul.batched + [rows, nr], hoisted=True)
-        _copy_loop(lines, f"{name}a", f"{name}panela", [0] * matmul.batched + [1, 0],
-                   [1] * matmul.batched + [1, kc], hoisted=False)
+        _copy_loop(lines, f"{name}b", f"{name}panelb", lead + [rows, 0], [1] * len(lead) + [rows, nr])
+        _copy_loop(lines, f"{name}a", f"{name}panela", lead + [1, 0], [1] * len(lead) + [1, kc])
         kernel = f"{name}p"
     lines += [_tile_for(f"{name}v", kernel, matmul.sizes(0, 0, 1), 1),
               f"transform.structured.vectorize {name}v : {_ANY}",
@@ -329,18 +382,16 @@ def _lower(lines: list[str], outer: str) -> None:
     lines += patterns("vector.cast_away_vector_leading_one_dim", "canonicalization")
 
 
-def _copy_loop(lines: list[str], name: str, pad: str, tiles: list[int], vectors: list[int],
-               hoisted: bool) -> None:
+def _copy_loop(lines: list[str], name: str, pad: str, tiles: list[int], vectors: list[int]) -> None:
     """Append transform ops making the padding ``pad`` a loop of vector copies of ``vectors``
-    elements. ``hoisted``: the copy sits in a loop over panels, which it fills in place (not
-    a temporary then copied into it)."""
+    elements. The copy sits in a loop over panels, which it fills in place (not a temporary
+    then copied into it)."""
     loops = sum(1 for t in tiles if t)
     lines += [_tile_for(f"{name}copy", pad, ", ".join(map(str, tiles)), loops),
-              f"transform.structured.vectorize {name}copy vector_sizes [{', '.join(map(str, vectors))}] : {_ANY}"]
-    if hoisted:
-        lines += [f"{name}fill = transform.get_parent_op {name}copy_loops#0 {{op_name = \"scf.for\"}}"
-                  f" : ({_ANY}) -> {_ANY}",
-                  f"transform.bufferization.eliminate_empty_tensors {name}fill : {_ANY}"]
+              f"transform.structured.vectorize {name}copy vector_sizes [{', '.join(map(str, vectors))}] : {_ANY}",
+              f"{name}fill = transform.get_parent_op {name}copy_loops#0 {{op_name = \"scf.for\"}}"
+              f" : ({_ANY}) -> {_ANY}",
+              f"transform.bufferization.eliminate_empty_tensors {name}fill : {_ANY}"]
 
 
 def _tile_for(result: str, target: str, sizes: str, loops: int) -> str:
