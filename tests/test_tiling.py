@@ -134,7 +134,8 @@ class KernelTest(absltest.TestCase):
 
 _SHAPES = [(1, 1, 1), (7, 7, 7), (5, 16, 3), (24, 48, 17), (64, 64, 64), (197, 192, 192),
            (13, 197, 64), (513, 33, 40), (9, 40, 514),
-           (894, 32, 300)]  # 149 register rows: blocks of 50 and a peeled one of 49
+           (894, 32, 300),  # 149 register rows: blocks of 50 and a peeled one of 49
+           (390, 32, 512)]  # 65 register rows: one block of 33, then a peeled one of 32
 
 
 class TiledMatmulTest(parameterized.TestCase):

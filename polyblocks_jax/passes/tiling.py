@@ -324,7 +324,7 @@ def _register_tiles(lines: list[str], name: str, handle: str, matmul: _Matmul,
               f"{name}mops = transform.structured.match ops{{[\"{matmul.op_name}\"]}} in {name}mp"
               f" : ({_ANY}) -> {_ANY}",
               f"{name}main, {name}rest = transform.split_handle {name}mops : ({_ANY}) -> ({_ANY}, {_ANY})"]
-    for part, in_loop in (("main", True), ("rest", False)):
+    for part, in_loop in (("main", rows // mc > 1), ("rest", False)):  # one-iteration loops fold
         _kernel(lines, f"{name}{part}r", f"{name}{part}", matmul, tiles, kc, packing, in_block_loop=in_loop)
 
 
