@@ -49,8 +49,17 @@ def build(llvm_module, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpe
                          arena_bytes(llvm_module))
 
 
+# LLVM code generation on large blocks of vector code (fused groups, unrolled copies) spends
+# most of its time in two searches quadratic in a block's memory operations: the DAG
+# combiner's merging of adjacent stores (our stores are whole vectors already) and the machine
+# scheduler's dependence graph (bounded here as for its huge regions). ViT-Tiny: 57 -> 33 s.
+_CODEGEN_OPTIONS = ("-combiner-store-merging=0", "-dag-maps-huge-region=100")
+
+
 def jit(llvm_module, opt_level: int, shared_libs: Sequence[str] = ()):
     from mlir import execution_engine  # only the JIT path needs MLIR
+    from polyblocks_jax import llvm_options
+    llvm_options.set_options(*_CODEGEN_OPTIONS)
     # Position-independent code, so that the object file can become a shared library.
     return execution_engine.ExecutionEngine(llvm_module, opt_level=opt_level,
                                             shared_libs=[openmp_runtime(), *shared_libs],

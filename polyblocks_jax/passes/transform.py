@@ -1,13 +1,12 @@
 """Helpers shared by the stages that drive the transform dialect from Python."""
 from __future__ import annotations
 
-import ctypes
-import os
 from typing import Iterator
 
-import mlir._mlir_libs
 from mlir import ir
 from mlir.dialects.transform import interpreter
+
+from polyblocks_jax import llvm_options
 
 
 def walk(op: ir.Operation) -> Iterator[ir.Operation]:
@@ -26,14 +25,9 @@ def _print_nested_ops_locally() -> None:
     producer, fused or not; printing a nested op by default verifies and numbers all of
     the enclosing module, which made tile fusion's time quadratic in a model's size (ViT-
     Tiny: 12 s -> 2.5 s). These are mlir-opt's ``--mlir-print-local-scope`` and
-    ``--mlir-print-assume-verified``, set once per process in LLVM's option registry."""
-    try:
-        capi = ctypes.CDLL(os.path.join(os.path.dirname(mlir._mlir_libs.__file__), "libMLIRPythonCAPI.so"))
-        capi._ZN4mlir27registerAsmPrinterCLOptionsEv()  # mlir::registerAsmPrinterCLOptions()
-    except (OSError, AttributeError):  # another build of the bindings: slower, still correct
-        return
-    args = [b"polyblocks_jax", b"--mlir-print-local-scope", b"--mlir-print-assume-verified"]
-    capi.LLVMParseCommandLineOptions(len(args), (ctypes.c_char_p * len(args))(*args), None)
+    ``--mlir-print-assume-verified``."""
+    llvm_options.set_options("--mlir-print-local-scope", "--mlir-print-assume-verified",
+                             register="_ZN4mlir27registerAsmPrinterCLOptionsEv")  # mlir::registerAsmPrinterCLOptions()
 
 
 _print_nested_ops_locally()
