@@ -70,8 +70,14 @@ def _wait(outputs: Any) -> list:
     return jax.tree_util.tree_leaves(jax.block_until_ready(outputs))
 
 
+# After a parallel region, the OpenMP runtime's threads spin for its block time (200 ms by
+# default) before they sleep: measured within it, XLA would share the cores with them.
+_SETTLE_S = 0.3
+
+
 def median_latency(compiled: Compiled, repeat: int, warmup: int = 2) -> float:
-    """Median seconds per call after ``warmup`` calls."""
+    """Median seconds per call after ``warmup`` calls, once the other runtime's threads are idle."""
+    time.sleep(_SETTLE_S)
     for _ in range(warmup):
         compiled.call()
     times = []

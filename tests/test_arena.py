@@ -109,6 +109,17 @@ class ArenaTest(absltest.TestCase):
         for args, got in zip(inputs * 4, results):
             np.testing.assert_array_equal(got, exe(*args)[0])
 
+    def test_later_calls_reuse_an_idle_arena(self):
+        from unittest import mock
+        from polyblocks_jax.cpu import executable as cpu_executable
+        exe = pb.compile(lowered(chain, self.x, self.w))
+        exe(self.x, self.w)
+        with mock.patch.object(cpu_executable, "_allocate_arena", wraps=cpu_executable._allocate_arena) as allocate:
+            for scale in (2, 3):  # each call on the memory the one before left behind
+                support.assert_close(self, list(exe(self.x * scale, self.w)),
+                                     support.xla_cpu(chain, self.x * scale, self.w), rtol=1e-5, atol=1e-5)
+        self.assertEqual(allocate.call_count, 0)
+
     def test_small_model_matches_xla(self):
         case = flax_models.make("vit_tiny", batch=2, small=True)
         exe = pb.compile(lowered(case.apply, case.params, case.input))

@@ -10,9 +10,11 @@ memref descriptor. The JIT reaches it through the engine's packed entry point (o
 Outputs are out-parameters that we allocate, so no memory allocated by compiled code
 crosses the boundary; an output computed in a donated input's buffer (``aliases``) has no
 out-parameter: the entry takes the inputs, then the outputs that alias no input, then the
-arena of the intermediates (``arena_bytes``, see passes/arena.py) when it has one. The arena
-is allocated per call (so that two threads never share one), checked: memory that cannot
-be had is a ResourceExhaustedError before the code runs.
+arena of the intermediates (``arena_bytes``, see passes/arena.py) when it has one. A call
+takes an idle arena of the executable's or allocates one (so that two threads never share
+one), checked: memory that cannot be had is a ResourceExhaustedError before the code runs;
+it gives the arena back afterwards, so later calls find its pages mapped (tens of MiB that
+the kernel would otherwise map and zero on every call).
 
 Parallel loops call the LLVM OpenMP runtime (``libomp.so`` of the cmeel-libomp wheel):
 the JIT loads it, a shared library links against it, and loading one makes it global
@@ -26,6 +28,7 @@ import importlib.metadata
 import os
 import subprocess
 import tempfile
+import threading
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -99,6 +102,8 @@ class CpuExecutable:
         self.overwritten = frozenset(overwritten) | {a for a in self.aliases if a is not None}
         fresh_outputs = [s for s, a in zip(self.outputs, self.aliases) if a is None]
         self.arena_bytes = arena_bytes
+        self._idle_arenas: list[np.ndarray] = []
+        self._arena_lock = threading.Lock()
         arena = [TensorSpec((arena_bytes,), dtypes.dtype("ui8"))] if arena_bytes else []
         self._factories = [DescriptorFactory(s) for s in self.inputs + fresh_outputs + arena]
         self._slots = len(self._factories)
@@ -134,11 +139,21 @@ class CpuExecutable:
 
     def run_addresses(self, data: Sequence[int]) -> None:
         """``run`` on data addresses: the inputs, then the outputs that alias no input (the plugin's path)."""
-        arena = _allocate_arena(self.arena_bytes) if self.arena_bytes else None
-        if arena is not None:
-            data = [*data, arena.ctypes.data]
-        descriptors = [make(address) for make, address in zip(self._factories, data)]
-        self._call([ctypes.addressof(d) for d in descriptors])
+        arena = self._take_arena() if self.arena_bytes else None
+        try:
+            addresses = [*data, arena.ctypes.data] if arena is not None else data
+            descriptors = [make(address) for make, address in zip(self._factories, addresses)]
+            self._call([ctypes.addressof(d) for d in descriptors])
+        finally:
+            if arena is not None:
+                with self._arena_lock:
+                    self._idle_arenas.append(arena)
+
+    def _take_arena(self) -> np.ndarray:
+        with self._arena_lock:
+            if self._idle_arenas:
+                return self._idle_arenas.pop()
+        return _allocate_arena(self.arena_bytes)
 
     def to_shared_library(self) -> bytes:
         """The JIT's object code linked into a shared library (``cc -shared``), as bytes."""
