@@ -99,24 +99,29 @@ def split_empty_tensors(module: ir.Module, options: Options) -> None:
         return ir.WalkResult.ADVANCE
     module.operation.walk(visit)
     for op in shared:  # erasing an op erases only ops listed before it
-        users = list(dict.fromkeys(use.owner.operation for use in op.result.uses))
-        users = [u for u in users if u not in _updated_in_place(op.result, users)]
-        if len(users) < 2:
+        groups = _sharing_groups(op.result)
+        if len(groups) < 2:
             continue
-        for user in users:  # the copy just before its user: a fill runs where it is needed
-            user.replace_uses_of_with(op.result, _fresh_copy(op, _enclosing_in(op.parent, user)))
-        if not list(op.result.uses):
-            _erase_chain(op)
+        for first, *rest in groups:  # the copy just before its user: a fill runs where it is needed
+            fresh = _fresh_copy(op, _enclosing_in(op.parent, first))
+            for user in (first, *rest):
+                user.replace_uses_of_with(op.result, fresh)
+        _erase_chain(op)
 
 
-def _updated_in_place(value: ir.Value, users: list[ir.Operation]) -> set[ir.Operation]:
-    """The users of ``value`` that update it in place, which must share its buffer: an
-    insert_slice back into it, and the slices of it that the inserted value is computed
+def _sharing_groups(value: ir.Value) -> list[list[ir.Operation]]:
+    """The users of ``value`` by the buffer they need, the first of each group first in the
+    block. A user gets one of its own, but a value updated in place shares one: an
+    insert_slice back into it, with the slices of it that the inserted value is computed
     from (the parts of a split matmul, each a tiled loop writing its slice of one result)."""
-    inserts = [u for u in users if u.name == "tensor.insert_slice" and u.operands[1] == value]
-    slices = {u for u in users if u.name == "tensor.extract_slice"}
-    linked = {s for s in slices if any(_depends_on(i.operands[0], s) for i in inserts)}
-    return set(inserts) | linked if linked else set()
+    users = list(dict.fromkeys(use.owner.operation for use in value.uses))
+    slices = [u for u in users if u.name == "tensor.extract_slice"]
+    groups, grouped = [], set()
+    for insert in (u for u in users if u.name == "tensor.insert_slice" and u.operands[1] == value):
+        sources = [s for s in slices if s not in grouped and _depends_on(insert.operands[0], s)]
+        groups.append([*sources, insert])
+        grouped.update(groups[-1])
+    return groups + [[u] for u in users if u not in grouped]
 
 
 def _depends_on(value: ir.Value, op: ir.Operation, depth: int = 8) -> bool:
