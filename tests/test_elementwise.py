@@ -121,6 +121,15 @@ class FloatTest(parameterized.TestCase):
         np.testing.assert_array_equal(np.signbit(got[0][:6]), np.signbit(want[0][:6]))
         self.assertTrue(np.all(np.abs(got[0][6:]) <= 1))
 
+    def test_erfc_on_a_dense_grid(self):
+        # erfc is Numerical Recipes' erfcc (elementwise.py): near XLA's relative to the value
+        # down to the smallest normal results (the tail of GELU), 0 and 2 at the infinities.
+        x = np.linspace(-9, 9, 1 << 16, dtype=np.float32)
+        x[:4] = [np.inf, -np.inf, np.nan, -0.0]
+        got, want = support.polyblocks(lax.erfc, x)[0], support.xla_cpu(lax.erfc, x)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-37)
+        np.testing.assert_allclose(got[np.abs(x) < 3], want[np.abs(x) < 3], rtol=2e-6)
+
     def test_max_min_order_signed_zeros(self):
         v = [0.0, -0.0, np.nan, 1.0]
         for dtype in FLOATS:

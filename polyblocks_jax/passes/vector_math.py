@@ -13,6 +13,7 @@ from mlir import ir
 from mlir.dialects import arith, math
 
 from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.polynomials import estrin
 
 _LOG2E = 1.44269504088896341
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
@@ -40,9 +41,7 @@ def _exp(x: ir.Value, vtype: ir.VectorType) -> ir.Value:
     clamped = arith.minimumf(arith.maximumf(x, const(_MIN)), const(_MAX))
     n = math.floor(arith.addf(arith.mulf(clamped, const(_LOG2E)), const(0.5)))
     r = arith.subf(arith.subf(clamped, arith.mulf(n, const(_LN2_HI))), arith.mulf(n, const(_LN2_LO)))
-    poly = const(_POLY[0])
-    for c in _POLY[1:]:
-        poly = arith.addf(arith.mulf(poly, r), const(c))
+    poly = estrin(r, _POLY[::-1], const)
     y = arith.addf(arith.addf(arith.mulf(poly, arith.mulf(r, r)), r), const(1.0))
     ni = arith.fptosi(itype, n)
     half = arith.shrsi(ni, _int(itype, 1))

@@ -20,6 +20,7 @@ from mlir import ir
 from mlir.dialects import arith, math, tensor
 
 from polyblocks_jax.dtypes import DType
+from polyblocks_jax.polynomials import estrin
 from polyblocks_jax.stablehlo_import import builders, reader
 from polyblocks_jax.stablehlo_import.registry import converts
 
@@ -289,30 +290,46 @@ def _erf(x: ir.Value) -> ir.Value:
     x = arith.minimumf(arith.maximumf(x, arith.negf(bound)), bound)
     t = arith.mulf(x, x)
 
-    def horner(coefficients: tuple[float, ...]) -> ir.Value:
-        value = builders.constant_like(coefficients[-1], x)
-        for c in reversed(coefficients[:-1]):
-            value = arith.addf(arith.mulf(value, t), builders.constant_like(c, x))
-        return value
-    one = builders.constant_like(1.0, x)
+    def const(v: float) -> ir.Value:
+        return builders.constant_like(v, x)
+    one = const(1.0)
     # rounding may overshoot 1 by an ulp near the bound
-    erf = arith.divf(arith.mulf(x, horner(_ERF_P)), horner(_ERF_Q))
+    erf = arith.divf(arith.mulf(x, estrin(t, _ERF_P, const)), estrin(t, _ERF_Q, const))
     return arith.minimumf(arith.maximumf(erf, arith.negf(one)), one)
 
 
-@converts("chlo.erf")
+# erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2), for z >= 0 (Numerical Recipes' erfcc,
+# after Chebyshev: fractional error under 1.2e-7 everywhere); erfc(-z) = 2 - erfc(z). One
+# division, one exp and a polynomial, where chlo's expansion (and XLA's) evaluates erf's
+# rational and two for erfc's tail, and selects. jax.nn.gelu(approximate=False) is x erfc.
+_ERFC_P = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
+           1.48851587, -0.82215223, 0.17087277)
+
+
+def _erfc(x: ir.Value) -> ir.Value:
+    """erfc on f32 (NaN propagates; erfc(+-inf) = 0, 2)."""
+    def const(v: float) -> ir.Value:
+        return builders.constant_like(v, x)
+    z = math.absf(x)
+    t = arith.divf(const(1.0), arith.addf(const(1.0), arith.mulf(const(0.5), z)))
+    y = arith.mulf(t, math.exp(arith.subf(estrin(t, _ERFC_P, const), arith.mulf(z, z))))
+    negative = arith.cmpf(arith.CmpFPredicate.OLT, x, const(0.0))
+    return arith.select(negative, arith.subf(const(2.0), y), y)
+
+
+@converts("chlo.erf", "chlo.erfc")
 def erf(cx, op) -> Sequence[ir.Value]:
     if not _dtype(op).is_float:
         raise op.unsupported(f"dtype {_dtype(op).name}")
     if _dtype(op).bits == 64:
         return chlo_op(cx, op)
-    return [in_f32(_erf, op.operands[0])]
+    return [in_f32(_erf if op.name == "chlo.erf" else _erfc, op.operands[0])]
 
 
 # The chlo ops JAX 0.10 emits for lax.erf, lgamma, sinh, ... (all on floats).
 _CHLO_EXPANDED = (
     "acos", "acosh", "asin", "asinh", "atan", "atanh", "bessel_i1e", "cosh", "digamma",
-    "erf_inv", "erfc", "is_inf", "is_neg_inf", "is_pos_inf", "lgamma", "next_after",
+    "erf_inv", "is_inf", "is_neg_inf", "is_pos_inf", "lgamma", "next_after",
     "polygamma", "sinh", "square", "tan", "zeta")
 # Ops on the bit pattern, or with a boolean result: expanded in their own type.
 _CHLO_EXACT = ("chlo.next_after", "chlo.is_inf", "chlo.is_neg_inf", "chlo.is_pos_inf")
