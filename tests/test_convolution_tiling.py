@@ -92,6 +92,15 @@ class Im2colTest(parameterized.TestCase):
             jax.lax.conv_general_dilated, window_strides=(1, 1), padding="SAME", dimension_numbers=_NHWC), x, w)
         self.assertIn("linalg.conv_2d_nhwc_hwcf", text)
 
+    def test_large_gathers_run_a_group_of_images_at_a_time(self):
+        # 3 images of 32 x 32 pixels by 3 x 3 x 128 taps: 4.5 MiB of rows each, 13.5 at once.
+        x, w = np.zeros((3, 32, 32, 128), np.float32), np.zeros((3, 3, 128, 64), np.float32)
+        text = _after_pointwise_stage(functools.partial(
+            jax.lax.conv_general_dilated, window_strides=(1, 1), padding="SAME", dimension_numbers=_NHWC), x, w)
+        self.assertIn("scf.for", text)
+        self.assertIn("tensor<1024x1152xf32>", text)  # one image's rows
+        self.assertNotIn("tensor<3072x1152xf32>", text)
+
     def test_patch_embedding_is_one_copy(self):
         x, w = np.zeros((2, 32, 32, 3), np.float32), np.zeros((16, 16, 3, 192), np.float32)
         text = _after_pointwise_stage(functools.partial(
@@ -104,6 +113,7 @@ class Im2colTest(parameterized.TestCase):
                                     ("dilated_valid", (1, 9, 9, 96), (3, 2, 96, 200), (1, 1), "VALID", (2, 3)),
                                     ("strided_pointwise", (2, 6, 6, 256), (1, 1, 256, 272), (2, 2), "VALID", (1, 1)),
                                     ("patches", (2, 32, 32, 3), (16, 16, 3, 192), (16, 16), "VALID", (1, 1)),
+                                    ("image_groups", (3, 32, 32, 128), (3, 3, 128, 64), (1, 1), "SAME", (1, 1)),
                                     ("patches_cropped", (1, 35, 33, 3), (8, 8, 3, 512), (8, 8), "VALID", (1, 1)))
     def test_results(self, lhs_shape, rhs_shape, strides, padding, dilation):
         rng = np.random.default_rng(sum(rhs_shape))
