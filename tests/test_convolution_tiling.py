@@ -39,8 +39,12 @@ class RegisterTileTest(parameterized.TestCase):
         self.assertEqual(choose_conv_tiles(56, 64, 64, 4, AVX2, depthwise=True).width, 8)
 
 
-def _after_pointwise_stage(fn, *args) -> str:
-    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
+def _conv_after_stage(lhs_shape, rhs_shape, strides=(1, 1), padding="VALID") -> str:
+    """The module of one NHWC convolution after the convs-to-matmuls stage, as text."""
+    x, w = np.zeros(lhs_shape, np.float32), np.zeros(rhs_shape, np.float32)
+    fn = functools.partial(jax.lax.conv_general_dilated, window_strides=strides, padding=padding,
+                           dimension_numbers=_NHWC)
+    lowered = jax.jit(fn).trace(x, w).lower(lowering_platforms=("cpu",))
     options = pb.Options()
     stages = passes.shared_stages(options, AVX2)
     with ir.Context() as context, ir.Location.unknown():
@@ -51,16 +55,12 @@ def _after_pointwise_stage(fn, *args) -> str:
 
 class PointwiseConvTest(parameterized.TestCase):
     def test_unit_stride_pointwise_conv_becomes_a_matmul(self):
-        x, w = np.zeros((2, 4, 8, 16), np.float32), np.zeros((1, 1, 16, 32), np.float32)
-        text = _after_pointwise_stage(functools.partial(
-            jax.lax.conv_general_dilated, window_strides=(1, 1), padding="VALID", dimension_numbers=_NHWC), x, w)
+        text = _conv_after_stage((2, 4, 8, 16), (1, 1, 16, 32), (1, 1), "VALID")
         self.assertIn("linalg.matmul", text)
         self.assertNotIn("linalg.conv_2d", text)
 
     def test_strided_pointwise_conv_stays_a_convolution(self):
-        x, w = np.zeros((2, 4, 8, 16), np.float32), np.zeros((1, 1, 16, 32), np.float32)
-        text = _after_pointwise_stage(functools.partial(
-            jax.lax.conv_general_dilated, window_strides=(2, 2), padding="VALID", dimension_numbers=_NHWC), x, w)
+        text = _conv_after_stage((2, 4, 8, 16), (1, 1, 16, 32), (2, 2), "VALID")
         self.assertIn("linalg.conv_2d_nhwc_hwcf", text)
 
     @parameterized.named_parameters(("wide", (2, 4, 8, 24), (1, 1, 24, 32)),
@@ -79,32 +79,24 @@ class PointwiseConvTest(parameterized.TestCase):
 
 class Im2colTest(parameterized.TestCase):
     def test_weights_beyond_half_of_l2_make_a_matmul(self):
-        x, w = np.zeros((1, 6, 6, 128), np.float32), np.zeros((3, 3, 128, 128), np.float32)  # 576 KiB
-        text = _after_pointwise_stage(functools.partial(
-            jax.lax.conv_general_dilated, window_strides=(1, 1), padding="SAME", dimension_numbers=_NHWC), x, w)
+        text = _conv_after_stage((1, 6, 6, 128), (3, 3, 128, 128), (1, 1), "SAME")  # 576 KiB
         self.assertIn("linalg.matmul", text)
         self.assertIn("tensor<36x1152xf32>", text)  # (N*OH*OW, KH*KW*C): the gathered rows
         self.assertNotIn("linalg.conv_2d", text)
 
     def test_weights_within_half_of_l2_stay_a_direct_convolution(self):
-        x, w = np.zeros((1, 6, 6, 64), np.float32), np.zeros((3, 3, 64, 64), np.float32)  # 144 KiB
-        text = _after_pointwise_stage(functools.partial(
-            jax.lax.conv_general_dilated, window_strides=(1, 1), padding="SAME", dimension_numbers=_NHWC), x, w)
+        text = _conv_after_stage((1, 6, 6, 64), (3, 3, 64, 64), (1, 1), "SAME")  # 144 KiB
         self.assertIn("linalg.conv_2d_nhwc_hwcf", text)
 
     def test_large_gathers_run_a_group_of_images_at_a_time(self):
         # 3 images of 32 x 32 pixels by 3 x 3 x 128 taps: 4.5 MiB of rows each, 13.5 at once.
-        x, w = np.zeros((3, 32, 32, 128), np.float32), np.zeros((3, 3, 128, 64), np.float32)
-        text = _after_pointwise_stage(functools.partial(
-            jax.lax.conv_general_dilated, window_strides=(1, 1), padding="SAME", dimension_numbers=_NHWC), x, w)
+        text = _conv_after_stage((3, 32, 32, 128), (3, 3, 128, 64), (1, 1), "SAME")
         self.assertIn("scf.for", text)
         self.assertIn("tensor<1024x1152xf32>", text)  # one image's rows
         self.assertNotIn("tensor<3072x1152xf32>", text)
 
     def test_patch_embedding_is_one_copy(self):
-        x, w = np.zeros((2, 32, 32, 3), np.float32), np.zeros((16, 16, 3, 192), np.float32)
-        text = _after_pointwise_stage(functools.partial(
-            jax.lax.conv_general_dilated, window_strides=(16, 16), padding="VALID", dimension_numbers=_NHWC), x, w)
+        text = _conv_after_stage((2, 32, 32, 3), (16, 16, 3, 192), (16, 16), "VALID")
         self.assertEqual(text.count("linalg.generic"), 1)  # not one copy per tap (256 here)
         self.assertIn("tensor<8x768xf32>", text)
 
