@@ -10,8 +10,9 @@ of the kh/kw/c loops, like tiling.py's matmul recipe; the script is vectorize.py
 applies these tiles.
 
 A 1x1 convolution with unit strides is a matmul on the collapsed image, and one whose
-weights outgrow L2 a matmul on its im2col rows: ``convs_to_matmuls`` (a stage before tiling)
-hands them to the matmul tiling.
+weights outgrow half of L2 a matmul on its im2col rows (for a group of images at a time where
+the whole batch's rows would be large): ``convs_to_matmuls`` (a stage before tiling) hands
+them to the matmul tiling.
 """
 from __future__ import annotations
 

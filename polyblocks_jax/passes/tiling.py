@@ -11,13 +11,17 @@ into a main part whose rows and columns are multiples of the register tile and e
 every part has static shapes that its tiles divide, every vector is full and no mask is needed.
 Each part then gets, as in BLIS:
 
-- cache tiles: an ``scf.forall`` over (batch,) m and n tiles when parallel, an ``scf.for`` over
-  k tiles inside it, the last one peeled when kc does not divide k;
-- packing (``Options.packing``): per k tile, the B block is copied into contiguous register
-  panels ``[nc / nr][kc][nr]`` before the register loops, and per register row block the A
-  rows into one ``[mr][kc]`` panel (kept paddings of the register tile's operands, hoisted out
-  of the register loops they do not depend on): the kernel streams B from consecutive cache
-  lines, and rows of A a power of two apart no longer compete for the same L1 sets;
+- parallel tiles: an ``scf.forall`` over (batch,) m and n tiles, one a core or a few (the
+  split with the fewest estimated cycles: rounds of tiles per core, FMAs, packing), an
+  ``scf.for`` over k tiles inside it, the last one peeled when kc does not divide k;
+- blocks of A rows within a tile (an ``scf.for``; a smaller last block peeled), then register
+  tiles down each column panel of B (columns outer, rows inner);
+- packing (``Options.packing``): per k tile, the tile's B columns are copied into contiguous
+  register panels ``[cols / nr][kc][nr]`` before the blocks of rows (each panel stays in L1
+  while the rows of a block go by), and per block the A rows into ``[mc / mr][mr][kc]``
+  before the column loop (the block stays in L2): kept paddings of the register tile's
+  operands, hoisted out of the loops they do not depend on; rows a power of two apart no
+  longer compete for the same L1 sets;
 - register tiles ``mr x nr`` over a k loop of one step (unrolled by four), vectorized; the
   products become contractions lowered to FMAs (outer products), and the accumulators are
   hoisted out of the k loop (on tensors, before bufferization, where hoisting works): a
@@ -133,8 +137,9 @@ def choose_matmul_tiles(m: int, n: int, k: int, register: tuple[int, int], elem_
     kc: a register panel of B (kc x nr) in half of L1, with kc dividing k where a divisor near
     the bound exists (else a peeled last k tile); mc: the packed A block (mc x kc) in half of
     L2, reused by every column panel, likewise (else a peeled last block of rows: ViT's 1572
-    rows are 262 = 2 x 131 register rows, which only blocks of one row tile would divide). Parallel tiles: of the splits of rows and columns into
-    whole register tiles, the one with the fewest estimated cycles (``_parallel_cycles``).
+    rows are 262 = 2 x 131 register rows, which only blocks of one row tile would divide).
+    Parallel tiles: of the splits of rows and columns into whole register tiles, the one
+    with the fewest estimated cycles (``_parallel_cycles``).
     """
     mr, nr = register
     kc_max = max(1, hw.l1_bytes // 2 // (nr * elem_bytes))
