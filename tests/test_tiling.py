@@ -127,6 +127,13 @@ class KernelTest(absltest.TestCase):
         self.assertIn("tensor<4x256x16xf32>", packed)  # [nc / nr][kc][nr]
         self.assertNotIn("x256x16xf32>", unpacked)
 
+    def test_one_row_of_register_tiles_reads_b_unpacked(self):
+        # Each B panel would be copied for one register tile: the copy costs what it saves.
+        x, y = np.zeros((4, 256), np.float32), np.zeros((256, 64), np.float32)
+        text = _tiled(lambda a, b: a @ b, x, y)
+        self.assertNotIn("x256x16xf32>", text)
+        self.assertIn("vector.outerproduct", text)
+
     def test_packing_switch_parses(self):
         self.assertFalse(pb.Options.from_flags("no-packing").packing)
         self.assertNotEqual(pb.Options().cache_key(), pb.Options(packing=False).cache_key())

@@ -311,7 +311,7 @@ def _register_tiles(lines: list[str], name: str, handle: str, matmul: _Matmul,
     rows (a smaller last block peeled), then each block into packed register tiles."""
     mc, rows = tiles.cache[0], tiles.parallel[0]
     if mc >= rows:  # the tile is one block
-        _kernel(lines, f"{name}r", handle, matmul, tiles, kc, packing, in_block_loop=False)
+        _kernel(lines, f"{name}r", handle, matmul, tiles, kc, packing, in_block_loop=False, block_rows=rows)
         return
     lines += [_tile_for(f"{name}m", handle, matmul.sizes(mc, 0, 0), 1),
               # one slice of each operand per register tile, of a value from outside the block
@@ -319,7 +319,7 @@ def _register_tiles(lines: list[str], name: str, handle: str, matmul: _Matmul,
               f"transform.apply_patterns to {name}m_loops#0 {{ "
               f"transform.apply_patterns.tensor.merge_consecutive_insert_extract_slice }} : {_ANY}"]
     if rows % mc == 0:
-        _kernel(lines, f"{name}r", f"{name}m", matmul, tiles, kc, packing, in_block_loop=True)
+        _kernel(lines, f"{name}r", f"{name}m", matmul, tiles, kc, packing, in_block_loop=True, block_rows=mc)
         return
     lines += [f"{name}mp = transform.get_parent_op {name}m_loops#0 : ({_ANY}) -> {_ANY}",
               f"{name}mf = transform.cast {name}m_loops#0 : {_ANY} to {_FOR}",
@@ -329,16 +329,16 @@ def _register_tiles(lines: list[str], name: str, handle: str, matmul: _Matmul,
               f"{name}mops = transform.structured.match ops{{[\"{matmul.op_name}\"]}} in {name}mp"
               f" : ({_ANY}) -> {_ANY}",
               f"{name}main, {name}rest = transform.split_handle {name}mops : ({_ANY}) -> ({_ANY}, {_ANY})"]
-    for part, in_loop in (("main", rows // mc > 1), ("rest", False)):  # one-iteration loops fold
-        _kernel(lines, f"{name}{part}r", f"{name}{part}", matmul, tiles, kc, packing, in_block_loop=in_loop)
+    for part, in_loop, block_rows in (("main", rows // mc > 1, mc), ("rest", False, rows % mc)):  # one-iteration loops fold
+        _kernel(lines, f"{name}{part}r", f"{name}{part}", matmul, tiles, kc, packing, in_loop, block_rows)
 
 
 def _kernel(lines: list[str], name: str, handle: str, matmul: _Matmul, tiles: MatmulTiles, kc: int,
-            packing: bool, in_block_loop: bool) -> None:
-    """Append transform ops tiling the block ``handle`` into register tiles (columns outer, rows
-    inner, as BLIS), packing their operands, and vectorizing them with a k step of one,
-    unrolled by four. ``in_block_loop``: the block is one iteration of a loop over blocks of
-    rows, which B's packing is hoisted out of."""
+            packing: bool, in_block_loop: bool, block_rows: int) -> None:
+    """Append transform ops tiling the block ``handle`` of ``block_rows`` rows into register
+    tiles (columns outer, rows inner, as BLIS), packing their operands, and vectorizing them
+    with a k step of one, unrolled by four. ``in_block_loop``: the block is one iteration of a
+    loop over blocks of rows, which B's packing is hoisted out of."""
     mr, nr, _ = tiles.register
     lead = [0] * matmul.batched
     interchange = ", ".join(map(str, [*range(len(lead)), len(lead) + 1, len(lead), len(lead) + 2]))
@@ -346,25 +346,30 @@ def _kernel(lines: list[str], name: str, handle: str, matmul: _Matmul, tiles: Ma
                  f"tile_sizes [{matmul.sizes(mr, nr, 0)}] interchange = [{interchange}] "
                  f": ({_ANY}) -> ({_ANY}, {_ANY}, {_ANY})")
     kernel = name
-    if packing:
+    # A panel serves every column panel of the tile, a B panel every register row of the
+    # blocks it is hoisted over: one that would serve a single register tile is not packed
+    # (an edge part of a few rows would copy all of B to read it once).
+    pack = {0: packing and tiles.parallel[1] > nr, 1: packing and (in_block_loop or block_rows > mr)}
+    if any(pack.values()):
         zeros = ", ".join([f"0.0 : {matmul.element}"] * 3)
-        lines += [
+        lines.append(
             # Paddings that pad nothing, kept (nofold): copies of the register tile's operands...
             f"{name}p, {name}pads, {name}copy = transform.structured.pad {name} {{padding_values = [{zeros}], "
-            f"padding_dimensions = {list(range(4 if matmul.batched else 3))}, nofold_flags = [1, 1, 0], "
-            f"copy_back_op = \"none\"}} : ({_ANY}) -> ({_ANY}, {_ANY}, {_ANY})",
-            f"{name}pada = transform.get_producer_of_operand {name}p[0] : ({_ANY}) -> {_ANY}",
-            f"{name}padb = transform.get_producer_of_operand {name}p[1] : ({_ANY}) -> {_ANY}",
-            # ... hoisted out of the loops they do not depend on: A's panels of a block of
-            # rows before the column loop (the block stays in L2 while the columns go by),
-            # B's panels of the whole tile's columns before the blocks of rows (a panel stays
-            # in L1 while the rows go by). Each becomes contiguous; no two rows share an L1 set.
-            f"{name}panela = transform.structured.hoist_pad {name}pada by 2 loops : ({_ANY}) -> {_ANY}",
-            f"{name}panelb = transform.structured.hoist_pad {name}padb by {2 + in_block_loop} loops "
-            f": ({_ANY}) -> {_ANY}"]
+            f"padding_dimensions = {list(range(4 if matmul.batched else 3))}, "
+            f"nofold_flags = [{int(pack[0])}, {int(pack[1])}, 0], "
+            f"copy_back_op = \"none\"}} : ({_ANY}) -> ({_ANY}, {_ANY}, {_ANY})")
+        # ... hoisted out of the loops they do not depend on: A's panels of a block of rows
+        # before the column loop (the block stays in L2 while the columns go by), B's panels
+        # of the whole tile's columns before the blocks of rows (a panel stays in L1 while
+        # the rows go by). Each becomes contiguous; no two rows share an L1 set.
         rows = _largest_divisor(kc, _PACK_ROWS)
-        _copy_loop(lines, f"{name}b", f"{name}panelb", lead + [rows, 0], [1] * len(lead) + [rows, nr])
-        _copy_loop(lines, f"{name}a", f"{name}panela", lead + [1, 0], [1] * len(lead) + [1, kc])
+        packs = {0: ("a", 2, [1, 0], [1, kc]), 1: ("b", 2 + in_block_loop, [rows, 0], [rows, nr])}
+        for operand, (tag, loops, tile, vector) in packs.items():
+            if pack[operand]:
+                lines += [f"{name}pad{tag} = transform.get_producer_of_operand {name}p[{operand}] : ({_ANY}) -> {_ANY}",
+                          f"{name}panel{tag} = transform.structured.hoist_pad {name}pad{tag} by {loops} loops "
+                          f": ({_ANY}) -> {_ANY}"]
+                _copy_loop(lines, f"{name}{tag}", f"{name}panel{tag}", lead + tile, [1] * len(lead) + vector)
         kernel = f"{name}p"
     lines += [_tile_for(f"{name}v", kernel, matmul.sizes(0, 0, 1), 1),
               f"transform.structured.vectorize {name}v : {_ANY}",
