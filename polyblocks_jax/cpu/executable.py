@@ -55,7 +55,7 @@ def build(llvm_module, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpe
 # LLVM code generation on large blocks of vector code (fused groups, unrolled copies) spends
 # most of its time in two searches quadratic in a block's memory operations: the DAG
 # combiner's merging of adjacent stores (our stores are whole vectors already) and the machine
-# scheduler's dependence graph (bounded here as for its huge regions). ViT-Tiny: 57 -> 33 s.
+# scheduler's dependence graph (bounded here as for its huge regions). ViT-Tiny: 57 -> 27 s.
 _CODEGEN_OPTIONS = ("-combiner-store-merging=0", "-dag-maps-huge-region=100")
 
 

@@ -126,12 +126,15 @@ def _sharing_groups(value: ir.Value) -> list[list[ir.Operation]]:
 
 def _depends_on(value: ir.Value, op: ir.Operation, depth: int = 8) -> bool:
     """Whether ``value`` is computed from a result of ``op`` within ``depth`` producers."""
-    owner = value.owner
-    if isinstance(owner, ir.Block) or depth == 0:
-        return False
-    if owner.operation == op:
-        return True
-    return any(_depends_on(v, op, depth - 1) for v in owner.operation.operands)
+    frontier, seen = [value], set()
+    for _ in range(depth):
+        producers = [v.owner.operation for v in frontier if not isinstance(v.owner, ir.Block)]
+        if op in producers:
+            return True
+        fresh = [p for p in dict.fromkeys(producers) if p not in seen]
+        seen.update(fresh)
+        frontier = [v for p in fresh for v in p.operands]
+    return False
 
 
 def _enclosing_in(parent: ir.Operation, op: ir.Operation) -> ir.Operation:

@@ -3,11 +3,11 @@
 ``choose_conv_tiles`` is the cost model: a register tile of output pixels along W by a few
 vectors of output channels, accumulated over a block of input channels; of the tiles that
 fit the registers, the one with the fewest estimated cycles per FMA
-(``tiling.cycles_per_fma``: FMA throughput, loads, and the latency each chain waits on). The transform script tiles every loop
-to that block (kernel rows and columns to one), decomposes the 2-D convolution into a 1-D
-one, vectorizes it (outer products over input channels) and hoists the accumulators out
-of the kh/kw/c loops, like tiling.py's matmul recipe; the script is vectorize.py's, which
-applies these tiles.
+(``tiling.cycles_per_fma``: FMA throughput, loads, and the latency each chain waits on). The
+transform script tiles every loop to that block (kernel rows and columns to one), decomposes
+the 2-D convolution into a 1-D one, vectorizes it (outer products over input channels) and
+hoists the accumulators out of the kh/kw/c loops, like tiling.py's matmul recipe; the script
+is vectorize.py's, which applies these tiles.
 
 A 1x1 convolution with unit strides is a matmul on the collapsed image, and one whose
 weights outgrow half of L2 a matmul on its im2col rows (for a group of images at a time where
@@ -107,8 +107,9 @@ def im2col_pays(op: ir.Operation, hw: Hardware) -> bool:
     once per block of rows instead; the gathered rows cost one copy of KH*KW times the
     input, small against the F/2 FLOPs each of their elements then takes part in. Windows
     that overlap are gathered a copy per tap: a large kernel stays direct (code size)."""
-    kh, kw, _, _ = ir.RankedTensorType(op.operands[1].type).shape
-    return _tensor_bytes(op.operands[1]) > hw.l2_bytes // 2 and (_Window.of(op).patchify or kh * kw <= _MAX_TAPS)
+    window = _Window.of(op)
+    small_enough = window.patchify or math.prod(window.kernel) <= _MAX_TAPS
+    return _tensor_bytes(op.operands[1]) > hw.l2_bytes // 2 and small_enough
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,14 +143,15 @@ def _as_matmul(op: ir.Operation) -> ir.Value:
         weights = _collapse(kernel, [kh * kw * c, f], [[0, 1, 2], [3]])
         if _is_pointwise(op):
             return _matmul(_collapse(image, [math.prod(_shape(image)[:3]), c], [[0, 1, 2], [3]]), weights, init)
-        row_bytes = math.prod(window.out) * kh * kw * c * 4
-        group = max(d for d in range(1, n + 1) if n % d == 0 and (d == 1 or d * row_bytes <= _IM2COL_BYTES))
+        image_bytes = math.prod(window.out) * kh * kw * c * 4  # one image's gathered rows (f32)
+        group = max(d for d in range(1, n + 1) if n % d == 0 and (d == 1 or d * image_bytes <= _IM2COL_BYTES))
         if group == n:
             return _matmul(_im2col(image, window), weights, init)
         return _grouped_matmuls(image, weights, init, window, group)
 
 
-def _grouped_matmuls(image: ir.Value, weights: ir.Value, init: ir.Value, window: _Window, group: int) -> ir.Value:
+def _grouped_matmuls(image: ir.Value, weights: ir.Value, init: ir.Value, window: _Window,
+                     group: int) -> ir.Value:
     """``_matmul`` of the im2col rows of ``group`` images at a time, in an scf.for over the
     batch: the rows of one group alive at once (UNet-128's 32x32x128 convolutions gathered
     38 MB for a batch of 8)."""
@@ -174,17 +176,22 @@ def _matmul(rows: ir.Value, weights: ir.Value, init: ir.Value) -> ir.Value:
 
 
 def _batch_slice(value: ir.Value, start: ir.Value, count: int) -> ir.Value:
-    shape = _shape(value)
+    """Images ``start`` to ``start + count`` of the NHWC ``value``."""
+    shape = [count, *_shape(value)[1:]]
     element = ir.RankedTensorType(value.type).element_type
-    return tensor.extract_slice(ir.RankedTensorType.get([count, *shape[1:]], element), value, [start], [], [],
-                                [ir.ShapedType.get_dynamic_size(), *[0] * (len(shape) - 1)],
-                                [count, *shape[1:]], [1] * len(shape))
+    return tensor.extract_slice(ir.RankedTensorType.get(shape, element), value, [start], [], [],
+                                _batch_offsets(len(shape)), shape, [1] * len(shape))
 
 
 def _batch_insert(part: ir.Value, into: ir.Value, start: ir.Value) -> ir.Value:
+    """``part`` inserted into ``into`` from image ``start`` on."""
     shape = _shape(part)
-    return tensor.insert_slice(part, into, [start], [], [], [ir.ShapedType.get_dynamic_size(), *[0] * (len(shape) - 1)],
-                               shape, [1] * len(shape))
+    return tensor.insert_slice(part, into, [start], [], [], _batch_offsets(len(shape)), shape, [1] * len(shape))
+
+
+def _batch_offsets(rank: int) -> list[int]:
+    """Static offsets of a slice at a dynamic image index: the first dim dynamic, others 0."""
+    return [ir.ShapedType.get_dynamic_size(), *[0] * (rank - 1)]
 
 
 def _shape(value: ir.Value) -> list[int]:

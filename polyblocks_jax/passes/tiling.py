@@ -329,7 +329,8 @@ def _register_tiles(lines: list[str], name: str, handle: str, matmul: _Matmul,
               f"{name}mops = transform.structured.match ops{{[\"{matmul.op_name}\"]}} in {name}mp"
               f" : ({_ANY}) -> {_ANY}",
               f"{name}main, {name}rest = transform.split_handle {name}mops : ({_ANY}) -> ({_ANY}, {_ANY})"]
-    for part, in_loop, block_rows in (("main", rows // mc > 1, mc), ("rest", False, rows % mc)):  # one-iteration loops fold
+    # (a block loop of one iteration folds away: its block is in no loop)
+    for part, in_loop, block_rows in (("main", rows // mc > 1, mc), ("rest", False, rows % mc)):
         _kernel(lines, f"{name}{part}r", f"{name}{part}", matmul, tiles, kc, packing, in_loop, block_rows)
 
 
