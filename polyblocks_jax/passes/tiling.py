@@ -363,8 +363,8 @@ def _kernel(lines: list[str], name: str, handle: str, matmul: _Matmul, tiles: Ma
         # before the column loop (the block stays in L2 while the columns go by), B's panels
         # of the whole tile's columns before the blocks of rows (a panel stays in L1 while
         # the rows go by). Each becomes contiguous; no two rows share an L1 set.
-        rows = _largest_divisor(kc, _PACK_ROWS)
-        packs = {0: ("a", 2, [1, 0], [1, kc]), 1: ("b", 2 + in_block_loop, [rows, 0], [rows, nr])}
+        b_rows = _largest_divisor(kc, _PACK_ROWS)
+        packs = {0: ("a", 2, [1, 0], [1, kc]), 1: ("b", 2 + in_block_loop, [b_rows, 0], [b_rows, nr])}
         for operand, (tag, loops, tile, vector) in packs.items():
             if pack[operand]:
                 lines += [f"{name}pad{tag} = transform.get_producer_of_operand {name}p[{operand}] : ({_ANY}) -> {_ANY}",

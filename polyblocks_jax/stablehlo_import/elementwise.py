@@ -302,6 +302,8 @@ def _erf(x: ir.Value) -> ir.Value:
 # after Chebyshev: fractional error under 1.2e-7 everywhere); erfc(-z) = 2 - erfc(z). One
 # division, one exp and a polynomial, where chlo's expansion (and XLA's) evaluates erf's
 # rational and two for erfc's tail, and selects. jax.nn.gelu(approximate=False) is x erfc.
+# Only programs read as text or a Lowered carry chlo ops: a PJRT program (a portable
+# artifact) arrives with jaxlib's expansion of them already in StableHLO.
 _ERFC_P = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
            1.48851587, -0.82215223, 0.17087277)
 
@@ -317,13 +319,17 @@ def _erfc(x: ir.Value) -> ir.Value:
     return arith.select(negative, arith.subf(const(2.0), y), y)
 
 
-@converts("chlo.erf", "chlo.erfc")
-def erf(cx, op) -> Sequence[ir.Value]:
+_OWN_F32 = {"chlo.erf": _erf, "chlo.erfc": _erfc}
+
+
+@converts(*_OWN_F32)
+def erf_erfc(cx, op) -> Sequence[ir.Value]:
+    """Ours on f32 (and bf16/f16 through f32); chlo's expansion on f64."""
     if not _dtype(op).is_float:
         raise op.unsupported(f"dtype {_dtype(op).name}")
     if _dtype(op).bits == 64:
         return chlo_op(cx, op)
-    return [in_f32(_erf if op.name == "chlo.erf" else _erfc, op.operands[0])]
+    return [in_f32(_OWN_F32[op.name], op.operands[0])]
 
 
 # The chlo ops JAX 0.10 emits for lax.erf, lgamma, sinh, ... (all on floats).
