@@ -52,6 +52,10 @@ FMA_PER_CYCLE, LOADS_PER_CYCLE, FMA_LATENCY = 2, 2, 4
 # chains would just cover 2 FMAs x 4 cycles): the k loop also carries the packing's stores.
 _LATENCY_MARGIN = 1.5
 _STREAM_BYTES_PER_CYCLE = 8  # operands streamed from L3 or memory into packed panels
+# A k tile long enough that the C tile's reload per k tile costs at most this share of its
+# FMAs (with B's panel in L1, 1024^3 spent 16% of its time there), and B's register panel
+# then at most this share of L2.
+_C_RELOAD_SHARE, _B_PANEL_L2_SHARE = 1 / 16, 1 / 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,13 +146,26 @@ def choose_matmul_tiles(m: int, n: int, k: int, register: tuple[int, int], elem_
     with the fewest estimated cycles (``_parallel_cycles``).
     """
     mr, nr = register
-    kc_max = max(1, hw.l1_bytes // 2 // (nr * elem_bytes))
+    kc_max = _k_tile_bound(register, elem_bytes, hw)
     kc = _divisor_near(k, kc_max) or -(-k // -(-k // kc_max))
     pm, pn = min(((r, c) for r in _divisors(m // mr) for c in _divisors(n // nr)),
                  key=lambda t: (_parallel_cycles(m, n, k, t, register, elem_bytes, hw, batch), t[0] * t[1]))
     blocks, bound = m // pm // mr, max(1, hw.l2_bytes // 2 // (kc * elem_bytes * mr))
     mc = mr * (_divisor_near(blocks, bound) or -(-blocks // -(-blocks // bound)))
     return MatmulTiles((m // pm, n // pn), (mc, kc), (mr, nr, 1))
+
+
+def _k_tile_bound(register: tuple[int, int], elem_bytes: int, hw: Hardware) -> int:
+    """The longest k tile wanted: one whose B register panel (kc x nr) stays in half of L1, or
+    longer, up to the length at which reloading the C tile (its loads and stores once per k
+    tile, streamed from L3) costs ``_C_RELOAD_SHARE`` of the tile's FMA cycles; the panel then
+    streams from L2, where it takes at most ``_B_PANEL_L2_SHARE`` beside the A block."""
+    mr, nr = register
+    lanes = hw.vector_bits // (8 * elem_bytes)
+    fma_cycles = mr * nr / lanes * cycles_per_fma(mr, -(-nr // lanes), latency=FMA_LATENCY * _LATENCY_MARGIN)
+    reload = 2 * mr * nr * elem_bytes / _STREAM_BYTES_PER_CYCLE / _C_RELOAD_SHARE / fma_cycles
+    in_l2 = int(hw.l2_bytes * _B_PANEL_L2_SHARE) // (nr * elem_bytes)
+    return max(1, hw.l1_bytes // 2 // (nr * elem_bytes), min(math.ceil(reload), in_l2))
 
 
 def _parallel_cycles(m: int, n: int, k: int, split: tuple[int, int], register: tuple[int, int],
