@@ -12,6 +12,7 @@ from polyblocks_jax.passes.arena import split_empty_tensors
 from polyblocks_jax.passes.conv_tiling import convs_to_matmuls
 from polyblocks_jax.passes.copies import strided_copies_to_linalg
 from polyblocks_jax.passes.fusion import fuse_elementwise
+from polyblocks_jax.passes.in_place import elementwise_in_place
 from polyblocks_jax.passes.matrix_forms import inline_matrix_units, map_matrix_units, select_unit
 from polyblocks_jax.passes.pipeline import Stage, run_stages
 from polyblocks_jax.passes.results import drop_aliased_results, prepare_results
@@ -53,6 +54,10 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         stages.append(Stage("tile-fusion", functools.partial(tile_and_fuse, hw=hardware)))
     if options.vectorize:
         stages.append(Stage("vectorize", functools.partial(vectorize_ops, hw=hardware)))
+    if options.arena:
+        # Elementwise loops over an input that dies there (GELU over its matmul's result),
+        # once vectorized: each tile reads the slice it writes.
+        stages.append(Stage("in-place", elementwise_in_place))
     # The packed contractions sat in functions of their own, out of fusion's reach.
     stages.append(Stage("matrix-units-inline", inline_matrix_units))
     stages += [

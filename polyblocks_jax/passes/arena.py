@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Callable
 
 from mlir import ir
 from mlir.dialects import arith, func, memref
@@ -98,22 +99,34 @@ def split_empty_tensors(module: ir.Module, options: Options) -> None:
             shared.append(op)
         return ir.WalkResult.ADVANCE
     module.operation.walk(visit)
+    slices = [op for op in shared if op.name == "tensor.extract_slice"]
+    shared = [op for op in shared if op.name != "tensor.extract_slice"]
+    # CSE merges equal slices of a shared fill too: each group of a slice's users gets a
+    # copy of it (a slice of a slice first, so that each copy then gets its own source),
+    # else the parts of split matmuls layers apart are computed into one buffer.
+    for op in reversed(slices):
+        _copy_per_group(op, lambda before, op=op: op.clone(ir.InsertionPoint(before)).result)
+        op.erase()
     for op in shared:  # erasing an op erases only ops listed before it
-        groups = _sharing_groups(op.result)
-        if len(groups) < 2:
-            continue
-        for first, *rest in groups:  # the copy just before its user: a fill runs where it is needed
-            fresh = _fresh_copy(op, _enclosing_in(op.parent, first))
-            for user in (first, *rest):
-                user.replace_uses_of_with(op.result, fresh)
+        # (one group gets a copy too: CSE may have left the tensor layers before its users)
+        _copy_per_group(op, lambda before, op=op: _fresh_copy(op, before))
         _erase_chain(op)
 
 
+def _copy_per_group(op: ir.Operation, copy: Callable[[ir.Operation], ir.Value]) -> None:
+    """Give each group of ``op``'s users the value ``copy`` makes just before the group's
+    first: a fill runs where it is needed."""
+    for group in _sharing_groups(op.result):
+        fresh = copy(_earliest([_enclosing_in(op.parent, user) for user in group]))
+        for user in group:
+            user.replace_uses_of_with(op.result, fresh)
+
+
 def _sharing_groups(value: ir.Value) -> list[list[ir.Operation]]:
-    """The users of ``value`` by the buffer they need, the first of each group first in the
-    block. A user gets one of its own, but a value updated in place shares one: an
-    insert_slice back into it, with the slices of it that the inserted value is computed
-    from (the parts of a split matmul, each a tiled loop writing its slice of one result)."""
+    """The users of ``value`` by the buffer they need. A user gets one of its own, but a
+    value updated in place shares one: an insert_slice back into it, with the slices of it
+    that the inserted value is computed from (the parts of a split matmul, each a tiled loop
+    writing its slice of one result)."""
     users = list(dict.fromkeys(use.owner.operation for use in value.uses))
     slices = [u for u in users if u.name == "tensor.extract_slice"]
     groups, grouped = [], set()
@@ -135,6 +148,15 @@ def _depends_on(value: ir.Value, op: ir.Operation, depth: int = 8) -> bool:
         seen.update(fresh)
         frontier = [v for p in fresh for v in p.operands]
     return False
+
+
+def _earliest(ops: list[ir.Operation]) -> ir.Operation:
+    """The first in their block of ``ops`` (all in one block)."""
+    first = ops[0]
+    for op in ops[1:]:
+        if op.is_before_in_block(first):
+            first = op
+    return first
 
 
 def _enclosing_in(parent: ir.Operation, op: ir.Operation) -> ir.Operation:

@@ -6,7 +6,9 @@ linalg.generic consumer. Two gaps: reductions imported as linalg.reduce are no c
 iteration of the loops its value does not depend on (a softmax's division by the row sum
 fused into P.V divides 64 times per element). So reductions are generalized first, and
 each producer whose fusion would recompute gets a second, temporary use for the pass's
-duration (it fuses single-use producers only; it has no hook for a cost function).
+duration (it fuses single-use producers only; it has no hook for a cost function). For the same reason a
+broadcast constant that CSE shared between layers (GELU's 0.5, ReLU's zero) gets a copy per use
+first: shared, it would be a whole tensor alive across every layer using it.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ _KEEP = "polyblocks_fusion_keep"  # prefix of the callees of the temporary uses
 def fuse_elementwise(module: ir.Module, options: Options) -> None:
     """Generalize reductions, then fuse elementwise producers wherever no work is repeated."""
     apply_script(module, _GENERALIZE_REDUCTIONS)
+    _copy_shared_constant_broadcasts(module)
     keepers = _keep_recomputing_producers(module)
     passmanager.PassManager.parse("builtin.module(func.func(linalg-fuse-elementwise-ops))",
                                   module.context).run(module.operation)
@@ -56,6 +59,28 @@ def recomputes(producer: ir.Operation, consumer: ir.Operation, operand: int) -> 
     used = ir.AffineMapAttr(ir.ArrayAttr(consumer.attributes["indexing_maps"])[operand]).value
     dims = {e.position for e in used.results if isinstance(e, ir.AffineDimExpr)}
     return any("parallel" in it and d not in dims for d, it in enumerate(iterators))
+
+
+def _copy_shared_constant_broadcasts(module: ir.Module) -> None:
+    """Give every use but the first of an elementwise function of constants (a broadcast of
+    one, its bitcast) a copy of its own, which upstream fusion then fuses. Consumers first:
+    the copies of one make its producer's uses, copied in turn."""
+    for op in reversed(list(walk(module.operation))):
+        if not _of_constants(op):
+            continue
+        for use in list(op.results[0].uses)[1:]:
+            user = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+            with ir.InsertionPoint(user):
+                user.operands[use.operand_number] = op.clone().results[0]
+
+
+def _of_constants(op: ir.Operation) -> bool:
+    """Whether ``op`` is an elementwise generic of constants, or of such generics."""
+    if op.name != "linalg.generic" or len(op.results) != 1 or "reduction" in str(op.attributes["iterator_types"]):
+        return False
+    inputs = op.operands[:len(op.operands) - 1]
+    return all(isinstance(v.owner, ir.OpView)
+               and (v.owner.name == "arith.constant" or _of_constants(v.owner.operation)) for v in inputs)
 
 
 def _keep_recomputing_producers(module: ir.Module) -> list[ir.Operation]:

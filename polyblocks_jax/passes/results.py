@@ -151,13 +151,14 @@ def _write_into_argument(fn: func.FuncOp, value: ir.Value, arg: ir.Value) -> Non
         return
     producer = value.owner
     if producer.name == "scf.forall":
-        _forall_into(fn, producer, ir.OpResult(value).result_number, arg)
+        forall_into(fn, producer, ir.OpResult(value).result_number, arg)
     elif producer.name == "linalg.generic":
-        _generic_into(fn, producer, ir.OpResult(value).result_number, arg)
+        generic_into(fn, producer, ir.OpResult(value).result_number, arg)
 
 
-def _forall_into(fn: func.FuncOp, loop: ir.Operation, result: int, arg: ir.Value) -> None:
-    """Shared output ``result`` of ``loop`` starts as ``arg``; its reads of ``arg`` read the shared output.
+def forall_into(fn: func.FuncOp, loop: ir.Operation, result: int, arg: ir.Value) -> bool:
+    """Shared output ``result`` of ``loop`` starts as ``arg``; its reads of ``arg`` read the
+    shared output; whether it now does.
 
     In tensor semantics a shared output reads as its initial value, so the rewrite holds
     whatever the offsets; bufferization proves it in place only when each read matches the
@@ -168,29 +169,32 @@ def _forall_into(fn: func.FuncOp, loop: ir.Operation, result: int, arg: ir.Value
     body = loop.regions[0].blocks[0]
     shared = body.arguments[len(body.arguments) - outs + result]
     if not _is_empty_tensor(init):
-        return
+        return False
     terminator = body.operations[len(body.operations) - 1]
     inserts = [op for op in terminator.regions[0].blocks[0].operations if op.operands[1] == shared]
     if len(inserts) != 1:
-        return
+        return False
     reads = _uses_within(fn, arg, loop)
     if reads is None or not all(_reads_inserted_slice(use, body, inserts[0]) for use in reads):
-        return
+        return False
     loop.operands[len(loop.operands) - outs + result] = arg
     for use in reads:
         use.operands[0] = shared
+    return True
 
 
-def _generic_into(fn: func.FuncOp, op: ir.Operation, result: int, arg: ir.Value) -> None:
-    """An all-parallel ``linalg.generic`` reading ``arg`` with its output's indexing map writes into ``arg``."""
+def generic_into(fn: func.FuncOp, op: ir.Operation, result: int, arg: ir.Value) -> bool:
+    """An all-parallel ``linalg.generic`` reading ``arg`` with its output's indexing map, and
+    nothing after it, writes into ``arg``; whether it now does."""
     outs = len(op.results)
     init_index = len(op.operands) - outs + result
     maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
     parallel = all("parallel" in str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"]))
     same_map = all(maps[i] == maps[init_index] for i, v in enumerate(op.operands) if v == arg)
     if not (parallel and same_map and _is_empty_tensor(op.operands[init_index])) or _uses_within(fn, arg, op) != []:
-        return
+        return False
     op.operands[init_index] = arg
+    return True
 
 
 def _uses_within(fn: func.FuncOp, arg: ir.Value, op: ir.Operation) -> list[ir.Operation] | None:
