@@ -1,5 +1,6 @@
 """stablehlo.convolution against XLA CPU: layouts, windows, groups, dtypes."""
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -7,10 +8,11 @@ import ml_dtypes
 import numpy as np
 from absl.testing import absltest, parameterized
 from jax import lax
+from mlir import ir
 
 import polyblocks_jax as pb
 import support
-from polyblocks_jax.stablehlo_import import CONVERTERS
+from polyblocks_jax.stablehlo_import import CONVERTERS, import_program
 
 _2D = ("NHWC", "HWIO", "NHWC")
 
@@ -144,6 +146,26 @@ class ConvolutionTest(parameterized.TestCase):
         fn = functools.partial(lax.conv_transpose, strides=(2, 2), padding="SAME",
                                dimension_numbers=_2D)
         support.check_against_xla(self, fn, x, w)
+
+    @parameterized.named_parameters(
+        ("2x2_same", (2, 2), (2, 2), "SAME", "HWIO"), ("2x2_valid", (2, 2), (2, 2), "VALID", "HWIO"),
+        ("3x3_stride3", (3, 3), (3, 3), "SAME", "HWIO"), ("2x3_oihw", (2, 3), (2, 3), "SAME", "OIHW"),
+        ("3x3_stride2", (3, 3), (2, 2), "SAME", "HWIO"))  # overlapping taps: the general path
+    def test_conv_transpose_kernel_as_large_as_stride(self, kernel, strides, padding, kernel_layout):
+        # Each output pixel reads one tap: a matmul per output residue (a UNet's upsampling),
+        # not a convolution over the dilated input.
+        rng = np.random.default_rng(sum(kernel))
+        x = support.random_array(rng, (2, 5, 6, 16), np.float32, edge=False)
+        shape = (*kernel, 16, 8) if kernel_layout == "HWIO" else (8, 16, *kernel)
+        w = support.random_array(rng, shape, np.float32, edge=False) / 4
+        fn = functools.partial(lax.conv_transpose, strides=strides, padding=padding,
+                               dimension_numbers=("NHWC", kernel_layout, "NHWC"))
+        with ir.Context() as context, ir.Location.unknown():
+            text = str(import_program(jax.jit(fn).lower(x, w), context).module)
+        subpixel = kernel == strides
+        self.assertEqual(text.count("linalg.matmul"), math.prod(strides) if subpixel else 0)
+        self.assertEqual("linalg.conv_2d" in text, not subpixel)
+        support.check_against_xla(self, fn, x, w, rtol=1e-5, atol=1e-5)
 
     def test_window_reversal(self):
         # JAX never sets window_reversal; set it in the program text and compare with a

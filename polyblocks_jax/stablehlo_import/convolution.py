@@ -7,6 +7,8 @@ on the input (a zero-filled tensor with the input inserted at a stride, then cro
 window reversal on the kernel. What is left is a plain strided, rhs-dilated
 convolution: a linalg named op where one exists (later tiling and vectorization
 match those), a linalg.generic for feature groups, batch groups and odd dtypes.
+A transposed convolution whose kernel is as large as its lhs dilation (each output pixel
+reads one tap) is instead a matmul per output residue, with no dilated input.
 """
 from __future__ import annotations
 
@@ -90,13 +92,55 @@ def convolution(cx, op):
     if 0 in result.shape:
         return [builders.empty(result)]
     acc = _accumulator(result.dtype)
-    lhs = _pad_and_dilate(layout.transpose(op.operands[0], win.input_perm), win)
+    lhs = layout.transpose(op.operands[0], win.input_perm)
     spatial = [d for d, flip in enumerate(win.reversal) if flip]
     rhs = layout.reverse(layout.transpose(op.operands[1], win.kernel_perm), spatial)
     out_shape = [result.shape[d] for d in win.result_perm]
     init = builders.filled(builders.splat(0, element_type(acc)), out_shape)
-    out = convert_value(_convolve(lhs, rhs, init, win, op), acc, result.dtype)
+    taps = _subpixel_taps(win, builders.shape_of(lhs), builders.shape_of(rhs), out_shape)
+    if taps is not None and {lhs_spec.dtype.name, rhs_spec.dtype.name, result.dtype.name} == {"f32"}:
+        out = _subpixel(lhs, rhs, init, win, taps)
+    else:
+        out = convert_value(_convolve(_pad_and_dilate(lhs, win), rhs, init, win, op), acc, result.dtype)
     return [layout.transpose(out, _inverse(win.result_perm))]
+
+
+def _subpixel_taps(win: _Window, lhs: list[int], rhs: list[int], out: list[int]) -> list[list[int]] | None:
+    """Per spatial dim, the kernel tap each output residue (mod the lhs dilation) reads, when
+    the convolution is a transposed one whose kernel is as large as its stride (a UNet's 2x2
+    upsampling): output ``r + s*i`` then reads input ``i`` through tap ``t[r]`` alone. None
+    otherwise."""
+    if win.rank != 2 or win.groups != 1 or win.batch_groups != 1 or set(win.strides + win.rhs_dilation) != {1}:
+        return None
+    taps = []
+    for d, s in enumerate(win.lhs_dilation):
+        low, size = win.padding[d][0], lhs[1 + d]
+        if s == 1 or rhs[d] != s or out[1 + d] != s * size:
+            return None
+        # output y reads dilated input y + t, nonzero where y + t - low is a multiple of s
+        tap = [(low - r) % s for r in range(s)]
+        if any(r + tap[r] - low != 0 for r in range(s)):
+            return None
+        taps.append(tap)
+    return taps
+
+
+def _subpixel(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, taps: list[list[int]]) -> ir.Value:
+    """The transposed convolution as one matmul per output residue, (N*H*W x C) @ (C x F)
+    into every s-th pixel: no dilated input, none of its zeros multiplied (3/4 of the
+    FLOPs of a 2x2 upsampling)."""
+    n, h, w, c = builders.shape_of(lhs)
+    f = builders.shape_of(rhs)[-1]
+    pixels = layout.collapse(lhs, [[0, 1, 2], [3]], [n * h * w, c])
+    (sh, sw), out = win.lhs_dilation, init
+    for rh in range(sh):
+        for rw in range(sw):
+            kernel = slices.extract_slice(rhs, [1, 1, c, f], [taps[0][rh], taps[1][rw], 0, 0])
+            zeros = builders.filled(builders.splat(0, builders.elem_type_of(lhs)), [n * h * w, f])
+            product = linalg.matmul(pixels, layout.collapse(kernel, [[0, 1, 2], [3]], [c, f]), outs=[zeros])
+            out = slices.insert_slice(layout.expand(product, [[0, 1, 2], [3]], [n, h, w, f]), out,
+                                      [0, rh, rw, 0], [1, sh, sw, 1])
+    return out
 
 
 def _accumulator(dtype: DType) -> DType:
