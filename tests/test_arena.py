@@ -167,6 +167,21 @@ class ArenaTest(absltest.TestCase):
         self.assertIn(2 * 18 * 18 * 8 * 4, allocs)
         support.check_against_xla(self, fn, x, w, rtol=1e-5, atol=1e-5)
 
+    def test_concatenation_is_built_in_the_padded_input(self):
+        # A UNet's decoder: the upsampled half and the skip are written into the interior of
+        # the 3x3 convolution's padded input; no buffer holds the concatenation.
+        rng = np.random.default_rng(5)
+        x, skip = (rng.standard_normal((2, 16, 16, 8), np.float32) for _ in range(2))
+        w = rng.standard_normal((3, 3, 16, 8), np.float32) / 8
+
+        def fn(x, skip, w):
+            both = jnp.concatenate([jax.nn.relu(x * 2.0), skip], axis=-1)
+            return jax.lax.conv_general_dilated(both, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        allocs = [size for name, size in top_level_before_arena(fn, x, skip, w) if name == "memref.alloc"]
+        self.assertNotIn(2 * x.nbytes, allocs)
+        self.assertNotIn(x.nbytes, allocs)
+        support.check_against_xla(self, fn, x, skip, w, rtol=1e-5, atol=1e-5)
+
     def test_later_calls_reuse_an_idle_arena(self):
         from unittest import mock
         from polyblocks_jax.cpu import executable as cpu_executable

@@ -37,17 +37,17 @@ def elementwise_in_place(module: ir.Module, options: Options) -> None:
     for fn in module.body.operations:
         if not isinstance(fn, func.FuncOp) or fn.is_external:
             continue
-        for op in list(fn.entry_block.operations):
-            op = op.operation
-            if op.name == "tensor.insert_slice":
-                _produce_into_padding(op)
-                continue
+        ops = [op.operation for op in fn.entry_block.operations]
+        for op in ops:
             into = _WRITERS.get(op.name)
             if into is None or len(op.results) != 1 or _returned(op.results[0]):
                 continue
             for value in _inputs(op):
                 if value.type == op.results[0].type and _computed(value) and into(fn, op, 0, value):
                     break
+        # The last insert first: a concatenation into a padded copy, then its parts into it.
+        for op in reversed([op for op in ops if op.name == "tensor.insert_slice"]):
+            _produce_into_padding(op)
 
 
 def _inputs(op: ir.Operation) -> list[ir.Value]:
@@ -75,26 +75,58 @@ def _inside(inner: ir.Operation, outer: ir.Operation) -> bool:
 
 
 def _produce_into_padding(insert: ir.Operation) -> None:
-    """``insert`` (static) puts a fresh loop's or generic's result into a fill of an empty
-    tensor: the fill moves before the producer, whose destination becomes its slice."""
-    value, padded = insert.operands[0], insert.operands[1]
-    if len(insert.operands) != 2 or isinstance(value.owner, ir.Block) or isinstance(padded.owner, ir.Block):
+    """``insert`` (static) puts a value computed from an empty tensor (a loop's or a
+    generic's result, or slices inserted into it: a concatenation) into a fresh tensor (a
+    fill of an empty one, or an empty one): that tensor is made first, and its slice
+    replaces the empty one."""
+    value, dest = insert.operands[0], insert.operands[1]
+    fresh = _fresh_chain(dest) if not list(dest.uses)[1:] else None
+    root = _empty_root(value)
+    if len(insert.operands) != 2 or fresh is None or root is None:
         return
-    producer, fill = value.owner.operation, padded.owner.operation
-    if producer.name not in _WRITERS or len(producer.results) != 1 or fill.name != "linalg.fill" \
-            or not _is_empty(fill.operands[1]) or list(fill.operands[1].uses)[1:]:
-        return
-    init = len(producer.operands) - 1  # the one destination, last
-    padding = fill.operands[0].owner
-    if not _is_empty(producer.operands[init]) or isinstance(padding, ir.Block) or padding.name != "arith.constant":
-        return
-    for op in (padding.operation, fill.operands[1].owner.operation, fill):  # the fill, made first
-        if not op.is_before_in_block(producer):
-            op.move_before(producer)
-    with ir.InsertionPoint(producer), insert.location:
-        interior = tensor.ExtractSliceOp(value.type, fill.results[0], [], [], [],
-                                         *(insert.attributes[a] for a in _STATIC))
-    producer.operands[init] = interior.result
+    empty, user = root
+    for op in fresh:  # pure ops, moved up to where the interior is needed
+        if not op.is_before_in_block(user):
+            op.move_before(user)
+    with ir.InsertionPoint(user), insert.location:
+        interior = tensor.ExtractSliceOp(value.type, dest, [], [], [], *(insert.attributes[a] for a in _STATIC))
+    user.replace_uses_of_with(empty.results[0], interior.result)
+    if not list(empty.results[0].uses):
+        empty.erase()
+
+
+def _fresh_chain(value: ir.Value) -> list[ir.Operation] | None:
+    """The ops making ``value``: an empty tensor, a constant's fill of one, or a static slice
+    of either (in order); None for anything else."""
+    if isinstance(value.owner, ir.Block):
+        return None
+    op = value.owner.operation
+    if op.name == "tensor.empty":
+        return [op]
+    if op.name == "tensor.extract_slice" and len(op.operands) == 1:
+        source = _fresh_chain(op.operands[0])
+        return None if source is None else [*source, op]
+    padding = op.operands[0].owner if op.name == "linalg.fill" else None
+    if padding is None or isinstance(padding, ir.Block) or padding.name != "arith.constant":
+        return None
+    empty = _fresh_chain(op.operands[1])
+    return None if empty is None or empty[0].name != "tensor.empty" else [padding.operation, *empty, op]
+
+
+def _empty_root(value: ir.Value) -> tuple[ir.Operation, ir.Operation] | None:
+    """The empty tensor ``value`` is computed into, and its user on the way: through the
+    destinations of loops and generics with one result and of insert_slices, each value on
+    the way used by one op (an elementwise op written over its input reads it too)."""
+    user = None
+    while not isinstance(value.owner, ir.Block):
+        op = value.owner.operation
+        if op.name == "tensor.empty":
+            return op, user
+        if len({use.owner.operation for use in value.uses}) != 1 or \
+                op.name != "tensor.insert_slice" and (op.name not in _WRITERS or len(op.results) != 1):
+            return None
+        user, value = op, op.operands[1] if op.name == "tensor.insert_slice" else op.operands[len(op.operands) - 1]
+    return None
 
 
 def _is_empty(value: ir.Value) -> bool:

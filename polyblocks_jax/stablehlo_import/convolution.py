@@ -17,7 +17,7 @@ import dataclasses
 from jaxlib.mlir import ir as jir
 from jaxlib.mlir.dialects import stablehlo
 from mlir import ir
-from mlir.dialects import arith, linalg
+from mlir.dialects import arith, linalg, tensor
 
 from polyblocks_jax.dtypes import DTYPES, DType
 from polyblocks_jax.stablehlo_import import builders, layout, reader, slices
@@ -127,12 +127,12 @@ def _subpixel_taps(win: _Window, lhs: list[int], rhs: list[int], out: list[int])
 
 def _subpixel(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, taps: list[list[int]]) -> ir.Value:
     """The transposed convolution as one matmul per output residue, (N*H*W x C) @ (C x F)
-    into every s-th pixel: no dilated input, none of its zeros multiplied (3/4 of the
-    FLOPs of a 2x2 upsampling)."""
+    into every s-th pixel of ``init``'s shape (each pixel written once: no fill): no dilated
+    input, none of its zeros multiplied (3/4 of the FLOPs of a 2x2 upsampling)."""
     n, h, w, c = builders.shape_of(lhs)
     f = builders.shape_of(rhs)[-1]
     pixels = layout.collapse(lhs, [[0, 1, 2], [3]], [n * h * w, c])
-    (sh, sw), out = win.lhs_dilation, init
+    (sh, sw), out = win.lhs_dilation, tensor.EmptyOp(builders.shape_of(init), builders.elem_type_of(init)).result
     for rh in range(sh):
         for rw in range(sw):
             kernel = slices.extract_slice(rhs, [1, 1, c, f], [taps[0][rh], taps[1][rw], 0, 0])
