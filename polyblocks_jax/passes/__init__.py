@@ -54,10 +54,6 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         stages.append(Stage("tile-fusion", functools.partial(tile_and_fuse, hw=hardware)))
     if options.vectorize:
         stages.append(Stage("vectorize", functools.partial(vectorize_ops, hw=hardware)))
-    if options.arena:
-        # Elementwise loops over an input that dies there (GELU over its matmul's result),
-        # once vectorized: each tile reads the slice it writes.
-        stages.append(Stage("in-place", elementwise_in_place))
     # The packed contractions sat in functions of their own, out of fusion's reach.
     stages.append(Stage("matrix-units-inline", inline_matrix_units))
     stages += [
@@ -65,6 +61,9 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         Stage("results", prepare_results),
         # Equal empty tensors unshared: buffers with short lifetimes for the host's arena.
         Stage("split-empty-tensors", split_empty_tensors),
+        # Elementwise loops over an input that dies there (GELU over its matmul's result),
+        # once vectorized (each tile reads the slice it writes) and fills unshared.
+        Stage("in-place", elementwise_in_place),
         Stage("bufferize",
               # allow-return-allocs-from-loops: a while loop may yield a new buffer (a
               # loop-carried value built afresh each iteration); it is copied, not rejected.

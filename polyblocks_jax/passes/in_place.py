@@ -24,6 +24,7 @@ from polyblocks_jax.passes.results import forall_into, generic_into
 
 _RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")
 _STATIC = ("static_offsets", "static_sizes", "static_strides")
+_RESULT_USERS = ("func.return", "bufferization.materialize_in_destination", "bufferization.alloc_tensor")
 # An elementwise generic, or a tile-fusion group of them (each tile reading the slice of
 # the input it writes).
 _WRITERS = {"linalg.generic": generic_into, "scf.forall": forall_into}
@@ -136,7 +137,7 @@ def _is_empty(value: ir.Value) -> bool:
 def _returned(value: ir.Value) -> bool:
     """Whether ``value`` is (a reshape of) a result: it gets the caller's buffer, or a
     donated argument's (``results.py``), not an input's."""
-    return any(use.owner.name == "func.return" or (use.owner.name in _RESHAPES and _returned(use.owner.results[0]))
+    return any(use.owner.name in _RESULT_USERS or (use.owner.name in _RESHAPES and _returned(use.owner.results[0]))
                for use in value.uses)
 
 
