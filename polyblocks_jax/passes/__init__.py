@@ -12,7 +12,7 @@ from polyblocks_jax.passes.arena import split_empty_tensors
 from polyblocks_jax.passes.conv_tiling import convs_to_matmuls
 from polyblocks_jax.passes.copies import strided_copies_to_linalg
 from polyblocks_jax.passes.fusion import fuse_elementwise
-from polyblocks_jax.passes.in_place import elementwise_in_place
+from polyblocks_jax.passes.in_place import compute_in_place
 from polyblocks_jax.passes.matrix_forms import inline_matrix_units, map_matrix_units, select_unit
 from polyblocks_jax.passes.pipeline import Stage, run_stages
 from polyblocks_jax.passes.results import drop_aliased_results, prepare_results
@@ -62,8 +62,9 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         # Equal empty tensors unshared: buffers with short lifetimes for the host's arena.
         Stage("split-empty-tensors", split_empty_tensors),
         # Elementwise loops over an input that dies there (GELU over its matmul's result),
-        # once vectorized (each tile reads the slice it writes) and fills unshared.
-        Stage("in-place", elementwise_in_place),
+        # once vectorized (each tile reads the slice it writes) and fills unshared; padded
+        # copies' producers into their interior.
+        Stage("in-place", compute_in_place),
         Stage("bufferize",
               # allow-return-allocs-from-loops: a while loop may yield a new buffer (a
               # loop-carried value built afresh each iteration); it is copied, not rejected.

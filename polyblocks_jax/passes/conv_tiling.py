@@ -29,8 +29,9 @@ from polyblocks_jax.passes.transform import walk
 _MAX_INPUT_CHANNELS = 32  # input channels per step: bounds the unrolled outer products
 _MAX_VECTORS = 4          # vectors of output channels per pixel
 _MAX_TAPS = 49            # kernel taps an im2col gathers one copy each (7 x 7)
-_IM2COL_BYTES = 2 << 20   # gathered rows alive at once (beyond, groups of images in a loop): more
-# took arena memory for no speed (ResNet-18 at batch 8: 7.2 MB of them, as much as the rest)
+# Gathered rows alive at once (beyond, groups of images in a loop): more took arena memory
+# for no speed (ResNet-18 at batch 8: 7.2 MB of them, as much as all its other intermediates).
+_IM2COL_BYTES = 2 << 20
 
 
 @dataclasses.dataclass(frozen=True)

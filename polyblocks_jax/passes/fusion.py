@@ -6,9 +6,9 @@ linalg.generic consumer. Two gaps: reductions imported as linalg.reduce are no c
 iteration of the loops its value does not depend on (a softmax's division by the row sum
 fused into P.V divides 64 times per element). So reductions are generalized first, and
 each producer whose fusion would recompute gets a second, temporary use for the pass's
-duration (it fuses single-use producers only; it has no hook for a cost function). For the same reason a
-broadcast constant that CSE shared between layers (GELU's 0.5, ReLU's zero) gets a copy per use
-first: shared, it would be a whole tensor alive across every layer using it.
+duration (it fuses single-use producers only; it has no hook for a cost function). For the
+same reason a broadcast constant that CSE shared between layers (GELU's 0.5, ReLU's zero)
+gets a copy per use first: shared, it would be a whole tensor alive across every layer.
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def _copy_shared_constant_broadcasts(module: ir.Module) -> None:
         if not _of_constants(op):
             continue
         for use in list(op.results[0].uses)[1:]:
-            user = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+            user = use.owner.operation
             with ir.InsertionPoint(user):
                 user.operands[use.operand_number] = op.clone().results[0]
 

@@ -20,7 +20,7 @@ from mlir import ir
 from mlir.dialects import func, tensor
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.results import forall_into, generic_into
+from polyblocks_jax.passes.results import forall_into, generic_into, is_empty_tensor
 
 _RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")
 _STATIC = ("static_offsets", "static_sizes", "static_strides")
@@ -30,9 +30,10 @@ _RESULT_USERS = ("func.return", "bufferization.materialize_in_destination", "buf
 _WRITERS = {"linalg.generic": generic_into, "scf.forall": forall_into}
 
 
-def elementwise_in_place(module: ir.Module, options: Options) -> None:
-    """Give every top-level elementwise generic a dying computed input as destination
-    (with ``options.arena``: the switch of buffer reuse)."""
+def compute_in_place(module: ir.Module, options: Options) -> None:
+    """Give every top-level elementwise generic or loop a dying computed input as
+    destination, then every padded copy's producer its interior (with ``options.arena``:
+    the switch of buffer reuse)."""
     if not options.arena:
         return
     for fn in module.body.operations:
@@ -43,7 +44,7 @@ def elementwise_in_place(module: ir.Module, options: Options) -> None:
             into = _WRITERS.get(op.name)
             if into is None or len(op.results) != 1 or _returned(op.results[0]):
                 continue
-            for value in _inputs(op):
+            for value in _inputs(op, fn):
                 if value.type == op.results[0].type and _computed(value) and into(fn, op, 0, value):
                     break
         # The last insert first: a concatenation into a padded copy, then its parts into it.
@@ -51,28 +52,15 @@ def elementwise_in_place(module: ir.Module, options: Options) -> None:
             _produce_into_padding(op)
 
 
-def _inputs(op: ir.Operation) -> list[ir.Value]:
-    """The values ``op`` reads: a generic's inputs, the values from outside a loop."""
+def _inputs(op: ir.Operation, fn: func.FuncOp) -> list[ir.Value]:
+    """The values ``op`` could write over: a generic's inputs; the top-level values a loop
+    slices directly in its body (``forall_into`` takes no other reads)."""
     if op.name == "linalg.generic":
         return list(dict.fromkeys(list(op.operands)[:len(op.operands) - 1]))
-    values: dict[ir.Value, None] = {}
-
-    def visit(inner: ir.Operation) -> ir.WalkResult:
-        for v in inner.operands:
-            if not isinstance(v.owner, ir.Block) and not _inside(v.owner.operation, op):
-                values[v] = None
-        return ir.WalkResult.ADVANCE
-    for inner in op.regions[0].blocks[0].operations:
-        inner.operation.walk(visit)
-    return list(values)
-
-
-def _inside(inner: ir.Operation, outer: ir.Operation) -> bool:
-    while inner.parent is not None:
-        if inner.parent == outer:
-            return True
-        inner = inner.parent
-    return False
+    sources = (inner.operands[0] for inner in op.regions[0].blocks[0].operations
+               if inner.name == "tensor.extract_slice")
+    return list(dict.fromkeys(v for v in sources
+                              if not isinstance(v.owner, ir.Block) and v.owner.operation.parent == fn.operation))
 
 
 def _produce_into_padding(insert: ir.Operation) -> None:
@@ -81,9 +69,10 @@ def _produce_into_padding(insert: ir.Operation) -> None:
     fill of an empty one, or an empty one): that tensor is made first, and its slice
     replaces the empty one."""
     value, dest = insert.operands[0], insert.operands[1]
-    fresh = _fresh_chain(dest) if not list(dest.uses)[1:] else None
-    root = _empty_root(value)
-    if len(insert.operands) != 2 or fresh is None or root is None:
+    if len(insert.operands) != 2 or list(dest.uses)[1:]:
+        return
+    fresh, root = _fresh_chain(dest), _empty_root(value)
+    if fresh is None or root is None:
         return
     empty, user = root
     for op in fresh:  # pure ops, moved up to where the interior is needed
@@ -108,10 +97,10 @@ def _fresh_chain(value: ir.Value) -> list[ir.Operation] | None:
         source = _fresh_chain(op.operands[0])
         return None if source is None else [*source, op]
     padding = op.operands[0].owner if op.name == "linalg.fill" else None
-    if padding is None or isinstance(padding, ir.Block) or padding.name != "arith.constant":
+    if padding is None or isinstance(padding, ir.Block) or padding.name != "arith.constant" \
+            or not is_empty_tensor(op.operands[1]):
         return None
-    empty = _fresh_chain(op.operands[1])
-    return None if empty is None or empty[0].name != "tensor.empty" else [padding.operation, *empty, op]
+    return [padding.operation, op.operands[1].owner.operation, op]
 
 
 def _empty_root(value: ir.Value) -> tuple[ir.Operation, ir.Operation] | None:
@@ -123,15 +112,15 @@ def _empty_root(value: ir.Value) -> tuple[ir.Operation, ir.Operation] | None:
         op = value.owner.operation
         if op.name == "tensor.empty":
             return op, user
-        if len({use.owner.operation for use in value.uses}) != 1 or \
-                op.name != "tensor.insert_slice" and (op.name not in _WRITERS or len(op.results) != 1):
+        if len({use.owner.operation for use in value.uses}) != 1:
             return None
-        user, value = op, op.operands[1] if op.name == "tensor.insert_slice" else op.operands[len(op.operands) - 1]
+        if op.name == "tensor.insert_slice":
+            user, value = op, op.operands[1]
+        elif op.name in _WRITERS and len(op.results) == 1:
+            user, value = op, op.operands[len(op.operands) - 1]
+        else:
+            return None
     return None
-
-
-def _is_empty(value: ir.Value) -> bool:
-    return not isinstance(value.owner, ir.Block) and value.owner.name == "tensor.empty"
 
 
 def _returned(value: ir.Value) -> bool:

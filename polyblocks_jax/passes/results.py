@@ -168,7 +168,7 @@ def forall_into(fn: func.FuncOp, loop: ir.Operation, result: int, arg: ir.Value)
     init = loop.operands[len(loop.operands) - outs + result]
     body = loop.regions[0].blocks[0]
     shared = body.arguments[len(body.arguments) - outs + result]
-    if not _is_empty_tensor(init):
+    if not is_empty_tensor(init):
         return False
     terminator = body.operations[len(body.operations) - 1]
     inserts = [op for op in terminator.regions[0].blocks[0].operations if op.operands[1] == shared]
@@ -191,7 +191,7 @@ def generic_into(fn: func.FuncOp, op: ir.Operation, result: int, arg: ir.Value) 
     maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
     parallel = all("parallel" in str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"]))
     same_map = all(maps[i] == maps[init_index] for i, v in enumerate(op.operands) if v == arg)
-    if not (parallel and same_map and _is_empty_tensor(op.operands[init_index])) or _uses_within(fn, arg, op) != []:
+    if not (parallel and same_map and is_empty_tensor(op.operands[init_index])) or _uses_within(fn, arg, op) != []:
         return False
     op.operands[init_index] = arg
     return True
@@ -221,7 +221,7 @@ def _reads_inserted_slice(user: ir.Operation, body: ir.Block, insert: ir.Operati
                     for a in ("static_offsets", "static_sizes", "static_strides")))
 
 
-def _is_empty_tensor(value: ir.Value) -> bool:
+def is_empty_tensor(value: ir.Value) -> bool:
     return not isinstance(value.owner, ir.Block) and value.owner.name == "tensor.empty"
 
 

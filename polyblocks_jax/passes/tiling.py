@@ -17,8 +17,8 @@ Each part then gets, as in BLIS:
 - blocks of A rows within a tile (an ``scf.for``; a smaller last block peeled), then register
   tiles down each column panel of B (columns outer, rows inner);
 - packing (``Options.packing``): per k tile, the tile's B columns are copied into contiguous
-  register panels ``[cols / nr][kc][nr]`` before the blocks of rows (each panel stays in L1
-  while the rows of a block go by), and per block the A rows into ``[mc / mr][mr][kc]``
+  register panels ``[cols / nr][kc][nr]`` before the blocks of rows (each panel stays in L1,
+  or L2 for long k tiles, while the rows of a block go by), and per block the A rows into ``[mc / mr][mr][kc]``
   before the column loop (the block stays in L2): kept paddings of the register tile's
   operands, hoisted out of the loops they do not depend on; rows a power of two apart no
   longer compete for the same L1 sets;
@@ -104,9 +104,9 @@ def register_tile(m: int, elem_bytes: int, hw: Hardware) -> tuple[int, int]:
 
     def cycles(mr: int) -> float:
         edge = m % mr
-        rows = (m - edge) * cycles_per_fma(mr, vectors(mr), latency=FMA_LATENCY * _LATENCY_MARGIN)
+        rows = (m - edge) * _kernel_cycles_per_fma(mr, vectors(mr))
         if edge:
-            rows += edge * cycles_per_fma(edge, vectors(mr), latency=FMA_LATENCY * _LATENCY_MARGIN)
+            rows += edge * _kernel_cycles_per_fma(edge, vectors(mr))
             rows += hw.vector_bits / 8 / _STREAM_BYTES_PER_CYCLE  # per B vector, as the rows are
         return rows
     mr = min(range(1, min(m, (hw.vector_registers - 4) // 2) + 1), key=lambda r: (cycles(r), -r))
@@ -120,6 +120,11 @@ def cycles_per_fma(rows: int, vectors: int, depthwise: bool = False, latency: fl
     ``latency`` each accumulator's chain waits on."""
     loads = 1 / rows + (1 if depthwise else 1 / vectors)
     return max(1 / FMA_PER_CYCLE, loads / LOADS_PER_CYCLE, latency / (rows * vectors))
+
+
+def _kernel_cycles_per_fma(rows: int, vectors: int) -> float:
+    """``cycles_per_fma`` of a matmul register tile, its latency with the margin."""
+    return cycles_per_fma(rows, vectors, latency=FMA_LATENCY * _LATENCY_MARGIN)
 
 
 def plan_matmul(m: int, n: int, k: int, elem_bytes: int, hw: Hardware, batch: int = 1) -> MatmulPlan:
@@ -138,8 +143,8 @@ def choose_matmul_tiles(m: int, n: int, k: int, register: tuple[int, int], elem_
                         hw: Hardware, batch: int = 1) -> MatmulTiles:
     """Tiles for a part whose m and n are multiples of the register tile ``(mr, nr)``, as in BLIS.
 
-    kc: a register panel of B (kc x nr) in half of L1, with kc dividing k where a divisor near
-    the bound exists (else a peeled last k tile); mc: the packed A block (mc x kc) in half of
+    kc: up to ``_k_tile_bound``, dividing k where a divisor near the bound exists (else a
+    peeled last k tile); mc: the packed A block (mc x kc) in half of
     L2, reused by every column panel, likewise (else a peeled last block of rows: ViT's 1572
     rows are 262 = 2 x 131 register rows, which only blocks of one row tile would divide).
     Parallel tiles: of the splits of rows and columns into whole register tiles, the one
@@ -162,7 +167,7 @@ def _k_tile_bound(register: tuple[int, int], elem_bytes: int, hw: Hardware) -> i
     streams from L2, where it takes at most ``_B_PANEL_L2_SHARE`` beside the A block."""
     mr, nr = register
     lanes = hw.vector_bits // (8 * elem_bytes)
-    fma_cycles = mr * nr / lanes * cycles_per_fma(mr, -(-nr // lanes), latency=FMA_LATENCY * _LATENCY_MARGIN)
+    fma_cycles = mr * nr / lanes * _kernel_cycles_per_fma(mr, -(-nr // lanes))
     reload = 2 * mr * nr * elem_bytes / _STREAM_BYTES_PER_CYCLE / _C_RELOAD_SHARE / fma_cycles
     in_l2 = int(hw.l2_bytes * _B_PANEL_L2_SHARE) // (nr * elem_bytes)
     return max(1, hw.l1_bytes // 2 // (nr * elem_bytes), min(math.ceil(reload), in_l2))
@@ -177,7 +182,7 @@ def _parallel_cycles(m: int, n: int, k: int, split: tuple[int, int], register: t
     lanes = hw.vector_bits // (8 * elem_bytes)
     rows, cols = m // split[0], n // split[1]
     rounds = -(-batch * split[0] * split[1] // hw.cores)
-    fmas = rows * cols * k / lanes * cycles_per_fma(mr, -(-nr // lanes), latency=FMA_LATENCY * _LATENCY_MARGIN)
+    fmas = rows * cols * k / lanes * _kernel_cycles_per_fma(mr, -(-nr // lanes))
     packing = (rows + cols) * k * elem_bytes / _STREAM_BYTES_PER_CYCLE
     return rounds * (fmas + packing)
 

@@ -96,11 +96,11 @@ def convolution(cx, op):
     spatial = [d for d, flip in enumerate(win.reversal) if flip]
     rhs = layout.reverse(layout.transpose(op.operands[1], win.kernel_perm), spatial)
     out_shape = [result.shape[d] for d in win.result_perm]
-    init = builders.filled(builders.splat(0, element_type(acc)), out_shape)
     taps = _subpixel_taps(win, builders.shape_of(lhs), builders.shape_of(rhs), out_shape)
     if taps is not None and {lhs_spec.dtype.name, rhs_spec.dtype.name, result.dtype.name} == {"f32"}:
-        out = _subpixel(lhs, rhs, init, win, taps)
+        out = _subpixel(lhs, rhs, out_shape, win, taps)
     else:
+        init = builders.filled(builders.splat(0, element_type(acc)), out_shape)
         out = convert_value(_convolve(_pad_and_dilate(lhs, win), rhs, init, win, op), acc, result.dtype)
     return [layout.transpose(out, _inverse(win.result_perm))]
 
@@ -108,31 +108,28 @@ def convolution(cx, op):
 def _subpixel_taps(win: _Window, lhs: list[int], rhs: list[int], out: list[int]) -> list[list[int]] | None:
     """Per spatial dim, the kernel tap each output residue (mod the lhs dilation) reads, when
     the convolution is a transposed one whose kernel is as large as its stride (a UNet's 2x2
-    upsampling): output ``r + s*i`` then reads input ``i`` through tap ``t[r]`` alone. None
-    otherwise."""
+    upsampling) and whose low padding is ``s - 1``: output ``r + s*i`` then reads dilated
+    input ``r + t + s*i - (s - 1)``, nonzero for tap ``t = s - 1 - r`` alone, which is input
+    ``i``. None otherwise."""
     if win.rank != 2 or win.groups != 1 or win.batch_groups != 1 or set(win.strides + win.rhs_dilation) != {1}:
         return None
     taps = []
     for d, s in enumerate(win.lhs_dilation):
         low, size = win.padding[d][0], lhs[1 + d]
-        if s == 1 or rhs[d] != s or out[1 + d] != s * size:
+        if s == 1 or rhs[d] != s or out[1 + d] != s * size or low != s - 1:
             return None
-        # output y reads dilated input y + t, nonzero where y + t - low is a multiple of s
-        tap = [(low - r) % s for r in range(s)]
-        if any(r + tap[r] - low != 0 for r in range(s)):
-            return None
-        taps.append(tap)
+        taps.append([s - 1 - r for r in range(s)])
     return taps
 
 
-def _subpixel(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, taps: list[list[int]]) -> ir.Value:
+def _subpixel(lhs: ir.Value, rhs: ir.Value, out_shape: list[int], win: _Window, taps: list[list[int]]) -> ir.Value:
     """The transposed convolution as one matmul per output residue, (N*H*W x C) @ (C x F)
-    into every s-th pixel of ``init``'s shape (each pixel written once: no fill): no dilated
-    input, none of its zeros multiplied (3/4 of the FLOPs of a 2x2 upsampling)."""
+    into every s-th pixel of an ``out_shape`` tensor (each pixel written once: no fill): no
+    dilated input, none of its zeros multiplied (3/4 of the FLOPs of a 2x2 upsampling)."""
     n, h, w, c = builders.shape_of(lhs)
     f = builders.shape_of(rhs)[-1]
     pixels = layout.collapse(lhs, [[0, 1, 2], [3]], [n * h * w, c])
-    (sh, sw), out = win.lhs_dilation, tensor.EmptyOp(builders.shape_of(init), builders.elem_type_of(init)).result
+    (sh, sw), out = win.lhs_dilation, tensor.EmptyOp(out_shape, builders.elem_type_of(lhs)).result
     for rh in range(sh):
         for rw in range(sw):
             kernel = slices.extract_slice(rhs, [1, 1, c, f], [taps[0][rh], taps[1][rw], 0, 0])
