@@ -1,4 +1,4 @@
-"""The host target: LLVM JIT for this CPU, called in process.
+"""The host target: code for this CPU, compiled into a shared library and called in process.
 
 Importing this package loads no MLIR: ``CpuExecutable`` (and code loaded from a shared
 library), ``host`` and ``build`` are runtime pieces; ``cpu_stages`` (the lowering, which
@@ -6,10 +6,10 @@ needs MLIR) loads on first use.
 """
 from __future__ import annotations
 
-from polyblocks_jax.cpu.executable import CpuExecutable, build, jit
+from polyblocks_jax.cpu.executable import CpuExecutable, build
 from polyblocks_jax.cpu.target import CpuTarget, host
 
-__all__ = ["CpuExecutable", "CpuTarget", "build", "cpu_stages", "host", "jit"]
+__all__ = ["CpuExecutable", "CpuTarget", "build", "cpu_stages", "host"]
 
 
 def __getattr__(name: str):

@@ -2,7 +2,7 @@
 
 x86 without AVX512-BF16 keeps bf16 as a storage type only: LLVM promotes any other
 bf16 operation to f32 and rounds the result back with a call to ``__truncsfbf2``, a
-compiler-rt routine that the JIT's process does not have. arith-emulate-unsupported-floats
+compiler-rt routine that our libraries do not link. arith-emulate-unsupported-floats
 and arith-expand (in cpu/lowering.py) turn bf16 arithmetic into f32 arithmetic and
 integer rounding, but two kinds of bf16 operation still reach LLVM:
 
@@ -10,8 +10,8 @@ integer rounding, but two kinds of bf16 operation still reach LLVM:
   that LLVM's instcombine narrows back to bf16 (``fneg (fpext x)`` -> ``fpext (fneg x)``).
   Both are exact on the bits, so ``bits_for_bf16_moves`` rewrites them as i16 operations;
 - whatever else LLVM narrows. ``define_truncsfbf2`` defines the routine in the module
-  itself (integer ops, round to nearest even as compiler-rt), so the JIT and a shared
-  library resolve it there instead of failing to materialize the program.
+  itself (integer ops, round to nearest even as compiler-rt), so the library resolves
+  it there instead of failing to load.
 """
 from __future__ import annotations
 

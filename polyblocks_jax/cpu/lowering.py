@@ -48,7 +48,7 @@ def cpu_stages(options: Options) -> list[Stage]:
               # enable-amx / enable-x86vector: amx.* and x86vector.* ops to their intrinsics.
               "convert-vector-to-llvm{enable-amx enable-x86vector}, "
               # bf16 arithmetic in f32, and bf16 extf/truncf as integer ops: LLVM would
-              # call __truncsfbf2, which the JIT cannot resolve.
+              # call __truncsfbf2, which our library does not link.
               "func.func(arith-emulate-unsupported-floats{source-types=bf16 target-type=f32}, "
               "arith-expand{include-bf16=true}), "
               "convert-arith-to-llvm, convert-index-to-llvm, "

@@ -2,8 +2,8 @@
 
 Bufferizing tensor.insert_slice (padding, dilation, concatenation, updates) emits
 memref.copy into a subview. LLVM lowering turns a copy between non-contiguous
-memrefs into a call to ``memrefCopy`` from MLIR's runner-utils library, which the
-JIT does not link; upstream has no pass choosing linalg.copy after bufferization
+memrefs into a call to ``memrefCopy`` from MLIR's runner-utils library, which our
+libraries do not link; upstream has no pass choosing linalg.copy after bufferization
 (only the transform op's ``memcpy_op``), so this rewrite does it. Contiguous copies
 are left alone: they lower to memcpy.
 """

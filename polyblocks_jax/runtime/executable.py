@@ -78,10 +78,10 @@ class Executable:
     def serialize(self) -> bytes:
         """Bytes that ``deserialize`` turns back into this executable in another process.
 
-        The code travels as a shared library linked from the JIT's object file, so loading
-        needs no MLIR and no recompilation; the header pins the target it was built for.
+        The code travels as the shared library it runs from, so loading needs no MLIR and
+        no recompilation; the header pins the target it was built for.
         """
-        library = self._exe.to_shared_library()
+        library = self._exe.library
         header = json.dumps({
             "fingerprint": self.fingerprint, "target": host().description(),
             "inputs": [spec_to_json(s) for s in self.inputs], "outputs": [spec_to_json(s) for s in self.outputs],
@@ -117,7 +117,7 @@ def deserialize(data: bytes) -> Executable:
     if target != host().description():
         raise InvalidProgramError(f"polyblocks executable built for {target!r}, "
                                   f"this host is {host().description()!r}")
-    code = CpuExecutable.from_shared_library(library, inputs, outputs, aliases, overwritten, arena)
+    code = CpuExecutable(library, inputs, outputs, aliases, overwritten, arena)
     return Executable(code, key, {}, donated)
 
 

@@ -125,7 +125,7 @@ def executable_num_outputs(args):
 
 @implements("PJRT_Executable_SizeOfGeneratedCodeInBytes")
 def executable_code_size(args):
-    args.size_in_bytes = 0  # JIT code size is not exposed by the engine
+    args.size_in_bytes = 0  # not reported
 
 
 @implements("PJRT_Executable_Fingerprint")
