@@ -1,4 +1,6 @@
-"""The intermediates' arena (passes/arena.py): reuse by liveness, options, serialized form, limits."""
+"""The intermediates' arena (passes/arena.py): reuse by liveness, options, serialized form, limits;
+the slots of parallel loops' packing buffers in it (passes/iteration_buffers.py)."""
+import contextlib
 import json
 import os
 import struct
@@ -20,6 +22,8 @@ from bench import flax_models
 from polyblocks_jax import cpu, passes
 from polyblocks_jax.errors import InvalidProgramError
 from polyblocks_jax.passes.arena import buffer_bytes
+from polyblocks_jax.passes.iteration_buffers import hoist_iteration_buffers
+from polyblocks_jax.passes.transform import walk
 from polyblocks_jax.runtime import executable as runtime
 from polyblocks_jax.stablehlo_import import import_program, reader
 
@@ -37,17 +41,35 @@ def lowered(fn, *args):
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
 
 
-def top_level_before_arena(fn, *args) -> list[tuple[str, int]]:
-    """The ops of ``main`` just before the arena stage, each with the bytes it allocates."""
-    options = pb.Options()
+@contextlib.contextmanager
+def main_before_arena(fn, *args, options: pb.Options | None = None):
+    """``main`` of ``fn``'s program just before the arena stage (valid inside the block)."""
+    options = options or pb.Options()
     with ir.Context() as context, ir.Location.unknown():
         imported = import_program(reader.program_source(lowered(fn, *args)), context)
         stages = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
         passes.run_stages(imported.module, stages[:[s.name for s in stages].index("arena")], options)
-        main = next(op for op in imported.module.body.operations
-                    if isinstance(op, func.FuncOp) and op.name.value == "main")
+        yield next(op for op in imported.module.body.operations
+                   if isinstance(op, func.FuncOp) and op.name.value == "main")
+
+
+def top_level_before_arena(fn, *args) -> list[tuple[str, int]]:
+    """The ops of ``main`` just before the arena stage, each with the bytes it allocates."""
+    with main_before_arena(fn, *args) as main:
         return [(op.operation.name, buffer_bytes(ir.MemRefType(op.result.type)) or 0
                  if op.operation.name == "memref.alloc" else 0) for op in main.entry_block.operations]
+
+
+def allocs_before_arena(fn, *args, options: pb.Options | None = None) -> list[tuple[bool, int]]:
+    """Each memref.alloc of ``main`` just before the arena stage: (inside a parallel loop, bytes)."""
+    found = []
+    with main_before_arena(fn, *args, options=options) as main:
+        for top in main.entry_block.operations:
+            for op in [top.operation, *walk(top.operation)]:
+                if op.name == "memref.alloc":
+                    found.append((op is not top.operation and top.operation.name == "scf.parallel",
+                                  buffer_bytes(ir.MemRefType(op.result.type)) or 0))
+    return found
 
 
 def intermediate_bytes(fn, *args) -> int:
@@ -181,6 +203,49 @@ class ArenaTest(absltest.TestCase):
         self.assertNotIn(2 * x.nbytes, allocs)
         self.assertNotIn(x.nbytes, allocs)
         support.check_against_xla(self, fn, x, skip, w, rtol=1e-5, atol=1e-5)
+
+    def test_packing_buffers_are_slots_allocated_before_their_parallel_loop(self):
+        # The 512 matmul's cores each pack B panels and A blocks of hundreds of KiB.
+        x = np.ones((512, 512), np.float32)
+        allocs = allocs_before_arena(jnp.matmul, x, x)
+        self.assertEmpty([a for a in allocs if a[0] and a[1] >= 64 << 10])
+        self.assertLen([size for inside, size in allocs if not inside], 2)  # a matmul has no other intermediates
+        without = allocs_before_arena(jnp.matmul, x, x, options=pb.Options(arena=False))
+        self.assertNotEmpty([a for a in without if a[0] and a[1] >= 64 << 10])
+
+    def test_only_loops_of_one_iteration_per_thread_get_slots(self):
+        text = """
+        func.func @main(%out: memref<2x3xf32>) {
+          %c0 = arith.constant 0 : index
+          %c1 = arith.constant 1 : index
+          %c2 = arith.constant 2 : index
+          %c3 = arith.constant 3 : index
+          %f = arith.constant 1.0 : f32
+          scf.parallel (%i, %j) = (%c0, %c0) to (%c2, %c3) step (%c1, %c1) {
+            %buf = memref.alloc() : memref<128x128xf32>
+            memref.store %f, %buf[%i, %j] : memref<128x128xf32>
+            %x = memref.load %buf[%i, %j] : memref<128x128xf32>
+            memref.store %x, %out[%i, %j] : memref<2x3xf32>
+            memref.dealloc %buf : memref<128x128xf32>
+            scf.reduce
+          }
+          return
+        }"""
+        for threads, hoisted in ((6, True), (5, False)):
+            with ir.Context(), ir.Location.unknown():
+                module = ir.Module.parse(text)
+                hoist_iteration_buffers(module, pb.Options(), threads)
+                module.operation.verify()
+                asm = str(module)
+            self.assertEqual("memref<393216xi8>" in asm, hoisted, asm)  # 6 slots of 64 KiB
+            self.assertEqual("memref.view" in asm, hoisted)
+
+    def test_matmuls_in_packing_slots_match_xla(self):
+        rng = np.random.default_rng(3)
+        for m, n, k in ((512, 512, 512), (520, 264, 1024)):
+            a = rng.standard_normal((m, k), np.float32) / np.sqrt(k)
+            b = rng.standard_normal((k, n), np.float32)
+            support.check_against_xla(self, lambda a, b: jax.nn.relu(a @ b), a, b, rtol=1e-5, atol=1e-5)
 
     def test_later_calls_reuse_an_idle_arena(self):
         from unittest import mock

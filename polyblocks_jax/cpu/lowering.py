@@ -12,6 +12,7 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes import Stage
 from polyblocks_jax.passes.arena import plan_arena
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
+from polyblocks_jax.passes.iteration_buffers import hoist_iteration_buffers
 from polyblocks_jax.passes.parallel import parallelize_loops
 
 
@@ -26,6 +27,8 @@ def cpu_stages(options: Options) -> list[Stage]:
         Stage("parallel", functools.partial(parallelize_loops, threads=host().cores)),
         Stage("bool-buffers", widen_bool_buffers),
         Stage("bf16-bits", bits_for_bf16_moves),
+        # A parallel loop's large buffers (packing): one slot per iteration, before the loop.
+        Stage("iteration-buffers", functools.partial(hoist_iteration_buffers, threads=host().cores)),
         # The top level's intermediates: views of one arena the runtime allocates per call.
         Stage("arena", plan_arena),
         # An intermediate that can never be allocated: an error now, not a NULL store later.

@@ -11,6 +11,7 @@ from mlir import ir
 from polyblocks_jax.cpu import amx, avx512_bf16
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import templates
+from polyblocks_jax.passes.arena import identity_layout
 from polyblocks_jax.passes.matrix_forms import MATRIX_UNIT_ATTR
 from polyblocks_jax.passes.matrix_units import TileShape
 from polyblocks_jax.passes.transform import walk
@@ -24,7 +25,7 @@ def lower_matrix_units(module: ir.Module, options: Options) -> None:
         attr = ir.DictAttr(op.attributes[MATRIX_UNIT_ATTR])
         unit = ir.StringAttr(attr["unit"]).value
         types = [ir.MemRefType(v.type) for v in op.operands]
-        if unit not in KERNELS or not all(_identity_layout(t) for t in types):
+        if unit not in KERNELS or not all(identity_layout(t) for t in types):
             continue
         if unit == "amx" and options.opt_level == 0:
             continue  # LLVM 22 at -O0 (X86LowerAMXType) crashes on tiles carried around a loop
@@ -33,7 +34,3 @@ def lower_matrix_units(module: ir.Module, options: Options) -> None:
                              ir.BoolAttr(attr["zero_init"]).value)
         templates.splice(text, op, list(op.operands))
         op.erase()
-
-
-def _identity_layout(t: ir.MemRefType) -> bool:
-    return isinstance(t.layout, ir.AffineMapAttr) and t.layout.value == ir.AffineMap.get_identity(t.rank)

@@ -232,7 +232,7 @@ def _plannable(fn: func.FuncOp) -> list[_Buffer]:
             continue
         type_ = ir.MemRefType(op.result.type)
         # Vector elements are left to malloc: the data layout may pad them.
-        size = buffer_bytes(type_) if type_.has_static_shape and _identity_layout(type_) \
+        size = buffer_bytes(type_) if type_.has_static_shape and identity_layout(type_) \
             and type_.memory_space is None and _alignment(op) <= ALIGNMENT \
             and not isinstance(type_.element_type, ir.VectorType) else None
         if size:
@@ -243,7 +243,7 @@ def _plannable(fn: func.FuncOp) -> list[_Buffer]:
     return buffers
 
 
-def _identity_layout(type_: ir.MemRefType) -> bool:
+def identity_layout(type_: ir.MemRefType) -> bool:
     layout = type_.layout
     return isinstance(layout, ir.AffineMapAttr) and \
         ir.AffineMapAttr(layout).value == ir.AffineMap.get_identity(type_.rank)

@@ -42,7 +42,7 @@ def parallelize_loops(module: ir.Module, options: Options, threads: int) -> None
 def choose_parallel_loops(root: ir.Operation, threads: int, min_work: int = MIN_PARALLEL_WORK) -> None:
     """Mark each outermost ``scf.parallel`` whose estimated work is at least ``min_work``."""
     for op in _outermost_parallel(root):
-        trips = _dim_trips(op)
+        trips = dim_trips(op)
         if math.prod(trips) > 1 and work(op) >= min_work:
             dims, shared = 0, 1
             while dims < len(trips) and shared < CHUNKS_PER_THREAD * threads:
@@ -55,7 +55,7 @@ def work(op: ir.Operation) -> int:
     inner = sum(work(child.operation) for region in op.regions
                 for block in region.blocks for child in block.operations)
     if op.name in _LOOPS:
-        return math.prod(_dim_trips(op)) * max(inner, 1)
+        return math.prod(dim_trips(op)) * max(inner, 1)
     return _own_cost(op) + inner
 
 
@@ -69,24 +69,24 @@ def _own_cost(op: ir.Operation) -> int:
     return elements * (_MATH_COST if op.name.startswith("math.") else 1)
 
 
-def _dim_trips(op: ir.Operation) -> list[int]:
+def dim_trips(op: ir.Operation) -> list[int]:
     """Iterations per dim of an ``scf.for``/``scf.parallel``; 1 where bounds are not constant."""
     trips = []
-    for lb, ub, step in _bounds(op):
-        lb, ub, step = _constant(lb), _constant(ub), _constant(step)
+    for lb, ub, step in loop_bounds(op):
+        lb, ub, step = constant_index(lb), constant_index(ub), constant_index(step)
         known = None not in (lb, ub, step) and step > 0
         trips.append(max(0, -(-(ub - lb) // step)) if known else 1)
     return trips
 
 
-def _bounds(op: ir.Operation) -> list[tuple[ir.Value, ir.Value, ir.Value]]:
+def loop_bounds(op: ir.Operation) -> list[tuple[ir.Value, ir.Value, ir.Value]]:
     view = op.opview
     if op.name == "scf.for":
         return [(view.lowerBound, view.upperBound, view.step)]
     return list(zip(view.lowerBound, view.upperBound, view.step))
 
 
-def _constant(value: ir.Value) -> int | None:
+def constant_index(value: ir.Value) -> int | None:
     owner = value.owner  # an OpView for results, a Block for arguments
     if isinstance(owner, ir.OpView) and owner.operation.name == "arith.constant":
         return ir.IntegerAttr(owner.operation.attributes["value"]).value
@@ -107,7 +107,7 @@ def split_parallel_loops(root: ir.Operation) -> None:
     """Keep the marked outer dims of each ``scf.parallel`` parallel; every other dim becomes ``scf.for``."""
     for op in [o for o in walk(root) if o.name == "scf.parallel"]:
         keep = ir.IntegerAttr(op.attributes[PARALLEL_ATTR]).value if PARALLEL_ATTR in op.attributes else 0
-        if keep < len(_bounds(op)):
+        if keep < len(loop_bounds(op)):
             _split(op, keep)
 
 
@@ -118,7 +118,7 @@ def _split(op: ir.Operation, keep: int) -> None:
     """
     if len(op.results):  # reductions across iterations: never produced by our stages
         raise ValueError(f"scf.parallel with results cannot be split: {op.location}")
-    bounds, ivs = _bounds(op), []
+    bounds, ivs = loop_bounds(op), []
     point = ir.InsertionPoint(op)
     if keep:
         with point, op.location:

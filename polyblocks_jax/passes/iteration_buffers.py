@@ -1,0 +1,95 @@
+"""Large buffers of a parallel loop's iterations, given slots of one buffer before the loop.
+
+A packing buffer (a matmul's A block and B panels, 512 KiB each) is allocated in each
+iteration of the parallel loop that runs the cores' tiles: malloc maps such a buffer afresh
+and the kernel zeroes its pages on first touch, or not, as glibc's trimming of its heap
+decides; a 512 matmul ran at 110 or at 180 GFLOP/s from one process to the next. Here
+(``hoist_iteration_buffers``, with ``options.arena``, before the arena is planned) every
+such alloc becomes a view of its iteration's slot in one buffer allocated before the loop,
+which the arena then places like any other: its pages stay mapped from call to call.
+"""
+from __future__ import annotations
+
+import math
+
+from mlir import ir
+from mlir.dialects import arith, func, memref
+
+from polyblocks_jax.options import Options
+from polyblocks_jax.passes.arena import ALIGNMENT, buffer_bytes, identity_layout
+from polyblocks_jax.passes.parallel import dim_trips, loop_bounds
+from polyblocks_jax.passes.transform import walk
+
+# Smaller buffers come from malloc's caches, which keep their pages.
+_MIN_BYTES = 64 << 10
+# Uses through which a buffer would outlive its iteration.
+_ESCAPES = ("scf.yield", "scf.condition", "func.return", "func.call", "cf.br", "cf.cond_br")
+
+
+def hoist_iteration_buffers(module: ir.Module, options: Options, threads: int) -> None:
+    """Give the large allocs inside ``main``'s top-level parallel loops of at most ``threads``
+    iterations (one per thread: a matmul's tiles) one slot per iteration. A loop of more
+    iterations keeps its allocs: its slots would hold more buffers than are ever in use."""
+    if not options.arena:
+        return
+    for fn in module.body.operations:
+        if isinstance(fn, func.FuncOp) and fn.name.value == "main" and not fn.is_external:
+            ops = [op.operation for op in fn.entry_block.operations]
+            for loop, following in zip(ops, ops[1:]):
+                if loop.name == "scf.parallel" and math.prod(dim_trips(loop)) <= threads:
+                    _hoist(loop, following)
+
+
+def _hoist(loop: ir.Operation, following: ir.Operation) -> None:
+    """Slots for ``loop``'s hoistable allocs, freed before ``following``."""
+    iterations = math.prod(dim_trips(loop))
+    sizes = {alloc: _slot_bytes(alloc) for alloc in walk(loop) if _hoistable(alloc)}
+    if not sizes:
+        return
+    iteration = _iteration_index(loop, iterations)
+    i8, index = ir.IntegerType.get_signless(8), ir.IndexType.get()
+    for alloc, size in sizes.items():
+        with ir.InsertionPoint(loop), loop.location:
+            slots = memref.AllocOp(ir.MemRefType.get([iterations * size], i8), [], [],
+                                   alignment=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ALIGNMENT))
+        with ir.InsertionPoint(following), loop.location:
+            memref.DeallocOp(slots.result)
+        with ir.InsertionPoint(alloc), alloc.location:
+            offset = arith.MulIOp(iteration, arith.ConstantOp(index, size).result).result
+            view = memref.ViewOp(alloc.result.type, slots.result, offset, [])
+        for dealloc in [use.owner.operation for use in alloc.result.uses if use.owner.name == "memref.dealloc"]:
+            dealloc.erase()
+        alloc.result.replace_all_uses_with(view.result)
+        alloc.erase()
+
+
+def _hoistable(op: ir.Operation) -> bool:
+    """A large static alloc freed in its own block, and used nowhere it could escape from."""
+    if op.name != "memref.alloc":
+        return False
+    type_ = ir.MemRefType(op.result.type)
+    if not (type_.has_static_shape and identity_layout(type_) and type_.memory_space is None) \
+            or isinstance(type_.element_type, ir.VectorType) or (buffer_bytes(type_) or 0) < _MIN_BYTES:
+        return False
+    users = [use.owner.operation for use in op.result.uses]
+    deallocs = [u for u in users if u.name == "memref.dealloc"]
+    return bool(deallocs) and all(d.block == op.block for d in deallocs) \
+        and not any(u.name in _ESCAPES for u in users)
+
+
+def _slot_bytes(alloc: ir.Operation) -> int:
+    return -(-buffer_bytes(ir.MemRefType(alloc.result.type)) // ALIGNMENT) * ALIGNMENT
+
+
+def _iteration_index(loop: ir.Operation, iterations: int) -> ir.Value:
+    """The row-major number of the iteration, computed first in ``loop``'s body."""
+    body = loop.regions[0].blocks[0]
+    index = ir.IndexType.get()
+    with ir.InsertionPoint.at_block_begin(body), loop.location:
+        linear, stride = arith.ConstantOp(index, 0).result, iterations
+        for iv, (lb, _, step), trips in zip(body.arguments, loop_bounds(loop), dim_trips(loop)):
+            stride //= trips
+            number = arith.DivUIOp(arith.SubIOp(iv, lb).result, step).result
+            term = arith.MulIOp(number, arith.ConstantOp(index, stride).result).result
+            linear = arith.AddIOp(linear, term).result
+    return linear
