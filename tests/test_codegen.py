@@ -9,12 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
+from mlir import ir
 
 import polyblocks_jax as pb
 import support
-from polyblocks_jax import compiler
+from polyblocks_jax import compiler, cpu, passes
 from polyblocks_jax.cpu import codegen
 from polyblocks_jax.errors import CompilationError
+from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.stablehlo_import import import_program, reader
 
 
 def _layers(x, w1, w2, w3):
@@ -50,6 +53,26 @@ class CodegenTest(parameterized.TestCase):
             got = support.polyblocks(_layers, *args)
         self.assertLen(pieces, parts)
         support.assert_close(self, got, support.xla_cpu(_layers, *args), rtol=1e-5, atol=1e-5)
+
+    def test_no_vectorize_leaves_no_stack_temporaries(self):
+        # The matmul tiling's register tiles are vectors with or without the vectorize stage:
+        # lowered generically, each n-D transfer got a stack buffer in its loop (no-vectorize's
+        # ResNet-18 overflowed an OpenMP worker's stack once LLVM stopped unrolling them away).
+        options = pb.Options.from_flags("no-vectorize")
+        x = np.ones((256, 256), np.float32)
+        with ir.Context() as context, ir.Location.unknown():
+            imported = import_program(reader.program_source(
+                jax.jit(jnp.matmul).trace(x, x).lower(lowering_platforms=("cpu",))), context)
+            stages = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
+            passes.run_stages(imported.module, stages[:[s.name for s in stages].index("to-llvm")], options)
+            ranks = [ir.VectorType(op.results[0].type if op.name == "vector.transfer_read" else op.operands[0].type).rank
+                     for op in walk(imported.module.operation)
+                     if op.name in ("vector.transfer_read", "vector.transfer_write")]
+        self.assertNotEmpty(ranks)
+        self.assertEqual(max(ranks), 1)  # each lowers to one vector load or store
+        args = [x / 16, x]
+        support.assert_close(self, support.polyblocks(jnp.matmul, *args, options=options),
+                             support.xla_cpu(jnp.matmul, *args), rtol=1e-5, atol=1e-5)
 
     def test_a_tool_that_fails_names_its_stage(self):
         with mock.patch.object(codegen, "_OPTIMIZER_OPTIONS", ("-no-such-option",)):

@@ -80,8 +80,9 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
               "canonicalize, buffer-deallocation-pipeline"),
         Stage("strided-copies", strided_copies_to_linalg),
     ]
-    if options.vectorize:
-        # n-D vector transfers (register tiles) unrolled into 1-D ones on buffers; left to the
-        # target's generic lowering, each would get a stack buffer inside its loop.
-        stages.append(Stage("vector-transfers", "func.func(convert-vector-to-scf{full-unroll=true target-rank=1})"))
+    # n-D vector transfers (register tiles: the matmul tiling's, with or without the
+    # vectorize stage) unrolled into 1-D ones on buffers; left to the target's generic
+    # lowering, each would get a stack buffer inside its loop, which LLVM removes only from
+    # the loops it unrolls (no-vectorize's ResNet-18 overflowed an OpenMP worker's stack).
+    stages.append(Stage("vector-transfers", "func.func(convert-vector-to-scf{full-unroll=true target-rank=1})"))
     return stages
