@@ -230,17 +230,30 @@ def _plannable(fn: func.FuncOp) -> list[_Buffer]:
     for op in ops:
         if op.operation.name != "memref.alloc":
             continue
-        type_ = ir.MemRefType(op.result.type)
-        # Vector elements are left to malloc: the data layout may pad them.
-        size = buffer_bytes(type_) if type_.has_static_shape and identity_layout(type_) \
-            and type_.memory_space is None and _alignment(op) <= ALIGNMENT \
-            and not isinstance(type_.element_type, ir.VectorType) else None
+        size = slot_bytes(op.operation)
         if size:
             lifetime = _lifetime(op, fn, position)
             if lifetime is not None:
                 start, end, deallocs = lifetime
-                buffers.append(_Buffer(op.operation, -(-size // ALIGNMENT) * ALIGNMENT, start, end, deallocs))
+                buffers.append(_Buffer(op.operation, size, start, end, deallocs))
     return buffers
+
+
+def slot_bytes(alloc: ir.Operation) -> int | None:
+    """Bytes of an arena slot for ``alloc`` (rounded up to ALIGNMENT), None for a buffer that
+    cannot take one: not static, strided, in another memory space, more aligned than the
+    arena, or of vector elements (left to malloc: the data layout may pad them)."""
+    type_ = ir.MemRefType(alloc.result.type)
+    if not (type_.has_static_shape and identity_layout(type_) and type_.memory_space is None) \
+            or _alignment(alloc) > ALIGNMENT or isinstance(type_.element_type, ir.VectorType):
+        return None
+    size = buffer_bytes(type_)
+    return None if size is None else -(-size // ALIGNMENT) * ALIGNMENT
+
+
+def escapes(user: ir.Operation) -> bool:
+    """Whether a buffer used by ``user`` may outlive what the arena sees of it."""
+    return user.name in _ESCAPES or user.name.startswith(("llvm.", "omp."))
 
 
 def identity_layout(type_: ir.MemRefType) -> bool:
@@ -263,7 +276,7 @@ def _lifetime(alloc: ir.OpView, fn: func.FuncOp, position: dict) -> tuple[int, i
         value = pending.pop()
         for use in value.uses:
             user = use.owner.operation
-            if user.name in _ESCAPES or user.name.startswith(("llvm.", "omp.")):
+            if escapes(user):
                 return None
             if user.name == "memref.dealloc":
                 if value != alloc.result or user.parent.operation != fn.operation:

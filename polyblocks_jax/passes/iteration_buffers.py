@@ -16,14 +16,12 @@ from mlir import ir
 from mlir.dialects import arith, func, memref
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.arena import ALIGNMENT, buffer_bytes, identity_layout
-from polyblocks_jax.passes.parallel import dim_trips, loop_bounds
+from polyblocks_jax.passes.arena import ALIGNMENT, escapes, slot_bytes
+from polyblocks_jax.passes.parallel import constant_index, dim_trips, loop_bounds
 from polyblocks_jax.passes.transform import walk
 
 # Smaller buffers come from malloc's caches, which keep their pages.
 _MIN_BYTES = 64 << 10
-# Uses through which a buffer would outlive its iteration.
-_ESCAPES = ("scf.yield", "scf.condition", "func.return", "func.call", "cf.br", "cf.cond_br")
 
 
 def hoist_iteration_buffers(module: ir.Module, options: Options, threads: int) -> None:
@@ -36,14 +34,26 @@ def hoist_iteration_buffers(module: ir.Module, options: Options, threads: int) -
         if isinstance(fn, func.FuncOp) and fn.name.value == "main" and not fn.is_external:
             ops = [op.operation for op in fn.entry_block.operations]
             for loop, following in zip(ops, ops[1:]):
-                if loop.name == "scf.parallel" and math.prod(dim_trips(loop)) <= threads:
-                    _hoist(loop, following)
+                iterations = _iterations(loop)
+                if iterations is not None and 0 < iterations <= threads:
+                    _hoist(loop, iterations, following)
 
 
-def _hoist(loop: ir.Operation, following: ir.Operation) -> None:
-    """Slots for ``loop``'s hoistable allocs, freed before ``following``."""
-    iterations = math.prod(dim_trips(loop))
-    sizes = {alloc: _slot_bytes(alloc) for alloc in walk(loop) if _hoistable(alloc)}
+def _iterations(loop: ir.Operation) -> int | None:
+    """The iterations of an ``scf.parallel`` of constant bounds (``dim_trips`` counts 1 for
+    an unknown dim: a slot per iteration needs them all); None for any other op."""
+    known = all(constant_index(v) is not None for bounds in loop_bounds(loop) for v in bounds) \
+        if loop.name == "scf.parallel" else False
+    return math.prod(dim_trips(loop)) if known else None
+
+
+def _hoist(loop: ir.Operation, iterations: int, following: ir.Operation) -> None:
+    """Slots for the ``iterations`` of ``loop``'s hoistable allocs, freed before ``following``."""
+    sizes = {}
+    for alloc in walk(loop):
+        size = slot_bytes(alloc) if alloc.name == "memref.alloc" else None
+        if size and size >= _MIN_BYTES and _freed_in_its_block(alloc):
+            sizes[alloc] = size
     if not sizes:
         return
     iteration = _iteration_index(loop, iterations)
@@ -63,22 +73,11 @@ def _hoist(loop: ir.Operation, following: ir.Operation) -> None:
         alloc.erase()
 
 
-def _hoistable(op: ir.Operation) -> bool:
-    """A large static alloc freed in its own block, and used nowhere it could escape from."""
-    if op.name != "memref.alloc":
-        return False
-    type_ = ir.MemRefType(op.result.type)
-    if not (type_.has_static_shape and identity_layout(type_) and type_.memory_space is None) \
-            or isinstance(type_.element_type, ir.VectorType) or (buffer_bytes(type_) or 0) < _MIN_BYTES:
-        return False
-    users = [use.owner.operation for use in op.result.uses]
+def _freed_in_its_block(alloc: ir.Operation) -> bool:
+    """Freed in its own block, and used nowhere it could escape from: its iteration's alone."""
+    users = [use.owner.operation for use in alloc.result.uses]
     deallocs = [u for u in users if u.name == "memref.dealloc"]
-    return bool(deallocs) and all(d.block == op.block for d in deallocs) \
-        and not any(u.name in _ESCAPES for u in users)
-
-
-def _slot_bytes(alloc: ir.Operation) -> int:
-    return -(-buffer_bytes(ir.MemRefType(alloc.result.type)) // ALIGNMENT) * ALIGNMENT
+    return bool(deallocs) and all(d.block == alloc.block for d in deallocs) and not any(map(escapes, users))
 
 
 def _iteration_index(loop: ir.Operation, iterations: int) -> ir.Value:

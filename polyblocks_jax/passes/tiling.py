@@ -18,10 +18,10 @@ Each part then gets, as in BLIS:
   tiles down each column panel of B (columns outer, rows inner);
 - packing (``Options.packing``): per k tile, the tile's B columns are copied into contiguous
   register panels ``[cols / nr][kc][nr]`` before the blocks of rows (each panel stays in L1,
-  or L2 for long k tiles, while the rows of a block go by), and per block the A rows into ``[mc / mr][mr][kc]``
-  before the column loop (the block stays in L2): kept paddings of the register tile's
-  operands, hoisted out of the loops they do not depend on; rows a power of two apart no
-  longer compete for the same L1 sets;
+  or L2 for long k tiles, while the rows of a block go by), and per block the A rows into
+  ``[mc / mr][mr][kc]`` before the column loop (the block stays in L2): kept paddings of the
+  register tile's operands, hoisted out of the loops they do not depend on; rows a power of
+  two apart no longer compete for the same L1 sets;
 - register tiles ``mr x nr`` over a k loop of one step (unrolled by four), vectorized; the
   products become contractions lowered to FMAs (outer products), and the accumulators are
   hoisted out of the k loop (on tensors, before bufferization, where hoisting works): a
