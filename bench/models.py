@@ -78,15 +78,18 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def cpu_name() -> str:
+def _cpuinfo(field: str) -> str | None:
+    """The first value of ``field`` in /proc/cpuinfo, or None."""
     try:
         with open("/proc/cpuinfo") as f:
-            match = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
-        if match:
-            return match.group(1).strip()
+            match = re.search(rf"^{field}\s*:\s*(.+)$", f.read(), re.M)
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return None
+    return match.group(1).strip() if match else None
+
+
+def cpu_name() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def cores() -> int:
@@ -94,11 +97,14 @@ def cores() -> int:
 
 
 def machine_slug() -> str:
-    """A short name for the host: first two words of the CPU model, the core count and the
-    vector width (one model name covers hosts with and without AVX-512)."""
+    """A short name for the host: first two words of the CPU model, its family, the core
+    count and the vector width (a virtual machine's "AMD EPYC" covers Zen 3, 4 and 5: Zen 5
+    is family 26 and issues twice Zen 4's AVX-512 FMAs)."""
     words = re.sub(r"\((R|TM|tm)\)", "", cpu_name()).lower().split()
     words = [re.sub(r"[^a-z0-9]+", "", w) for w in words]
-    return "-".join([w for w in words if w][:2] + [f"{cores()}c", target.host().vector_isa])
+    family = _cpuinfo("cpu family")
+    return "-".join([w for w in words if w][:2] + ([f"fam{family}"] if family else [])
+                    + [f"{cores()}c", target.host().vector_isa])
 
 
 def write_results(rows: list[Row], args: argparse.Namespace) -> Path:
