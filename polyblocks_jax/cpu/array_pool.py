@@ -1,0 +1,75 @@
+"""Large host arrays recycled: a call's results take the memory of earlier results that are gone.
+
+malloc serves a large array from a fresh mapping or from its heap, as its mmap threshold
+and heap trimming decide from one moment to the next; a fresh mapping is faulted in page by
+page by the kernel that first writes it. With a new 4 MiB result each call, a 1024^3 matmul
+ran at 300 GFLOP/s in one process and at 180 in the next (310-390 writing into one array).
+Here an array is a view of a pooled block through a ``_Lease``; once every array made from
+the lease is gone, the block goes back to the pool (at most ``_IDLE_BYTES`` idle, the oldest
+dropped first), its pages still mapped. The ops benchmark's convolutions: 7.5 -> 5.5 ms
+(3x3) and 5.6 -> 4.5 ms (1x1), their 25 MiB results no longer faulted in on every call.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+
+import numpy as np
+
+ALIGNMENT = 64
+# Smaller arrays come from malloc's bins, which keep their pages.
+MIN_BYTES = 1 << 20
+_IDLE_BYTES = 256 << 20
+
+
+class _Pool:
+    def __init__(self, idle_bytes: int) -> None:
+        self.idle_bytes = idle_bytes
+        self._idle: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()  # id -> block
+        # Reentrant: a lease can die (and give its block back) in a collection that an
+        # allocation inside ``take`` set off, on the same thread.
+        self._lock = threading.RLock()
+        self._held = 0
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A 64-byte aligned block of ``nbytes``: the idle one of that size given back last
+        (the likeliest still in cache), else a new one."""
+        with self._lock:
+            for key, block in reversed(self._idle.items()):
+                if block.nbytes == nbytes:
+                    del self._idle[key]
+                    self._held -= nbytes
+                    return block
+        raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+        start = -raw.ctypes.data % ALIGNMENT
+        return raw[start:start + nbytes]
+
+    def give_back(self, block: np.ndarray) -> None:
+        with self._lock:
+            self._idle[id(block)] = block
+            self._held += block.nbytes
+            while self._held > self.idle_bytes:
+                _, oldest = self._idle.popitem(last=False)
+                self._held -= oldest.nbytes
+
+
+class _Lease:
+    """A pooled block lent to the arrays made from it (their numpy base): back to the pool
+    when the last of them is gone."""
+
+    def __init__(self, block: np.ndarray, pool: _Pool) -> None:
+        self._block, self._pool = block, pool
+        self.__array_interface__ = {"shape": (block.nbytes,), "typestr": "|u1", "version": 3,
+                                    "data": (block.ctypes.data, False)}
+
+    def __del__(self) -> None:
+        self._pool.give_back(self._block)
+
+
+_POOL = _Pool(_IDLE_BYTES)
+
+
+def lent_bytes(nbytes: int) -> np.ndarray:
+    """A 64-byte aligned uint8 array of ``nbytes`` (at least ``MIN_BYTES``), uninitialized,
+    whose memory returns to the pool once it and every view of it are gone."""
+    return np.asarray(_Lease(_POOL.take(nbytes), _POOL))

@@ -1,0 +1,49 @@
+"""Recycled host arrays: a block returns to the pool only when every array made from it is
+gone, arrays stay 64-byte aligned, and the idle bytes stay bounded."""
+import numpy as np
+from absl.testing import absltest
+
+from polyblocks_jax.cpu import array_pool
+from polyblocks_jax.cpu.memref import aligned_empty
+
+F32 = np.dtype(np.float32)
+SHAPE = (512, 1024)  # 2 MiB: pooled
+
+
+class ArrayPoolTest(absltest.TestCase):
+    def test_a_result_reuses_the_memory_of_one_that_is_gone(self):
+        first = aligned_empty(SHAPE, F32)
+        address = first.ctypes.data
+        del first
+        second = aligned_empty(SHAPE, F32)
+        self.assertEqual(second.ctypes.data, address)
+        self.assertEqual(second.ctypes.data % array_pool.ALIGNMENT, 0)
+        self.assertEqual((second.shape, second.dtype), (SHAPE, F32))
+
+    def test_a_view_keeps_the_memory_lent(self):
+        first = aligned_empty(SHAPE, F32)
+        first[...] = 7.0
+        address, view = first.ctypes.data, first[1:]
+        del first
+        other = aligned_empty(SHAPE, F32)
+        other[...] = 0.0  # would overwrite the view's data if the block were lent again
+        self.assertNotEqual(other.ctypes.data, address)
+        np.testing.assert_array_equal(view, np.full((SHAPE[0] - 1, SHAPE[1]), 7.0, np.float32))
+
+    def test_small_arrays_are_not_pooled(self):
+        small = aligned_empty((16,), F32)
+        self.assertEqual(small.ctypes.data % array_pool.ALIGNMENT, 0)
+        self.assertNotIsInstance(small.base.base, array_pool._Lease)
+
+    def test_idle_bytes_are_bounded_oldest_dropped_first(self):
+        pool = array_pool._Pool(idle_bytes=3 << 20)
+        blocks = [pool.take(1 << 20) for _ in range(4)]
+        addresses = [b.ctypes.data for b in blocks]
+        for block in blocks:
+            pool.give_back(block)
+        kept = {pool.take(1 << 20).ctypes.data for _ in range(3)}
+        self.assertEqual(kept, set(addresses[1:]))
+
+
+if __name__ == "__main__":
+    absltest.main()
