@@ -22,6 +22,13 @@ MIN_BYTES = 1 << 20
 _IDLE_BYTES = 256 << 20
 
 
+def aligned_bytes(nbytes: int) -> np.ndarray:
+    """A new uninitialized uint8 array of ``nbytes`` whose data starts on a 64-byte boundary."""
+    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start:start + nbytes]
+
+
 class _Pool:
     def __init__(self, idle_bytes: int) -> None:
         self.idle_bytes = idle_bytes
@@ -40,9 +47,7 @@ class _Pool:
                     del self._idle[key]
                     self._held -= nbytes
                     return block
-        raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-        start = -raw.ctypes.data % ALIGNMENT
-        return raw[start:start + nbytes]
+        return aligned_bytes(nbytes)
 
     def give_back(self, block: np.ndarray) -> None:
         with self._lock:

@@ -12,7 +12,6 @@ import math
 import numpy as np
 
 from polyblocks_jax.cpu import array_pool
-from polyblocks_jax.cpu.array_pool import ALIGNMENT
 from polyblocks_jax.dtypes import TensorSpec
 
 
@@ -50,8 +49,6 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialized C-contiguous array whose data starts on a 64-byte boundary (a large
     one's memory recycled, see array_pool.py)."""
     nbytes = math.prod(shape) * dtype.itemsize  # math.prod: a tenth of np.prod's call overhead
-    if nbytes >= array_pool.MIN_BYTES:
-        return array_pool.lent_bytes(nbytes).view(dtype).reshape(shape)
-    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-    start = -raw.ctypes.data % ALIGNMENT
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
+    pooled = nbytes >= array_pool.MIN_BYTES
+    block = array_pool.lent_bytes(nbytes) if pooled else array_pool.aligned_bytes(nbytes)
+    return block.view(dtype).reshape(shape)

@@ -17,7 +17,8 @@ import ml_dtypes
 import numpy as np
 from pypjrt._abi import pjrt_0_114 as abi
 
-from polyblocks_jax.cpu.memref import ALIGNMENT, aligned_empty, contiguous_strides
+from polyblocks_jax.cpu.array_pool import ALIGNMENT
+from polyblocks_jax.cpu.memref import aligned_empty, contiguous_strides
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.errors import PjrtError, unimplemented
 from polyblocks_jax.pjrt.events import READY
