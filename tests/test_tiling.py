@@ -127,7 +127,7 @@ def _tiled(fn, *args, options: pb.Options | None = None) -> str:
         return str(module)
 
 
-class KernelTest(absltest.TestCase):
+class KernelTest(parameterized.TestCase):
     def test_register_tile_is_fmas_on_full_vectors(self):
         x, y = np.zeros((197, 64), np.float32), np.zeros((64, 197), np.float32)
         text = _tiled(lambda a, b: a @ b, x, y)
@@ -150,6 +150,21 @@ class KernelTest(absltest.TestCase):
         self.assertNotIn("x256x16xf32>", text)
         self.assertIn("vector.outerproduct", text)
 
+    @parameterized.named_parameters(("k_tiles", 1024, True), ("one_k_tile", 64, False))
+    def test_first_k_tile_reads_no_fill(self, k, in_k_loop):
+        # No zero fill: the first k tile's register tiles start from zeros (in a k loop of
+        # tiles of 256, where its first iteration is).
+        x, y = np.zeros((96, k), np.float32), np.zeros((k, 64), np.float32)
+        text = _tiled(lambda a, b: a @ b, x, y)
+        self.assertNotIn("linalg.fill", text)
+        self.assertEqual("scf.if" in text, in_k_loop)
+
+    def test_edge_parts_read_the_fill(self):
+        # The edge parts (the last row, the last 3 columns) start from the main part's result,
+        # which holds the fill where they write.
+        x, y = np.zeros((97, 64), np.float32), np.zeros((64, 67), np.float32)
+        self.assertIn("linalg.fill", _tiled(lambda a, b: a @ b, x, y))
+
     def test_packing_switch_parses(self):
         self.assertFalse(pb.Options.from_flags("no-packing").packing)
         self.assertNotEqual(pb.Options().cache_key(), pb.Options(packing=False).cache_key())
@@ -158,7 +173,9 @@ class KernelTest(absltest.TestCase):
 _SHAPES = [(1, 1, 1), (7, 7, 7), (5, 16, 3), (24, 48, 17), (64, 64, 64), (197, 192, 192),
            (13, 197, 64), (513, 33, 40), (9, 40, 514),
            (894, 32, 300),  # 149 register rows: blocks of 50 and a peeled one of 49
-           (390, 32, 512)]  # 65 register rows: one block of 33, then a peeled one of 32
+           (390, 32, 512),  # 65 register rows: one block of 33, then a peeled one of 32
+           (64, 64, 3000), (200, 96, 1500),  # k tiles, the first reading zeros for the fill
+           (37, 50, 3001)]  # four parts, the last k tile of each peeled
 
 
 class TiledMatmulTest(parameterized.TestCase):
@@ -167,7 +184,8 @@ class TiledMatmulTest(parameterized.TestCase):
         x, y = _operands(m + n + k, (m, k), (k, n))
         support.check_against_xla(self, lambda a, b: a @ b, x, y, **ACCUMULATE)
 
-    @parameterized.product(switch=["tiling", "packing", "parallel"], shape=[(37, 50, 300), (64, 48, 16)])
+    @parameterized.product(switch=["tiling", "packing", "parallel"], shape=[(37, 50, 300), (64, 48, 16),
+                                                                           (64, 64, 3000)])
     def test_switched_off(self, switch, shape):
         m, n, k = shape
         x, y = _operands(k, (m, k), (k, n))

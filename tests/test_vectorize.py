@@ -96,6 +96,14 @@ class StageTest(absltest.TestCase):
         self.assertNotIn("linalg.conv_2d", text)
         self.assertRegex(text, r"vector\.(outerproduct|fma) ")  # outer products over input channels
 
+    def test_conv_accumulators_start_at_zero(self):
+        # No fill of the result: each register tile starts its sums from zeros.
+        x, w = np.zeros((1, 6, 18, 8), np.float32), np.zeros((3, 3, 8, 16), np.float32)
+        text = _staged(functools.partial(jax.lax.conv_general_dilated, window_strides=(1, 1), padding="VALID",
+                                         dimension_numbers=_NHWC), x, w)
+        self.assertNotIn("linalg.fill", text)
+        self.assertIn("arith.constant dense<0.000000e+00> : vector<", text)
+
     def test_softmax_runs_on_vectors(self):
         text = _staged(lambda x: jax.nn.softmax(jnp.exp(x), axis=-1), np.zeros((4, 64), np.float32))
         self.assertIn("vector.reduction <add>", text)

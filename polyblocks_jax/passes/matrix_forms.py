@@ -36,6 +36,7 @@ from polyblocks_jax.passes import templates
 from polyblocks_jax.passes.matrix_units import (Contraction, MatrixMapping, MatrixUnit, choose_matrix_mapping,
                                                 unit_operand_types)
 from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.zero_start import zero_filled
 
 MATRIX_UNIT_ATTR = "polyblocks.matrix_unit"
 NO_UNIT = "fma"
@@ -134,7 +135,7 @@ def _packed_form(op: ir.Operation, c: Contraction, mapping: MatrixMapping, calle
     rhs = body.reshape("expand", rhs, _tensor(lead + [pk, pn], operand),
                        [[d] for d in range(r)] + [[r, r + 1], [r + 2]], lead + [pk // p, p, pn], operand)
     rhs = body.transpose(rhs, lead + [pk // p, p, pn], list(range(r)) + [r, r + 2, r + 1], operand)
-    zero_init = _zero_filled(op.operands[2])
+    zero_init = zero_filled(op.operands[2])
     acc = (body.zeros(lead + [pm, pn], c.accumulate) if zero_init
            else body.pad(acc, lead + [c.m, c.n], lead + [pm, pn], c.accumulate))
     out = body.contract(lhs, rhs, acc, lead + [pm, pn, pk // p, p], operand, c.accumulate,
@@ -152,18 +153,6 @@ def _unit_attr(mapping: MatrixMapping, zero_init: bool) -> str:
     (t, pack), (mb, nb) = (mapping.op.tile, mapping.op.pack), mapping.blocking
     return (f'{{unit = "{mapping.unit}", tile = array<i64: {t.m}, {t.n}, {t.k}>, pack = {pack} : i64, '
             f"blocking = array<i64: {mb}, {nb}>, zero_init = {str(zero_init).lower()}}}")
-
-
-def _zero_filled(value: ir.Value) -> bool:
-    """Whether ``value`` is a linalg.fill of a constant zero (the usual dot accumulator)."""
-    fill = value.owner
-    if not isinstance(fill, (ir.Operation, ir.OpView)) or fill.name != "linalg.fill":
-        return False
-    constant = fill.operands[0].owner
-    if not isinstance(constant, (ir.Operation, ir.OpView)) or constant.name != "arith.constant":
-        return False
-    attr = constant.attributes["value"]
-    return (ir.FloatAttr(attr).value if isinstance(attr, ir.FloatAttr) else ir.IntegerAttr(attr).value) == 0
 
 
 def _round_operands(op: ir.Operation, to: str) -> None:

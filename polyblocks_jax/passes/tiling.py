@@ -39,6 +39,7 @@ from mlir import ir, passmanager
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.matrix_units import MatrixUnit
 from polyblocks_jax.passes.transform import apply_script, lower_vectors_and_hoist, walk
+from polyblocks_jax.passes.zero_start import K_TILES_ATTR, NEST_ATTR, start_accumulators_at_zero
 
 TILE_ATTR = "polyblocks.tiles"
 _TILED_OPS = ("linalg.matmul", "linalg.batch_matmul")
@@ -227,10 +228,12 @@ def tile_contractions(module: ir.Module, options: Options, hw: Hardware) -> None
             op.attributes[TILE_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ident)
     if plans:
         apply_script(module, _script(plans, options))
-        # Folds the slices tiling left behind so that bufferization finds them in place.
+        # Folds the slices tiling left behind so that bufferization finds them in place (and
+        # reshapes of a fill into fills of the reshaped result).
         passmanager.PassManager.parse(
             "builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
             module.context).run(module.operation)
+        start_accumulators_at_zero(module.operation)
 
 
 def _plan_for(op: ir.Operation, hw: Hardware) -> tuple[_Matmul, MatmulPlan] | None:
@@ -307,16 +310,21 @@ def _cache_tiles(lines: list[str], name: str, handle: str, matmul: _Matmul, part
         lines.append(f"{name}c, {name}outer = transform.structured.tile_using_forall {handle} "
                      f"tile_sizes [{matmul.sizes(pm, pn, 0, batch=1)}] : ({_ANY}) -> ({_ANY}, {_ANY})")
     else:
-        lines += [_tile_for(f"{name}c", handle, matmul.sizes(pm, pn, 0, batch=1), 3 if matmul.batched else 2),
+        loops = 3 if matmul.batched else 2
+        lines += [_tile_for(f"{name}c", handle, matmul.sizes(pm, pn, 0, batch=1), loops),
                   f"{name}outer = transform.cast {name}c_loops#0 : {_ANY} to {_ANY}"]
+        lines += [_mark(f"{name}c_loops#{i}", NEST_ATTR) for i in range(1, loops)]
     outer = f"{name}outer"
+    lines.append(_mark(outer, NEST_ATTR))
     if kc >= matmul.k:
         return outer, [(f"{name}c", matmul.k)]
     lines.append(_tile_for(f"{name}k", f"{name}c", matmul.sizes(0, 0, kc), 1))
     if matmul.k % kc == 0:
+        lines.append(_mark(f"{name}k_loops#0", K_TILES_ATTR))
         return outer, [(f"{name}k", kc)]
     lines += [f"{name}kf = transform.cast {name}k_loops#0 : {_ANY} to {_FOR}",
-              f"{name}main, {name}rest = transform.loop.peel {name}kf : ({_FOR}) -> ({_ANY}, {_ANY})"]
+              f"{name}main, {name}rest = transform.loop.peel {name}kf : ({_FOR}) -> ({_ANY}, {_ANY})",
+              _mark(f"{name}main", K_TILES_ATTR)]
     tiled = []
     for loop, extent in ((f"{name}main", kc), (f"{name}rest", matmul.k % kc)):
         # Folds the peeled bounds into static slice shapes.
@@ -335,7 +343,7 @@ def _register_tiles(lines: list[str], name: str, handle: str, matmul: _Matmul,
     if mc >= rows:  # the tile is one block
         _kernel(lines, f"{name}r", handle, matmul, tiles, kc, packing, in_block_loop=False, block_rows=rows)
         return
-    lines += [_tile_for(f"{name}m", handle, matmul.sizes(mc, 0, 0), 1),
+    lines += [_tile_for(f"{name}m", handle, matmul.sizes(mc, 0, 0), 1), _mark(f"{name}m_loops#0", NEST_ATTR),
               # one slice of each operand per register tile, of a value from outside the block
               # loop (what hoist_pad packs from)
               f"transform.apply_patterns to {name}m_loops#0 {{ "
@@ -368,6 +376,7 @@ def _kernel(lines: list[str], name: str, handle: str, matmul: _Matmul, tiles: Ma
     lines.append(f"{name}, {name}_loops:2 = transform.structured.tile_using_for {handle} "
                  f"tile_sizes [{matmul.sizes(mr, nr, 0)}] interchange = [{interchange}] "
                  f": ({_ANY}) -> ({_ANY}, {_ANY}, {_ANY})")
+    lines += [_mark(f"{name}_loops#{i}", NEST_ATTR) for i in range(2)]
     kernel = name
     # A panel serves every column panel of the tile, a B panel every register row of the
     # blocks it is hoisted over: one that would serve a single register tile is not packed
@@ -425,6 +434,12 @@ def _copy_loop(lines: list[str], name: str, pad: str, tiles: list[int], vectors:
               f"{name}fill = transform.get_parent_op {name}copy_loops#0 {{op_name = \"scf.for\"}}"
               f" : ({_ANY}) -> {_ANY}",
               f"transform.bufferization.eliminate_empty_tensors {name}fill : {_ANY}"]
+
+
+def _mark(handle: str, attr: str) -> str:
+    """Mark the loop ``handle`` for ``zero_start``: a loop of a matmul's nest (any of them
+    may be the outermost once loops of one iteration fold away), or its k-tile loop."""
+    return f'transform.annotate {handle} "{attr}" : {_ANY}'
 
 
 def _tile_for(result: str, target: str, sizes: str, loops: int) -> str:

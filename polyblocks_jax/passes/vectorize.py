@@ -28,6 +28,7 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes import conv_tiling, signed_zeros, vector_math
 from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR
 from polyblocks_jax.passes.transform import apply_script, lower_vectors_and_hoist, walk
+from polyblocks_jax.passes.zero_start import NEST_ATTR, start_accumulators_at_zero
 
 VECTOR_ATTR = "polyblocks.vector"
 _VECTORIZED_OPS = ("linalg.generic", "linalg.reduce")
@@ -122,6 +123,7 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
         passmanager.PassManager.parse(
             "builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
             module.context).run(module.operation)
+        start_accumulators_at_zero(module.operation)
         signed_zeros.merge_zero_signs(module)  # after CSE, which lets it see the forms already there
         _private_inits(module)
 
@@ -284,15 +286,23 @@ def _tiling(c: Choice) -> str:
     outer, inner = _forall_tiles(c)
     i, any_op = c.ident, "!transform.any_op"
     lines, target = _match(c, f"%op{i}"), f"%op{i}"
+    # A convolution's loops over tiles of its result, marked for zero_start (not those over
+    # its reduction: they carry vectors once the accumulators are hoisted).
+    conv = "conv" in c.op_name
+    nest = [d for d, t in enumerate(inner) if conv and t and d not in c.reductions]
     if any(outer):
         lines += (f"    %t0_{i}, %forall{i} = transform.structured.tile_using_forall {target} tile_sizes "
                   f"[{', '.join(map(str, outer))}] : ({any_op}) -> ({any_op}, {any_op})\n")
         target = f"%t0_{i}"
+        if conv:
+            lines += f'    transform.annotate %forall{i} "{NEST_ATTR}" : {any_op}\n'
     if any(inner):
         count = sum(1 for s in inner if s)
         handles = ", ".join([any_op] * count)
         lines += (f"    %t{i}, %loops{i}:{count} = transform.structured.tile_using_for {target} tile_sizes "
                   f"[{', '.join(map(str, inner))}] : ({any_op}) -> ({any_op}, {handles})\n")
+        lines += "".join(f'    transform.annotate %loops{i}#{sum(1 for t in inner[:d] if t)} "{NEST_ATTR}" '
+                         f": {any_op}\n" for d in nest)
     return lines
 
 

@@ -1,0 +1,190 @@
+"""Accumulators that start at zero: a tiled contraction's first k tile reads no zero fill.
+
+A matmul's or convolution's result starts as a fill of zeros, which each register tile
+loads before every k tile and stores after it. The fill is a pass over the whole result,
+and the first k tile's loads read only its zeros (a 1x1 convolution of 64 channels into
+256: 25 MB written, then read, for nothing). Here, after tiling, each accumulator read in
+the first k tile yields zeros instead (an ``scf.if`` on the k-tile loop's first iteration,
+or a constant where one k tile covers k), and a fill read by nothing else is dropped: the
+first k tile writes every element of the result.
+
+This rests on the shape of the nests the matmul tiling (``passes/tiling.py``) and the
+convolution tiling (``passes/vectorize.py``) make, whose loops they mark: within one k tile,
+every element of the result is read once, by the register tile that then writes it, so a
+read in the first k tile sees the value the nest started with.
+"""
+from __future__ import annotations
+
+import math
+
+from mlir import ir
+from mlir.dialects import arith, scf
+
+from polyblocks_jax.passes.transform import walk
+
+NEST_ATTR = "polyblocks.nest"       # on a contraction's loops over tiles of its result
+K_TILES_ATTR = "polyblocks.k_tiles"  # on a matmul's k-tile loop
+_LOOPS = ("scf.for", "scf.forall")
+# Ops that write into (a slice of) the accumulator, or yield it, without reading it.
+_WRITES = ("tensor.insert_slice", "tensor.parallel_insert_slice", "vector.transfer_write", "scf.yield")
+# How the next part of a split matmul, or a peeled last k tile, reads a nest's result.
+_PART_READS = ("vector.transfer_read", "vector.transfer_write", "tensor.insert_slice")
+
+
+def zero_filled(value: ir.Value) -> bool:
+    """Whether ``value`` is a linalg.fill of a constant +0 (the usual dot accumulator)."""
+    fill = value.owner
+    if not isinstance(fill, (ir.Operation, ir.OpView)) or fill.name != "linalg.fill":
+        return False
+    constant = fill.operands[0].owner
+    if not isinstance(constant, (ir.Operation, ir.OpView)) or constant.name != "arith.constant":
+        return False
+    attr = constant.attributes["value"]
+    if isinstance(attr, ir.FloatAttr):
+        return attr.value == 0 and math.copysign(1.0, attr.value) > 0
+    return ir.IntegerAttr(attr).value == 0
+
+
+def start_accumulators_at_zero(root: ir.Operation) -> None:
+    """Rewrite the accumulator reads of every tiled contraction started from a zero fill
+    (the nests' loops and their k-tile loops marked), then drop the marks."""
+    fills, marked = [], []
+    for op in walk(root):
+        if op.name == "linalg.fill" and zero_filled(op.results[0]):
+            fills.append(op)
+        elif _is_nest(op):
+            marked.append(op)
+    for fill in fills:
+        if _start_nests(fill.results[0]):
+            # The nest writes every element before anything reads it: no fill needed.
+            fill.results[0].replace_all_uses_with(fill.operands[1])
+            fill.erase()
+    for op in marked:
+        for name in (NEST_ATTR, K_TILES_ATTR):
+            if name in op.attributes:
+                del op.attributes[name]
+
+
+def _start_nests(fill: ir.Value) -> bool:
+    """Zero-start the nests that take ``fill`` or a slice of it (the first part of a split
+    matmul); whether nothing else reads it: it is one whole nest's, which reads none of it."""
+    unread = True
+    for use in list(fill.uses):
+        op, index = use.owner, use.operand_number
+        if _is_nest(op):
+            unread &= _start_nest(op, index) and _read_whole(_loop_result(op.operation, index))
+        elif op.name == "tensor.extract_slice" and index == 0:
+            for part in list(op.results[0].uses):
+                if _is_nest(part.owner):
+                    _start_nest(part.owner, part.operand_number)
+            unread = False  # the other parts start from the first one's result
+        else:
+            unread = False
+    return unread
+
+
+def _start_nest(nest: ir.OpView, operand: int) -> bool:
+    """Zero-start the reads in ``nest`` of its init ``operand``; whether it has no other reads."""
+    accumulator = _region_argument(nest.operation, operand)
+    if accumulator is None:
+        return False
+    # (in a nest of one parallel tile, the k-tile loop is the outermost)
+    return _zero_start(accumulator, nest if K_TILES_ATTR in nest.attributes else None)
+
+
+def _read_whole(result: ir.Value) -> bool:
+    """Whether no part of a matmul, nor the last k tile peeled off its loop, reads ``result``:
+    its consumers read it whole, once all of it is written."""
+    for use in result.uses:
+        op = use.owner
+        if _is_nest(op) or op.name in _PART_READS:
+            return False
+        if op.name == "tensor.extract_slice" and not _read_whole(op.results[0]):
+            return False
+    return True
+
+
+def _is_nest(op: ir.OpView) -> bool:
+    return NEST_ATTR in op.attributes or K_TILES_ATTR in op.attributes
+
+
+def _zero_start(value: ir.Value, k_loop: ir.OpView | None) -> bool:
+    """Rewrite the reads of ``value``, the accumulator or a slice of it, in the first k tile
+    (within ``k_loop``'s first iteration, or anywhere without one); whether nothing else
+    reads it. Values are followed into the nest's loops (a tile's value in an iteration of a
+    loop over m or n tiles: the earlier iterations wrote other tiles; any other loop, a
+    reduction's not hoisted out, stops it), not through what writes them."""
+    unread = True
+    for use in list(value.uses):
+        op, index = use.owner, use.operand_number
+        if op.name == "vector.transfer_read" and index == 0 and not _masked(op):
+            _read_zeros(op, k_loop)
+        elif op.name == "tensor.extract_slice" and index == 0:
+            unread &= _zero_start(op.results[0], k_loop)
+        elif op.name in _LOOPS and _is_nest(op) and _region_argument(op.operation, index) is not None:
+            inner = _region_argument(op.operation, index)
+            if K_TILES_ATTR not in op.attributes:
+                unread &= _zero_start(inner, k_loop) and _only_written(_loop_result(op.operation, index))
+            elif k_loop is None:
+                unread &= _zero_start(inner, k_loop=op)  # its results: all written
+            else:
+                unread = False
+        elif op.name in _WRITES:
+            unread &= all(_only_written(r) for r in op.results)
+        else:
+            unread = False
+    return unread
+
+
+def _masked(read: ir.OpView) -> bool:
+    """Whether ``read`` has a mask (its masked lanes read the padding value, not zeros)."""
+    return list(ir.DenseI32ArrayAttr(read.attributes["operandSegmentSizes"]))[-1] > 0
+
+
+def _only_written(value: ir.Value) -> bool:
+    """Whether ``value`` (a tile written into the accumulator) is only written into and yielded."""
+    return all(use.owner.name in _WRITES and all(_only_written(r) for r in use.owner.results)
+               for use in value.uses)
+
+
+def _region_argument(loop: ir.Operation, operand: int) -> ir.Value | None:
+    """The block argument of ``loop`` that its init operand ``operand`` starts, if any."""
+    block = loop.regions[0].blocks[0]
+    inits = len(loop.results)
+    first = len(loop.operands) - inits
+    if operand < first:
+        return None
+    return block.arguments[len(block.arguments) - inits + operand - first]
+
+
+def _loop_result(loop: ir.Operation, operand: int) -> ir.Value:
+    """The result of ``loop`` that its init operand ``operand`` becomes."""
+    return loop.results[operand - (len(loop.operands) - len(loop.results))]
+
+
+def _read_zeros(read: ir.OpView, k_loop: ir.OpView | None) -> None:
+    """``read`` yields zeros in the first iteration of ``k_loop`` (always without one)."""
+    vector = ir.VectorType(read.results[0].type)
+    with ir.InsertionPoint(read), read.location:
+        zeros = arith.constant(vector, ir.DenseElementsAttr.get_splat(vector, _zero(vector.element_type)))
+        if k_loop is None:
+            read.results[0].replace_all_uses_with(zeros)
+            read.operation.erase()
+            return
+        loop = k_loop.operation.opview
+        first = arith.cmpi(arith.CmpIPredicate.eq, loop.induction_variable, loop.lowerBound)
+        branch = scf.IfOp(first, [vector], has_else=True)
+    uses = list(read.results[0].uses)
+    with ir.InsertionPoint(branch.then_block), read.location:
+        scf.YieldOp([zeros])
+    with ir.InsertionPoint(branch.else_block), read.location:
+        taken = scf.YieldOp([read.results[0]])
+    read.operation.move_before(taken)
+    for use in uses:
+        use.owner.operands[use.operand_number] = branch.results[0]
+
+
+def _zero(element: ir.Type) -> ir.Attribute:
+    if isinstance(element, ir.FloatType):
+        return ir.FloatAttr.get(element, 0.0)
+    return ir.IntegerAttr.get(element, 0)
