@@ -28,7 +28,6 @@ from mlir import ir, passmanager
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.tiling import Hardware
 from polyblocks_jax.passes.transform import apply_script, walk
-from polyblocks_jax.passes.vectorize import REGISTER_ROWS
 
 ROOT_ATTR = "polyblocks.group"
 MEMBER_ATTR = "polyblocks.member"
@@ -40,6 +39,7 @@ _CHAIN_OPS = ("linalg.generic", "linalg.reduce", "tensor.collapse_shape", "tenso
 _CHAIN_LENGTH = 64  # ops searched above a contraction for the chain
 _CONVS = ("linalg.conv_2d_nhwc_hwcf", "linalg.depthwise_conv_2d_nhwc_hwc")
 _MAX_ROWS = 8  # rows of the last tiled loop per tile: enough for a contraction's register tile
+_MIN_CONTRACTION_ROWS = 4  # rows of a contraction worth a register tile (vectorize.py's) in a group
 _MIN_TILES = 16  # tiles per group: a few per thread to share out
 _MIN_TILE_BYTES = 8 << 10  # below, a tile's fixed costs (loop set-up, buffers) outweigh its work
 _MIN_COARSE_TILES = 4  # tiles enough to share out when stepping back to coarser ones
@@ -399,7 +399,7 @@ def _vectorizable_contraction(op: ir.Operation, hw: Hardware) -> bool:
     result = ir.RankedTensorType(op.results[0].type)
     *_, rows, columns = result.shape
     lanes = hw.vector_bits // 32
-    return isinstance(result.element_type, ir.F32Type) and columns >= lanes and rows >= REGISTER_ROWS
+    return isinstance(result.element_type, ir.F32Type) and columns >= lanes and rows >= _MIN_CONTRACTION_ROWS
 
 
 def _rhs_slice_bytes(op: ir.Operation) -> int:
