@@ -105,6 +105,12 @@ class StageTest(absltest.TestCase):
         self.assertNotIn("linalg.fill", text)
         self.assertIn("arith.constant dense<0.000000e+00> : vector<", text)
 
+    def test_transpose_runs_on_vectors(self):
+        # Blocks of 8 x 8 on AVX2: vector reads and writes, shuffles between them.
+        text = _staged(lambda x: jnp.swapaxes(x, 1, 2) * 2.0, np.zeros((2, 24, 32), np.float32))
+        self.assertNotIn("linalg.transpose", text)
+        self.assertIn("vector.shuffle", text)
+
     def test_softmax_runs_on_vectors(self):
         text = _staged(lambda x: jax.nn.softmax(jnp.exp(x), axis=-1), np.zeros((4, 64), np.float32))
         self.assertIn("vector.reduction <add>", text)
@@ -158,6 +164,15 @@ class ResultsTest(parameterized.TestCase):
     def _check(self, fn, *args, **tolerance):
         for options in (pb.Options(), pb.Options(parallel=False), pb.Options(vectorize=False)):
             support.check_against_xla(self, fn, *args, options=options, **tolerance)
+
+    @parameterized.named_parameters(
+        ("rows_and_columns", (2, 48, 64), (0, 2, 1), np.float32),
+        ("heads_first", (4, 32, 2, 16), (2, 0, 3, 1), np.float32),
+        ("int32", (32, 48), (1, 0), np.int32),
+        ("indivisible", (3, 20, 17), (0, 2, 1), np.float32))
+    def test_transpose(self, shape, permutation, dtype):
+        x = np.random.default_rng(len(shape)).standard_normal(shape).astype(dtype) * 100
+        self._check(lambda a: jnp.transpose(a, permutation), x)
 
     def test_layernorm_gelu(self):
         def fn(x, scale, bias):

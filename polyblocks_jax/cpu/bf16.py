@@ -63,7 +63,8 @@ _ON_BITS = {"arith.select": _select,
 
 
 def _is_bf16(type_: ir.Type) -> bool:
-    elem = ir.ShapedType(type_).element_type if isinstance(type_, ir.ShapedType) else type_
+    """A bf16 scalar or vector (a select of bf16 buffers, a branch's, moves no bf16 value)."""
+    elem = ir.VectorType(type_).element_type if isinstance(type_, ir.VectorType) else type_
     return isinstance(elem, ir.BF16Type)
 
 

@@ -27,7 +27,7 @@ from mlir import ir, passmanager
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.tiling import Hardware
-from polyblocks_jax.passes.transform import apply_script, walk
+from polyblocks_jax.passes.transform import apply_script, has_reversed_index, walk
 
 ROOT_ATTR = "polyblocks.group"
 MEMBER_ATTR = "polyblocks.member"
@@ -72,6 +72,8 @@ def nest_of(op: ir.Operation) -> Nest | None:
         return None
     shapes = [list(ir.RankedTensorType(t).shape) if isinstance(t, ir.RankedTensorType) else [] for t in types]
     if op.name == "linalg.generic":
+        if has_reversed_index(op):
+            return None  # tiling it would abort the process (see has_reversed_index)
         maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
         dims = [tuple(e.position if isinstance(e, ir.AffineDimExpr) else None for e in m.results) for m in maps]
         rank = maps[0].n_dims

@@ -18,6 +18,17 @@ def walk(op: ir.Operation) -> Iterator[ir.Operation]:
                 yield from walk(child.operation)
 
 
+def has_reversed_index(op: ir.Operation) -> bool:
+    """Whether an indexing map scales a loop index by a non-positive constant (a reversal,
+    n - 1 - d): upstream tiling asserts on it, aborting the process."""
+    def reversed_(e: ir.AffineExpr) -> bool:
+        if isinstance(e, ir.AffineMulExpr) and isinstance(e.rhs, ir.AffineConstantExpr) and e.rhs.value <= 0:
+            return True
+        return isinstance(e, ir.AffineBinaryExpr) and (reversed_(e.lhs) or reversed_(e.rhs))
+    maps = ir.ArrayAttr(op.attributes["indexing_maps"]) if "indexing_maps" in op.attributes else []
+    return any(reversed_(e) for m in maps for e in ir.AffineMapAttr(m).value.results)
+
+
 def _print_nested_ops_locally() -> None:
     """Make MLIR print an op inside a function without numbering and verifying the module.
 

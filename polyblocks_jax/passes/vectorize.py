@@ -27,7 +27,7 @@ from mlir import ir, passmanager
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import conv_tiling, signed_zeros, vector_math
 from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, register_tile
-from polyblocks_jax.passes.transform import apply_script, lower_vectors_and_hoist, walk
+from polyblocks_jax.passes.transform import apply_script, has_reversed_index, lower_vectors_and_hoist, walk
 from polyblocks_jax.passes.zero_start import NEST_ATTR, start_accumulators_at_zero
 
 VECTOR_ATTR = "polyblocks.vector"
@@ -108,7 +108,7 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
     choices: dict[tuple[str, tuple[int, ...], frozenset[int], frozenset[int], bool], int] = {}
     for op in walk(module.operation):
         conv = conv_tiling.loop_tiles(op, hw)
-        plan = (*conv, frozenset()) if conv is not None else _plan(op, hw)
+        plan = (*conv, frozenset()) if conv is not None else _plan(op, hw) or _transpose_plan(op, hw)
         if plan is not None:
             # an op that tile fusion put in an scf.forall already runs on all cores
             parallel = options.parallel and not _in_forall(op)
@@ -142,11 +142,33 @@ def _in_forall(op: ir.Operation) -> bool:
 def _plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int], frozenset[int]] | None:
     """Tile sizes, reduction loops and peeled loops of a generic or reduce op, or None."""
     if (op.name not in _VECTORIZED_OPS or TILE_ATTR in op.attributes or not _vectorizable(op)
-            or _has_reversed_index(op)):
+            or has_reversed_index(op)):
         return None
     nest = loop_nest(op)
     tiles = choose_vector_tiles(nest, 4, hw) if nest is not None and nest.ranges else None
     return (tiles, nest.reductions, peeled_loops(nest, tiles)) if tiles is not None else None
+
+
+def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int], frozenset[int]] | None:
+    """Tiles of a 32-bit transpose that moves its innermost dim: blocks of lanes x lanes, each
+    read as whole vectors along the input's rows and written as whole vectors along the
+    result's (transposed in registers by shuffles), or None when the two dims are not
+    multiples of the lanes (scalar copies then)."""
+    if op.name != "linalg.transpose":
+        return None
+    result = ir.RankedTensorType(op.results[0].type)
+    permutation = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
+    lanes = hw.vector_bits // 32
+    rank = len(permutation)
+    if (rank < 2 or permutation[-1] == rank - 1 or not result.has_static_shape
+            or not _is_32_bit(result.element_type)):
+        return None
+    rows = permutation.index(rank - 1)  # the result dim along the input's rows
+    if result.shape[-1] % lanes or result.shape[rows] % lanes:
+        return None
+    tiles = [1] * rank
+    tiles[rows] = tiles[-1] = lanes
+    return tuple(tiles), frozenset(), frozenset()
 
 
 def _vectorizable(op: ir.Operation) -> bool:
@@ -155,8 +177,7 @@ def _vectorizable(op: ir.Operation) -> bool:
     for value in [*op.operands, *op.results]:
         if not isinstance(value.type, ir.RankedTensorType):
             return False
-        elem = value.type.element_type
-        if not (isinstance(elem, ir.F32Type) or isinstance(elem, ir.IntegerType) and elem.width == 32):
+        if not _is_32_bit(value.type.element_type):
             return False
     block = op.regions[0].blocks[0]
     body = list(block.operations)
@@ -176,15 +197,8 @@ def _vectorizable(op: ir.Operation) -> bool:
     return True
 
 
-def _has_reversed_index(op: ir.Operation) -> bool:
-    """Whether an indexing map scales a loop index by a non-positive constant (a reversal,
-    n - 1 - d): upstream tiling asserts on it, aborting the process."""
-    def reversed_(e: ir.AffineExpr) -> bool:
-        if isinstance(e, ir.AffineMulExpr) and isinstance(e.rhs, ir.AffineConstantExpr) and e.rhs.value <= 0:
-            return True
-        return isinstance(e, ir.AffineBinaryExpr) and (reversed_(e.lhs) or reversed_(e.rhs))
-    maps = ir.ArrayAttr(op.attributes["indexing_maps"]) if "indexing_maps" in op.attributes else []
-    return any(reversed_(e) for m in maps for e in ir.AffineMapAttr(m).value.results)
+def _is_32_bit(elem: ir.Type) -> bool:
+    return isinstance(elem, ir.F32Type) or isinstance(elem, ir.IntegerType) and elem.width == 32
 
 
 def loop_nest(op: ir.Operation) -> LoopNest | None:
@@ -269,7 +283,24 @@ def _vectorizing(c: Choice) -> str:
         lines += (f"    %d{c.ident} = transform.structured.decompose {target}"
                   " : (!transform.any_op) -> !transform.any_op\n")
         target = f"%d{c.ident}"
-    return lines + f"    transform.structured.vectorize {target} : !transform.any_op\n"
+    lines += f"    transform.structured.vectorize {target} : !transform.any_op\n"
+    if c.op_name == "linalg.transpose":
+        # The read in the input's order, then a transpose in registers: a 16 x 16 one as
+        # AVX-512 shuffles (the generic lowering moves one element at a time). Applied to the
+        # transposes' loops only: elsewhere, other transposes lower later as they always did.
+        lanes = c.tiles[-1]
+        strategy = "shuffle_16x16" if lanes == 16 else "shuffle_1d"
+        lines += (f"    transform.apply_patterns to {_outer_loop(c)} {{\n"
+                  "      transform.apply_patterns.vector.transfer_permutation_patterns\n"
+                  f"      transform.apply_patterns.vector.lower_transpose lowering_strategy = {strategy}\n"
+                  "    } : !transform.any_op\n")
+    return lines
+
+
+def _outer_loop(c: Choice) -> str:
+    """The handle of the outermost loop ``_tiling`` made for ``c``."""
+    outer, _ = _forall_tiles(c)
+    return f"%forall{c.ident}" if any(outer) else f"%loops{c.ident}#0"
 
 
 def _forall_tiles(c: Choice) -> tuple[list[int], list[int]]:
