@@ -205,12 +205,12 @@ class ArenaTest(absltest.TestCase):
         support.check_against_xla(self, fn, x, skip, w, rtol=1e-5, atol=1e-5)
 
     def test_packing_buffers_are_slots_allocated_before_their_parallel_loop(self):
-        # The 512 matmul's cores each pack B panels and A blocks of hundreds of KiB.
-        x = np.ones((512, 512), np.float32)
-        allocs = allocs_before_arena(jnp.matmul, x, x)
+        # The cores each pack B panels and A blocks (rows 4 KiB apart) of hundreds of KiB.
+        x, y = np.ones((512, 1024), np.float32), np.ones((1024, 512), np.float32)
+        allocs = allocs_before_arena(jnp.matmul, x, y)
         self.assertEmpty([a for a in allocs if a[0] and a[1] >= 64 << 10])
         self.assertLen([size for inside, size in allocs if not inside], 2)  # a matmul has no other intermediates
-        without = allocs_before_arena(jnp.matmul, x, x, options=pb.Options(arena=False))
+        without = allocs_before_arena(jnp.matmul, x, y, options=pb.Options(arena=False))
         self.assertNotEmpty([a for a in without if a[0] and a[1] >= 64 << 10])
 
     def test_only_loops_of_one_iteration_per_thread_get_slots(self):

@@ -143,6 +143,13 @@ class KernelTest(parameterized.TestCase):
         self.assertIn("tensor<4x256x16xf32>", packed)  # [nc / nr][kc][nr]
         self.assertNotIn("x256x16xf32>", unpacked)
 
+    @parameterized.named_parameters(("rows_4kib_apart", 1024, True), ("rows_3kib_apart", 768, False))
+    def test_a_is_packed_where_its_rows_share_l1_sets(self, k, packed):
+        x, y = np.zeros((96, k), np.float32), np.zeros((k, 64), np.float32)
+        text = _tiled(lambda a, b: a @ b, x, y)
+        self.assertEqual("tensor<16x6x256xf32>" in text, packed)  # [mc / mr][mr][kc]
+        self.assertIn("tensor<4x256x16xf32>", text)  # B's panels either way
+
     def test_one_row_of_register_tiles_reads_b_unpacked(self):
         # Each B panel would be copied for one register tile: the copy costs what it saves.
         x, y = np.zeros((4, 256), np.float32), np.zeros((256, 64), np.float32)
