@@ -125,7 +125,8 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
         passmanager.PassManager.parse(
             "builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
             module.context).run(module.operation)
-        start_accumulators_at_zero(module.operation)
+        if any(_is_conv(name) for name, *_ in choices):  # the nests marked for it
+            start_accumulators_at_zero(module.operation)
         signed_zeros.merge_zero_signs(module)  # after CSE, which lets it see the forms already there
         _private_inits(module)
 
@@ -279,7 +280,7 @@ def _match(c: Choice, handle: str) -> str:
 def _vectorizing(c: Choice) -> str:
     """Transform ops vectorizing the tiled ops of ``c`` (decomposing a convolution first)."""
     target, lines = f"%v{c.ident}", _match(c, f"%v{c.ident}")
-    if "conv" in c.op_name:
+    if _is_conv(c.op_name):
         lines += (f"    %d{c.ident} = transform.structured.decompose {target}"
                   " : (!transform.any_op) -> !transform.any_op\n")
         target = f"%d{c.ident}"
@@ -321,7 +322,7 @@ def _tiling(c: Choice) -> str:
     lines, target = _match(c, f"%op{i}"), f"%op{i}"
     # A convolution's loops over tiles of its result, marked for zero_start (not those over
     # its reduction: they carry vectors once the accumulators are hoisted).
-    conv = "conv" in c.op_name
+    conv = _is_conv(c.op_name)
     nest = [d for d, t in enumerate(inner) if conv and t and d not in c.reductions]
     if any(outer):
         lines += (f"    %t0_{i}, %forall{i} = transform.structured.tile_using_forall {target} tile_sizes "
@@ -334,9 +335,18 @@ def _tiling(c: Choice) -> str:
         handles = ", ".join([any_op] * count)
         lines += (f"    %t{i}, %loops{i}:{count} = transform.structured.tile_using_for {target} tile_sizes "
                   f"[{', '.join(map(str, inner))}] : ({any_op}) -> ({any_op}, {handles})\n")
-        lines += "".join(f'    transform.annotate %loops{i}#{sum(1 for t in inner[:d] if t)} "{NEST_ATTR}" '
-                         f": {any_op}\n" for d in nest)
+        lines += "".join(f'    transform.annotate %loops{i}#{_for_handle(inner, d)} "{NEST_ATTR}" : {any_op}\n'
+                         for d in nest)
     return lines
+
+
+def _is_conv(op_name: str) -> bool:
+    return "conv" in op_name
+
+
+def _for_handle(inner: list[int], d: int) -> int:
+    """The index among ``_tiling``'s ``%loops`` handles of loop ``d`` (tiled by ``inner``)."""
+    return sum(1 for t in inner[:d] if t)
 
 
 def _peeling(c: Choice) -> str:
@@ -345,8 +355,8 @@ def _peeling(c: Choice) -> str:
     _, inner = _forall_tiles(c)
     i, lines = c.ident, ""
     for d in sorted(c.peeled, reverse=True):
-        handle = sum(1 for s in inner[:d] if s)
-        lines += (f"    %for{i}_{d} = transform.cast %loops{i}#{handle} : !transform.any_op to !transform.op<\"scf.for\">\n"
+        lines += (f"    %for{i}_{d} = transform.cast %loops{i}#{_for_handle(inner, d)} : !transform.any_op"
+                  " to !transform.op<\"scf.for\">\n"
                   f"    %main{i}_{d}, %rest{i}_{d} = transform.loop.peel %for{i}_{d}"
                   " : (!transform.op<\"scf.for\">) -> (!transform.any_op, !transform.any_op)\n")
     return lines

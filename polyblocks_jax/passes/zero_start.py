@@ -24,7 +24,6 @@ from polyblocks_jax.passes.transform import walk
 
 NEST_ATTR = "polyblocks.nest"       # on a contraction's loops over tiles of its result
 K_TILES_ATTR = "polyblocks.k_tiles"  # on a matmul's k-tile loop
-_LOOPS = ("scf.for", "scf.forall")
 # Ops that write into (a slice of) the accumulator, or yield it, without reading it.
 _WRITES = ("tensor.insert_slice", "tensor.parallel_insert_slice", "vector.transfer_write", "scf.yield")
 # How the next part of a split matmul, or a peeled last k tile, reads a nest's result.
@@ -121,8 +120,7 @@ def _zero_start(value: ir.Value, k_loop: ir.OpView | None) -> bool:
             _read_zeros(op, k_loop)
         elif op.name == "tensor.extract_slice" and index == 0:
             unread &= _zero_start(op.results[0], k_loop)
-        elif op.name in _LOOPS and _is_nest(op) and _region_argument(op.operation, index) is not None:
-            inner = _region_argument(op.operation, index)
+        elif _is_nest(op) and (inner := _region_argument(op.operation, index)) is not None:
             if K_TILES_ATTR not in op.attributes:
                 unread &= _zero_start(inner, k_loop) and _only_written(_loop_result(op.operation, index))
             elif k_loop is None:
