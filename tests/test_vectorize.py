@@ -4,8 +4,10 @@ the planners' choices, the IR the stage leaves, and results against XLA with it 
 Convolutions and contractions accumulate in another order than XLA (register tiles,
 reassociated horizontal sums), hence rtol/atol 1e-5 there, as for tiled matmuls.
 """
+import dataclasses
 import functools
 import math
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +17,8 @@ from mlir import ir
 
 import polyblocks_jax as pb
 import support
-from polyblocks_jax import passes
+from polyblocks_jax import compiler, cpu, passes
+from polyblocks_jax.passes import vector_math
 from polyblocks_jax.passes.conv_tiling import choose_conv_tiles
 from polyblocks_jax.passes.tiling import Hardware, register_tile
 from polyblocks_jax.passes.vectorize import LoopNest, choose_vector_tiles, peeled_loops
@@ -77,11 +80,11 @@ class PlannerTest(parameterized.TestCase):
         self.assertIsNone(choose_conv_tiles(56, 3, 64, 4, AVX2))
 
 
-def _staged(fn, *args) -> str:
+def _staged(fn, *args, hw: Hardware = AVX2) -> str:
     """The module after the shared stages (through vectorize), as text."""
     lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
     options = pb.Options()
-    stages = [s for s in passes.shared_stages(options, AVX2)]
+    stages = [s for s in passes.shared_stages(options, hw)]
     stages = stages[:[s.name for s in stages].index("vectorize") + 1]
     with ir.Context() as context, ir.Location.unknown():
         module = import_program(lowered, context).module
@@ -137,6 +140,35 @@ class StageTest(absltest.TestCase):
         text = _staged(jnp.exp, np.zeros((4, 64), np.float32))
         self.assertRegex(text, r"arith\.mulf .* fastmath<contract> : vector<")
         self.assertRegex(text, r"arith\.addf .* fastmath<contract> : vector<")
+
+
+class ExpScalingTest(absltest.TestCase):
+    """exp's 2^n: one VSCALEFPS per 16 lanes where the target has it, else two halves of
+    exponent bits; both round once, so both give the same bits, XLA's to 2 ulp."""
+
+    def test_scaling_instruction_only_where_the_target_has_it(self):
+        x = np.zeros((4, 64), np.float32)
+        scalef = dataclasses.replace(AVX512, scales_by_exponent=True)
+        self.assertIn("x86vector.avx512.mask.scalef", _staged(jnp.exp, x, hw=scalef))
+        self.assertNotIn("x86vector", _staged(jnp.exp, x, hw=AVX512))
+        self.assertNotIn("x86vector", _staged(jnp.exp, x, hw=AVX2))
+
+    def test_same_bits_as_the_exponent_halves(self):
+        # the whole range: overflow to inf, gradual underflow, zero, NaN; a row of 100 peels a
+        # remainder narrower than the instruction
+        x = np.concatenate([np.linspace(-110, 90, 256 * 100 - 100, dtype=np.float32),
+                            np.float32([np.nan, -np.inf, np.inf, 0.0] * 25)]).reshape(256, 100)
+        if not cpu.host().hardware().scales_by_exponent:
+            self.skipTest("the host has no AVX-512: the scaling instruction is not used")
+        (scaled,) = support.polyblocks(jnp.exp, x)
+        expand = vector_math.expand_vector_exps
+        with mock.patch.object(vector_math, "expand_vector_exps", lambda module, _scales: expand(module, False)):
+            compiler.CACHE.clear()  # the same program, compiled again
+            (halves,) = support.polyblocks(jnp.exp, x)
+        np.testing.assert_array_equal(scaled.view(np.int32), halves.view(np.int32))
+        (expected,) = support.xla_cpu(jnp.exp, x)
+        normal = np.isfinite(expected) & (expected > np.finfo(np.float32).tiny)
+        np.testing.assert_allclose(scaled[normal], expected[normal], rtol=5e-7)  # 1-2 ulp
 
 
 class SignedZeroTest(parameterized.TestCase):

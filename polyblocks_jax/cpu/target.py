@@ -56,7 +56,8 @@ class CpuTarget:
         """The description the shared cost models read."""
         from polyblocks_jax.passes.tiling import Hardware  # the compiler side only: it loads MLIR
         return Hardware(self.vector_bits, 32 if self.vector_bits == 512 else 16,
-                        self.l1d_bytes, self.l2_bytes, self.matrix_units(), self.cores)
+                        self.l1d_bytes, self.l2_bytes, self.matrix_units(), self.cores,
+                        scales_by_exponent=self.vector_bits == 512)
 
     @property
     def vector_isa(self) -> str:

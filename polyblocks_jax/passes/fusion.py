@@ -16,6 +16,7 @@ from mlir import ir, passmanager
 from mlir.dialects import func
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.scaled_extrema import reduce_before_scaling
 from polyblocks_jax.passes.transform import apply_script, walk
 
 _GENERALIZE_REDUCTIONS = """
@@ -34,12 +35,19 @@ def fuse_elementwise(module: ir.Module, options: Options) -> None:
     """Generalize reductions, then fuse elementwise producers wherever no work is repeated."""
     apply_script(module, _GENERALIZE_REDUCTIONS)
     _copy_shared_constant_broadcasts(module)
+    _fuse_without_recomputing(module)
+    if reduce_before_scaling(module):  # each scaling it moved has one consumer left to fuse into
+        _fuse_without_recomputing(module)
+    passmanager.PassManager.parse("builtin.module(canonicalize, cse)", module.context).run(module.operation)
+
+
+def _fuse_without_recomputing(module: ir.Module) -> None:
+    """Upstream's fusion, each producer it would recompute kept by a temporary use."""
     keepers = _keep_recomputing_producers(module)
     passmanager.PassManager.parse("builtin.module(func.func(linalg-fuse-elementwise-ops))",
                                   module.context).run(module.operation)
     for op in keepers:
         op.erase()
-    passmanager.PassManager.parse("builtin.module(canonicalize, cse)", module.context).run(module.operation)
 
 
 def recomputes(producer: ir.Operation, consumer: ir.Operation, operand: int) -> bool:
