@@ -119,7 +119,8 @@ class ScaledExtremaTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
         ("max_div", lambda x: (x / 8.0).max(-1)), ("min_mul", lambda x: (x * 0.3).min(-1)),
-        ("max_const_first", lambda x: (3.0 * x).max(-1)), ("negative", lambda x: (x * -0.5).max(-1)))
+        ("max_const_first", lambda x: (3.0 * x).max(-1)), ("negative", lambda x: (x * -0.5).max(-1)),
+        ("square", lambda x: (x * x).max(-1)))
     def test_results_equal_xla(self, fn):
         x = self._inputs()
         for options in (pb.Options(), pb.Options(fusion=False)):

@@ -68,20 +68,22 @@ def _is_scaling(op: ir.Operation) -> bool:
         return False
     lhs, rhs = body[0].operands
     scale = rhs if lhs == value else lhs if body[0].name == "arith.mulf" and rhs == value else None
-    return scale is not None and _positive_finite(scale) and scale.owner.operation.parent != op
+    c = None if scale is None else _float_constant(scale)
+    # (a constant inside the body would be out of reach of the new generic)
+    return c is not None and 0.0 < c and math.isfinite(c) and scale.owner.operation.parent != op
 
 
 def _is_identity(m: ir.AffineMap) -> bool:
     return m == ir.AffineMap.get_identity(m.n_dims)
 
 
-def _positive_finite(value: ir.Value) -> bool:
-    """A constant, finite and above zero (defined anywhere: the caller checks where)."""
+def _float_constant(value: ir.Value) -> float | None:
+    """The value of ``value`` where an ``arith.constant`` float defines it, else None."""
     owner = value.owner
     if not isinstance(owner, ir.OpView) or owner.operation.name != "arith.constant":
-        return False
+        return None
     attr = owner.operation.attributes["value"]
-    return isinstance(attr, ir.FloatAttr) and 0.0 < attr.value and math.isfinite(attr.value)
+    return ir.FloatAttr(attr).value if isinstance(attr, ir.FloatAttr) else None
 
 
 def _init_is_fixed_point(op: ir.Operation) -> bool:
@@ -89,11 +91,8 @@ def _init_is_fixed_point(op: ir.Operation) -> bool:
     fill = op.operands[1].owner
     if not isinstance(fill, ir.OpView) or fill.operation.name != "linalg.fill":
         return False
-    start = fill.operation.operands[0].owner
-    if not isinstance(start, ir.OpView) or start.operation.name != "arith.constant":
-        return False
-    attr = start.operation.attributes["value"]
-    return isinstance(attr, ir.FloatAttr) and (math.isinf(attr.value) or attr.value == 0.0)
+    start = _float_constant(fill.operation.operands[0])
+    return start is not None and (math.isinf(start) or start == 0.0)
 
 
 def _move_past(reduction: ir.Operation, scaling: ir.Operation) -> None:

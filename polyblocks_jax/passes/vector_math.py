@@ -4,8 +4,9 @@ LLVM lowers a vector ``math.exp`` to one libm call per lane; this build of MLIR 
 ``math-polynomial-approximation`` pass. So vectorized code gets Cephes' expf: x = n ln2 + r
 with |r| <= ln2/2, a degree-6 polynomial for e^r (about 1 ulp), and 2^n built from its
 exponent bits in two halves so that n from -150 to 128 stays exact (gradual underflow), or,
-where the target scales by a power of two in one instruction (AVX-512's VSCALEFPS, which
-LLVM's ``ldexp`` becomes), by that: the same single rounding in 2 instructions, not 11.
+where the target scales by a power of two in one instruction (AVX-512's VSCALEFPS, the
+``x86vector.avx512.mask.scalef`` op, on 1-D vectors of whole 16-lane parts), by that: the
+same single rounding, one instruction per part instead of 11.
 NaN propagates through the clamp; x above the f32 range gives +inf. Scalar exps (loops
 left scalar) keep libm.
 """
@@ -27,7 +28,7 @@ _CURRENT_ROUNDING = 4  # _MM_FROUND_CUR_DIRECTION: the rounding mode in MXCSR
 
 
 def expand_vector_exps(module: ir.Module, scales_by_exponent: bool = False) -> None:
-    """Replace every ``math.exp`` on an f32 vector with the polynomial (2^n by ``ldexp``
+    """Replace every ``math.exp`` on an f32 vector with the polynomial (2^n by VSCALEFPS
     where ``scales_by_exponent``)."""
     for op in [o for o in walk(module.operation) if o.name == "math.exp"]:
         vtype = op.results[0].type
@@ -48,7 +49,7 @@ def _exp(x: ir.Value, vtype: ir.VectorType, scales_by_exponent: bool) -> ir.Valu
     r = arith.subf(arith.subf(clamped, arith.mulf(n, const(_LN2_HI))), arith.mulf(n, const(_LN2_LO)))
     poly = estrin(r, _POLY[::-1], const)
     y = arith.addf(arith.addf(arith.mulf(poly, arith.mulf(r, r)), r), const(1.0))
-    if scales_by_exponent and vtype.shape[0] % _SCALEF_LANES == 0:
+    if scales_by_exponent and vtype.rank == 1 and vtype.shape[0] % _SCALEF_LANES == 0:
         y = _scalef(y, n)
     else:
         ni = arith.fptosi(itype, n)
