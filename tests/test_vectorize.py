@@ -7,6 +7,7 @@ reassociated horizontal sums), hence rtol/atol 1e-5 there, as for tiled matmuls.
 import dataclasses
 import functools
 import math
+import re
 from unittest import mock
 
 import jax
@@ -122,10 +123,15 @@ class StageTest(absltest.TestCase):
 
     def test_max_reduction_runs_on_vectors(self):
         # The importer's max keeps the sign of zero in a select: reduced to a bare maximumf
-        # for the vectorizer, and no scalar max left behind.
+        # for the vectorizer; its horizontal max is a tree over halves of the row's vector
+        # (64 -> 32 -> ... -> 1 lanes), each step in the signed-zero form; one scalar max
+        # (of the tree and the accumulator) per row.
         text = _staged(lambda x: x.max(-1), np.zeros((4, 64), np.float32))
-        self.assertIn("vector.reduction <maximumf>", text)
-        self.assertNotRegex(text, r"arith\.maximumf .* : f32\n")
+        self.assertNotIn("vector.reduction", text)
+        for lanes in (32, 16, 8, 4, 2, 1):
+            self.assertRegex(text, rf"arith\.maximumf %\w+, %\w+ : vector<{lanes}xf32>")
+            self.assertRegex(text, rf"arith\.andi %\w+, %\w+ : vector<{lanes}xi32>")
+        self.assertLen(re.findall(r"arith\.maximumf .* : f32\n", text), 1)
 
     def test_prime_row_length_runs_on_vectors(self):
         # 197 = 24 vectors + 5: whole vectors in a loop, the peeled remainder one 5-lane vector.
@@ -188,6 +194,23 @@ class SignedZeroTest(parameterized.TestCase):
             (actual,), (expected,) = support.polyblocks(fn, x, options=options), support.xla_cpu(fn, x)
             np.testing.assert_array_equal(actual, expected)
             np.testing.assert_array_equal(np.signbit(actual), np.signbit(expected))
+
+    @parameterized.parameters(16, 64, 256)
+    def test_tree_of_halves_equals_xla(self, lanes):
+        # Rows of one vector to one chunk of the tiling: zeros of both signs, infinities
+        # and NaN in either half, bit-equal to XLA. (On rows of two chunks, 512 here, XLA
+        # CPU itself gives -inf for a row with a NaN and -0 as the max of +0 and -0.)
+        x = np.random.default_rng(lanes).standard_normal((8, lanes)).astype(np.float32)
+        x[0], x[1, : lanes // 2] = -0.0, 0.0
+        x[1, lanes // 2:] = -0.0
+        x[2, -1], x[3, 0] = np.nan, np.nan
+        x[4, lanes // 2], x[5, 1] = np.inf, -np.inf
+        x[6] = -np.inf
+        for fn in (lambda a: a.max(-1), lambda a: a.min(-1)):
+            (actual,), (expected,) = support.polyblocks(fn, x), support.xla_cpu(fn, x)
+            np.testing.assert_array_equal(actual, expected)
+            numbers = ~np.isnan(expected)
+            np.testing.assert_array_equal(np.signbit(actual[numbers]), np.signbit(expected[numbers]))
 
 
 class ResultsTest(parameterized.TestCase):

@@ -6,13 +6,15 @@ The importer builds a float max as ``select(a == b, merge_bits(a, b), maximumf(a
 vectorizer recognizes only a single combiner op, so a max reduction would stay scalar.
 ``plain_combiners`` reduces such a reduction body to the bare ``maximumf`` before
 vectorization, and ``merge_zero_signs`` wraps every bare float max/min left after it in
-the importer's form again (vector reductions themselves become LLVM's
-``vector.reduce.fmaximum``, which orders zeros correctly).
+the importer's form again. ``extrema_as_trees`` first turns each horizontal max/min of a
+vector into a tree of elementwise ones over its halves, which ``merge_zero_signs`` then
+wraps too (LLVM's ``vector.reduce.fmaximum`` orders zeros correctly, but x86 computes
+its last 16 lanes one scalar at a time).
 """
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith
+from mlir.dialects import arith, vector
 
 from polyblocks_jax.passes.transform import walk
 
@@ -58,6 +60,37 @@ def plain_combiners(op: ir.Operation) -> None:
         if match is not None:
             terminator.operands[index] = match[0].results[0]
     _erase_dead(block)
+
+
+def extrema_as_trees(module: ir.Module) -> None:
+    """Rewrite each float ``vector.reduction <maximumf|minimumf>`` of a 1-D vector of 2^k
+    lanes as k elementwise max/min of its two halves (a log-depth tree of whole-register
+    ops; max and min are associative and commutative, NaN included, so the value is the
+    same), then of the accumulator."""
+    for op in [o for o in walk(module.operation) if o.name == "vector.reduction"]:
+        kind = str(op.attributes["kind"]).removeprefix("#vector.kind<").removesuffix(">")
+        lanes = ir.VectorType(op.operands[0].type).shape
+        if kind not in ("maximumf", "minimumf") or len(lanes) != 1 or lanes[0] & (lanes[0] - 1):
+            continue
+        combine = arith.maximumf if kind == "maximumf" else arith.minimumf
+        with ir.InsertionPoint(op), op.location:
+            value = _halving_tree(op.operands[0], combine)
+            if len(op.operands) > 1:
+                value = combine(value, op.operands[1])
+        op.results[0].replace_all_uses_with(value)
+        op.erase()
+
+
+def _halving_tree(value: ir.Value, combine) -> ir.Value:
+    """The max/min (``combine``) of the lanes of the 1-D vector ``value``, as a scalar."""
+    element = ir.VectorType(value.type).element_type
+    lanes = ir.VectorType(value.type).shape[0]
+    while lanes > 1:
+        lanes //= 2
+        half = ir.VectorType.get([lanes], element)
+        low, high = (vector.extract_strided_slice(half, value, [start], [lanes], [1]) for start in (0, lanes))
+        value = combine(low, high)
+    return vector.extract(value, [], [0])
 
 
 def merge_zero_signs(module: ir.Module) -> None:

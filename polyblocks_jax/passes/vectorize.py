@@ -127,6 +127,7 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
             module.context).run(module.operation)
         if any(_is_conv(name) for name, *_ in choices):  # the nests marked for it
             start_accumulators_at_zero(module.operation)
+        signed_zeros.extrema_as_trees(module)
         signed_zeros.merge_zero_signs(module)  # after CSE, which lets it see the forms already there
         _private_inits(module)
 
