@@ -9,7 +9,7 @@ from polyblocks_jax.cpu.matrix_units import lower_matrix_units
 from polyblocks_jax.cpu.outline import outline_kernels
 from polyblocks_jax.cpu.target import host
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes import Stage
+from polyblocks_jax.passes import VECTOR_TRANSFERS, Stage
 from polyblocks_jax.passes.arena import plan_arena
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
 from polyblocks_jax.passes.iteration_buffers import hoist_iteration_buffers
@@ -36,6 +36,7 @@ def cpu_stages(options: Options) -> list[Stage]:
         # One function per top-level loop nest: LLVM's OpenMP outlining and optimizer then
         # work on small functions, not on one function holding the whole model.
         Stage("outline", outline_kernels),
+        VECTOR_TRANSFERS,
         Stage("to-llvm",
               "convert-vector-to-scf, "
               # scf.parallel -> omp.parallel + omp.wsloop; its body sits in memref.alloca_scope,

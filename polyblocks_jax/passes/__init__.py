@@ -20,7 +20,15 @@ from polyblocks_jax.passes.tile_fusion import contractions_into_groups, tile_and
 from polyblocks_jax.passes.tiling import Hardware, tile_contractions
 from polyblocks_jax.passes.vectorize import vectorize_ops
 
-__all__ = ["Hardware", "Stage", "run_stages", "shared_stages"]
+__all__ = ["VECTOR_TRANSFERS", "Hardware", "Stage", "run_stages", "shared_stages"]
+
+# n-D vector transfers (register tiles: the matmul tiling's, with or without the vectorize
+# stage) unrolled into 1-D ones on buffers; left to the target's generic lowering, each
+# would get a stack buffer inside its loop, which LLVM removes only from the loops it
+# unrolls (no-vectorize's ResNet-18 overflowed an OpenMP worker's stack). Targets run it
+# where their code is smallest: the host after sharing the kernels of repeated layers
+# (it makes a model's IR 2.5 times as long).
+VECTOR_TRANSFERS = Stage("vector-transfers", "func.func(convert-vector-to-scf{full-unroll=true target-rank=1})")
 
 
 def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
@@ -80,9 +88,4 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
               "canonicalize, buffer-deallocation-pipeline"),
         Stage("strided-copies", strided_copies_to_linalg),
     ]
-    # n-D vector transfers (register tiles: the matmul tiling's, with or without the
-    # vectorize stage) unrolled into 1-D ones on buffers; left to the target's generic
-    # lowering, each would get a stack buffer inside its loop, which LLVM removes only from
-    # the loops it unrolls (no-vectorize's ResNet-18 overflowed an OpenMP worker's stack).
-    stages.append(Stage("vector-transfers", "func.func(convert-vector-to-scf{full-unroll=true target-rank=1})"))
     return stages
