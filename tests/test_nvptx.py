@@ -622,7 +622,9 @@ class EpilogueFusionTest(parameterized.TestCase):
         with ir.Context() as context, ir.Location.unknown():
             imported = import_program(_lowered(fn, *args), context)
             target = TARGETS[chip]
-            stages = passes.shared_stages(options, target.hardware()) + lowering.nvptx_stages(options, target, None)[:1]
+            gpu_stages = lowering.nvptx_stages(options, target, None)
+            through_tensor_cores = gpu_stages[:[stage.name for stage in gpu_stages].index("tensor-cores") + 1]
+            stages = passes.shared_stages(options, target.hardware()) + through_tensor_cores
             passes.run_stages(imported.module, stages, options)
             main = next(op.operation for op in imported.module.body.operations if op.operation.name == "func.func")
             results = nvptx_emulator.run_function(main, args)
