@@ -18,7 +18,7 @@ from mlir import ir
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import compiler, passes
-from polyblocks_jax.passes import fusion, tile_fusion
+from polyblocks_jax.passes import fusion, isolated_functions, tile_fusion
 from polyblocks_jax.passes.tiling import Hardware
 from polyblocks_jax.passes.transform import walk
 from polyblocks_jax.stablehlo_import import import_program
@@ -244,6 +244,32 @@ class TileFusionTest(parameterized.TestCase):
         module = _after("tile-fusion", fn, np.zeros((32, 32), np.float32))
         exps = [o for o in walk(module.operation) if o.name == "math.exp"]
         self.assertLen(exps, 1)
+
+
+class IsolatedFunctionTest(absltest.TestCase):
+    """A group moves into a function of its own for its script (its remarks then number
+    only its ops) and back, leaving the program as it was."""
+
+    def test_group_moves_out_and_back(self):
+        x = np.zeros((2, 16, 64), np.float32)
+        module = _after("fusion", _layernorm, x, x[0, 0], x[0, 0])
+        main = module.body.operations[0].operation
+        body = main.regions[0].blocks[0]
+        with module.context, ir.Location.unknown():
+            (group,) = tile_fusion.fusion_groups(body, AVX2)
+            order = {op.operation: i for i, op in enumerate(body.operations)}
+            ops = sorted([group.root, *group.members], key=order.__getitem__)
+            before = sorted(_top_level(module))
+            call, function = isolated_functions.isolate(ops, "group")
+            self.assertTrue(module.operation.verify())
+            inner = [op.operation.name for op in function.regions[0].blocks[0].operations]
+            self.assertEqual([n for n in inner if n.startswith("linalg.")], [op.name for op in ops])
+            self.assertIn("func.call", _top_level(module))
+            isolated_functions.inline(call, function)
+            self.assertTrue(module.operation.verify())
+        self.assertLen(module.body.operations, 1)
+        clones = [n for n in inner if n in ("arith.constant", "tensor.empty")]
+        self.assertEqual(sorted(_top_level(module)), sorted(before + clones))
 
 
 class FusedResultsTest(parameterized.TestCase):

@@ -26,6 +26,7 @@ import math
 from mlir import ir, passmanager
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.isolated_functions import inline, isolate
 from polyblocks_jax.passes.tiling import Hardware
 from polyblocks_jax.passes.transform import apply_script, has_reversed_index, walk
 
@@ -295,12 +296,16 @@ def _tensor_bytes(t: ir.RankedTensorType) -> int:
 
 
 def tile_and_fuse(module: ir.Module, options: Options, hw: Hardware) -> None:
-    """Form the groups of every function, then tile each root and fuse its producers."""
+    """Form the groups of every function, then tile each root and fuse its producers, each
+    group in a function of its own while the script runs (``isolated_functions``)."""
     i64 = ir.IntegerType.get_signless(64)
-    groups = []
+    groups, position = [], {}
     for func_op in module.body.operations:
         if func_op.operation.name == "func.func" and func_op.regions[0].blocks:
             groups += fusion_groups(func_op.regions[0].blocks[0], hw)
+            position.update((op.operation, i) for i, op in enumerate(func_op.regions[0].blocks[0].operations))
+    # In block order, before marking: an ir.Operation's hash changes with its attributes.
+    group_ops = [sorted([group.root, *group.members], key=position.__getitem__) for group in groups]
     for ident, group in enumerate(groups):
         group.root.attributes[ROOT_ATTR] = ir.IntegerAttr.get(i64, ident)
         for member in group.members:
@@ -308,10 +313,13 @@ def tile_and_fuse(module: ir.Module, options: Options, hw: Hardware) -> None:
         for member in _row_members(group):
             member.attributes[ROW_MEMBER_ATTR] = ir.IntegerAttr.get(i64, ident)
     if groups:
+        isolated = [isolate(ops, f"polyblocks_group_{ident}") for ident, ops in enumerate(group_ops)]
         blocks = "".join(_group_block(ident, group) for ident, group in enumerate(groups))
         apply_script(module, "module attributes {transform.with_named_sequence} {\n"
                      "  transform.named_sequence @main(%root: !transform.any_op {transform.readonly}) {\n"
                      f"{blocks}    transform.yield\n  }}\n}}")
+        for call, function in isolated:
+            inline(call, function)
         passmanager.PassManager.parse("builtin.module(canonicalize, cse)", module.context).run(module.operation)
 
 

@@ -1,0 +1,80 @@
+"""Ops moved into a function of their own for a transform script, and back afterwards.
+
+``transform.structured.fuse_into_containing_op`` prints the producer and the loop into a
+remark for every producer it fuses; printing a nested op numbers every value of the
+nearest op isolated from above (even with ``--mlir-print-local-scope``): before outlining
+that is the whole model's function. In a function of its own, each print numbers only the
+group's ops (ViT-Tiny at batch 8: the tile-fusion stage 1.9 s -> 0.45 s, same IR).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from mlir import ir
+from mlir.dialects import func
+
+from polyblocks_jax.passes.transform import walk
+
+# Ops without operands or effects: cloned into the function rather than passed in, so that
+# patterns there still see an init is an empty tensor or a value a constant.
+_CLONED = ("arith.constant", "tensor.empty")
+
+
+def isolate(ops: list[ir.Operation], name: str) -> tuple[ir.Operation, ir.Operation]:
+    """Move ``ops`` (in block order, only the last one's results used elsewhere) into a new
+    private function ``name`` and put a call to it where the last op was; returns the call
+    and the function."""
+    last = ops[-1]
+    inside = {nested for op in ops for nested in [op, *walk(op)]}
+    defined = {v for op in inside for v in [*op.results, *_block_arguments(op)]}
+    external = list(dict.fromkeys(v for op in inside for v in op.operands if v not in defined))
+    passed = [v for v in external if _defining_name(v) not in _CLONED]
+    with ir.InsertionPoint(last.parent.parent.regions[0].blocks[0]):  # the module's end
+        function = func.FuncOp(name, ([v.type for v in passed], [r.type for r in last.results]),
+                               visibility="private")
+    with ir.InsertionPoint(last):
+        call = func.CallOp([r.type for r in last.results], name, passed)
+    for result, new in zip(last.results, call.results):
+        for use in [u for u in result.uses if u.owner.operation not in inside]:
+            use.owner.operands[use.operand_number] = new
+    block = function.add_entry_block()
+    with ir.InsertionPoint(block):
+        replacement = dict(zip(passed, block.arguments))
+        for v in external:
+            if v not in replacement:
+                replacement[v] = v.owner.operation.clone(ir.InsertionPoint(block)).results[0]
+        returned = func.ReturnOp(list(last.results))
+    for op in ops:
+        op.move_before(returned)
+    _replace_operands(inside, replacement)
+    return call.operation, function.operation
+
+
+def inline(call: ir.Operation, function: ir.Operation) -> None:
+    """Put the body of ``function`` (made by ``isolate``) back in place of ``call``; both go."""
+    block = function.regions[0].blocks[0]
+    for argument, operand in zip(block.arguments, call.operands):
+        argument.replace_all_uses_with(operand)
+    body = [op.operation for op in block.operations]
+    for op in body[:-1]:
+        op.move_before(call)
+    for result, value in zip(call.results, body[-1].operands):
+        result.replace_all_uses_with(value)
+    call.erase()
+    function.erase()
+
+
+def _replace_operands(ops: Iterable[ir.Operation], replacement: dict[ir.Value, ir.Value]) -> None:
+    for op in ops:
+        for index, value in enumerate(op.operands):
+            if value in replacement:
+                op.operands[index] = replacement[value]
+
+
+def _block_arguments(op: ir.Operation) -> list[ir.Value]:
+    return [a for region in op.regions for block in region.blocks for a in block.arguments]
+
+
+def _defining_name(value: ir.Value) -> str | None:
+    owner = value.owner
+    return owner.operation.name if isinstance(owner, ir.OpView) and not owner.operation.operands else None
