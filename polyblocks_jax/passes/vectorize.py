@@ -106,16 +106,19 @@ def _with(tiles: list[int], dim: int, size: int | None) -> tuple[int, ...] | Non
 def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
     """Annotate each op a plan exists for with its tiles, then tile and vectorize them."""
     choices: dict[tuple[str, tuple[int, ...], frozenset[int], frozenset[int], bool], int] = {}
+    planned = []
     for op in walk(module.operation):
         conv = conv_tiling.loop_tiles(op, hw)
         plan = (*conv, frozenset()) if conv is not None else _plan(op, hw) or _transpose_plan(op, hw)
         if plan is not None:
             # an op that tile fusion put in an scf.forall already runs on all cores
             parallel = options.parallel and not _in_forall(op)
-            if op.name in _VECTORIZED_OPS:
-                signed_zeros.plain_combiners(op)
             ident = choices.setdefault((op.name, *plan, parallel), len(choices))
             op.attributes[VECTOR_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ident)
+            planned.append(op)
+    for op in planned:  # after the walk: this erases ops of their bodies, which it listed
+        if op.name in _VECTORIZED_OPS:
+            signed_zeros.plain_combiners(op)
     if choices:
         apply_script(module, script([Choice(ident, name, tiles, reductions, parallel, peeled)
                                      for (name, tiles, reductions, peeled, parallel), ident in choices.items()]))
