@@ -21,19 +21,15 @@ from mlir import ir
 from mlir.dialects import arith
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.transform import walk
 
 _SIGN, _MAGNITUDE = 0x8000, 0x7FFF
 
 
 def bits_for_bf16_moves(module: ir.Module, options: Options) -> None:
     """arith.select, arith.negf and math.absf on bf16 (scalars or vectors) -> i16 ops."""
-    ops: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:  # the native walk: models have 10^4 ops
-        if op.name in _ON_BITS and len(op.results) == 1 and _is_bf16(op.result.type):
-            ops.append(op)
-        return ir.WalkResult.ADVANCE
-    module.operation.walk(visit)
+    ops = [op for op in walk(module.operation)
+           if op.name in _ON_BITS and len(op.results) == 1 and _is_bf16(op.result.type)]
     for op in ops:
         with ir.InsertionPoint(op), op.location:
             bits_t = _same_shape(op.result.type, ir.IntegerType.get_signless(16))

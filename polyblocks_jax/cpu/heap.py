@@ -18,6 +18,7 @@ from mlir import ir
 from polyblocks_jax.errors import ResourceExhaustedError
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.arena import arena_bytes, buffer_bytes
+from polyblocks_jax.passes.transform import walk
 
 _GIB = float(1 << 30)
 
@@ -26,16 +27,13 @@ def check_heap_buffers(module: ir.Module, options: Options) -> None:
     """Raise ResourceExhaustedError if one intermediate buffer (an alloc or a view of the
     arena), or those alive at once, exceed ``memory_limit()``."""
     buffers: list[tuple[ir.MemRefType, int, str]] = []  # type, bytes, where: arena | top | nested
-
-    def visit(op: ir.Operation) -> ir.WalkResult:  # the native walk: models have 10^4 ops
+    for op in walk(module.operation):
         if op.name in ("memref.alloc", "memref.view") and ir.MemRefType(op.result.type).has_static_shape:
             type_ = ir.MemRefType(op.result.type)
             size = buffer_bytes(type_) or 0
             where = "arena" if op.name == "memref.view" else "top" if op.parent.operation.name == "func.func" \
                 else "nested"
             buffers.append((type_, size, where))
-        return ir.WalkResult.ADVANCE
-    module.operation.walk(visit)
     limit = memory_limit()
     largest = max(buffers, key=lambda b: b[1], default=None)
     if largest is not None and largest[1] > limit:

@@ -70,15 +70,7 @@ def sink_globals(module: ir.Module, options: Options) -> None:
     The global's data then lives in the kernel's module; outlining would otherwise pass
     the host's address of the global as a kernel argument.
     """
-    launches: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "gpu.launch":
-            launches.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    for launch in launches:
+    for launch in [op for op in walk(module.operation) if op.name == "gpu.launch"]:
         start = ir.InsertionPoint.at_block_begin(launch.regions[0].blocks[0])
         for user in list(walk(launch)):
             for i, operand in enumerate(user.operands):

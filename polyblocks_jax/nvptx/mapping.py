@@ -36,14 +36,14 @@ THREADS_PER_BLOCK = 256  # a multiple of the warp; 8 warps hide latency without 
 
 
 def copies_to_linalg(module: ir.Module, options: Options) -> None:
-    for copy in _collect(module, "memref.copy"):
+    for copy in [op for op in walk(module.operation) if op.name == "memref.copy"]:
         with ir.InsertionPoint(copy), copy.location:
             linalg.copy(copy.operands[0], outs=[copy.operands[1]])
         copy.erase()
 
 
 def drop_deallocs(module: ir.Module, options: Options) -> None:
-    for op in _collect(module, "memref.dealloc"):
+    for op in [op for op in walk(module.operation) if op.name == "memref.dealloc"]:
         op.erase()
 
 
@@ -78,18 +78,6 @@ def _stays_on_host(op: ir.Operation) -> bool:
 def _function_bodies(module: ir.Module) -> list[ir.Block]:
     return [op.regions[0].blocks[0] for op in module.body.operations
             if op.operation.name == "func.func" and len(op.regions[0].blocks)]
-
-
-def _collect(module: ir.Module, name: str) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == name:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
 
 
 def inside(op: ir.Operation, ancestor: ir.Operation) -> bool:

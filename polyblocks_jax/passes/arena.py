@@ -27,6 +27,7 @@ from mlir import ir
 from mlir.dialects import arith, func, memref
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.transform import walk
 
 ARENA_BYTES = "polyblocks.arena_bytes"
 ALIGNMENT = 64
@@ -92,13 +93,7 @@ def split_empty_tensors(module: ir.Module, options: Options) -> None:
     """
     if not options.arena:
         return
-    shared: list[ir.Operation] = []  # producers before their users: the walk is in order
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if _is_fresh(op):
-            shared.append(op)
-        return ir.WalkResult.ADVANCE
-    module.operation.walk(visit)
+    shared = [op for op in walk(module.operation) if _is_fresh(op)]  # producers before their users
     slices = [op for op in shared if op.name == "tensor.extract_slice"]
     shared = [op for op in shared if op.name != "tensor.extract_slice"]
     # CSE merges equal slices of a shared fill too: each group of a slice's users gets a

@@ -13,17 +13,12 @@ from mlir import ir
 from mlir.dialects import linalg
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.transform import walk
 
 
 def strided_copies_to_linalg(module: ir.Module, options: Options) -> None:
-    copies: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "memref.copy" and not all(_contiguous(v.type) for v in op.operands):
-            copies.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
+    copies = [op for op in walk(module.operation)
+              if op.name == "memref.copy" and not all(_contiguous(v.type) for v in op.operands)]
     for copy in copies:
         with ir.InsertionPoint(copy), copy.location:
             linalg.copy(copy.operands[0], outs=[copy.operands[1]])
