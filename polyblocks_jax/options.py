@@ -29,6 +29,7 @@ class Options:
     packing: bool = True         # tiled matmuls copy A and B panels into contiguous tiles (with tiling)
     parallel: bool = True        # large loop nests run on all cores (OpenMP); OMP_NUM_THREADS caps
     vectorize: bool = True       # register tiles + vectors for convolutions, elementwise ops, reductions
+    share_layers: bool = True    # a repeated layer's ops go through the tensor stages once (compile time)
     arena: bool = True           # host intermediates share one arena laid out by liveness (passes/arena.py)
     opt_level: int = 2           # LLVM level; 3 costs 10-20x compile time on models for no speed
     matrix_unit: str = "auto"    # host matmul path: auto | amx | avx512bf16 | fma (forcing an absent one fails)

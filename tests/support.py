@@ -17,6 +17,9 @@ import ml_dtypes
 import numpy as np
 
 import polyblocks_jax as pb
+from mlir import ir
+from polyblocks_jax import passes
+from polyblocks_jax.stablehlo_import import import_program
 
 jax.config.update("jax_enable_x64", True)  # f64 and i64 programs must stay 64-bit
 
@@ -42,9 +45,10 @@ def xla_cpu(fn: Callable, *args) -> list[np.ndarray]:
 
 
 def polyblocks(fn: Callable, *args, options: pb.Options | None = None) -> list[np.ndarray]:
-    """Results of ``fn`` compiled by polyblocks_jax.compile from its lowering."""
+    """Results of ``fn`` compiled by polyblocks_jax.compile from its lowering (the
+    executable takes the arguments' leaves: ``args`` may be pytrees)."""
     lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
-    return list(pb.compile(lowered, options)(*[np.asarray(a) for a in args]))
+    return list(pb.compile(lowered, options)(*[np.asarray(a) for a in jax.tree_util.tree_leaves(args)]))
 
 
 def assert_close(test, actual: Sequence[np.ndarray], expected: Sequence[np.ndarray],
@@ -87,3 +91,17 @@ def random_array(rng: np.random.Generator, shape: Sequence[int], dtype, edge: bo
         idx = rng.choice(flat.size, size=len(specials), replace=False)
         flat[idx] = np.array(specials).astype(dtype)
     return x
+
+
+def module_after(stage: str, fn: Callable, *args, hardware: passes.Hardware,
+                 options: pb.Options | None = None) -> ir.Module:
+    """``fn``'s module after the shared stages up to ``stage`` for ``hardware`` (the module
+    keeps its context alive)."""
+    options = options or pb.Options()
+    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
+    stages = passes.shared_stages(options, hardware)
+    context = ir.Context()
+    with context, ir.Location.unknown():
+        module = import_program(lowered, context).module
+        passes.run_stages(module, stages[:[s.name for s in stages].index(stage) + 1], options)
+    return module

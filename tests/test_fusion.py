@@ -17,11 +17,10 @@ from mlir import ir
 
 import polyblocks_jax as pb
 import support
-from polyblocks_jax import compiler, passes
-from polyblocks_jax.passes import fusion, isolated_functions, tile_fusion
+from polyblocks_jax import compiler
+from polyblocks_jax.passes import fusion, isolated_functions, templates, tile_fusion
 from polyblocks_jax.passes.tiling import Hardware
 from polyblocks_jax.passes.transform import walk
-from polyblocks_jax.stablehlo_import import import_program
 
 AVX2 = Hardware(vector_bits=256, vector_registers=16, l1_bytes=32 << 10, l2_bytes=512 << 10)
 AVX512 = Hardware(vector_bits=512, vector_registers=32, l1_bytes=32 << 10, l2_bytes=1 << 20)
@@ -35,6 +34,15 @@ def _layernorm(x, scale, bias):
     return jax.nn.gelu(y * scale + bias, approximate=False)
 
 
+_CHAIN = 6
+
+
+def _chained_layernorms(x, scale, bias):
+    for i in range(_CHAIN):
+        x = _layernorm(x, scale, bias) * (i + 2.0)
+    return x
+
+
 def _attention(q, k, v):
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])
     return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
@@ -45,15 +53,7 @@ def _conv_epilogue(x, w, scale, shift, residual):
     return jax.nn.relu(y * scale + shift + residual)
 
 
-def _after(stage: str, fn, *args, options: pb.Options = pb.Options()) -> ir.Module:
-    """The module after the shared stages up to ``stage`` (it keeps its context alive)."""
-    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
-    stages = passes.shared_stages(options, AVX2)
-    context = ir.Context()
-    with context, ir.Location.unknown():
-        module = import_program(lowered, context).module
-        passes.run_stages(module, stages[:[s.name for s in stages].index(stage) + 1], options)
-    return module
+_after = functools.partial(support.module_after, hardware=AVX2)
 
 
 def _top_level(module: ir.Module) -> list[str]:
@@ -149,6 +149,15 @@ class TileFusionTest(parameterized.TestCase):
         self.assertEqual([n for n in _top_level(module) if n.startswith(("linalg.", "scf."))], ["scf.forall"])
         forall = next(o for o in walk(module.operation) if o.name == "scf.forall")
         self.assertLen(_reducing_generics(forall), 2)  # mean and variance, per tile of rows
+
+    def test_chained_layernorms_are_one_group_each_op_fused_once(self):
+        # Upstream fuses a producer once per use in the loop; unmerged, the copies multiplied
+        # down the chain (the first layernorm's ops, 4^n times) and compiling never finished.
+        x = np.zeros((2, 16, 64), np.float32)
+        module = _after("tile-fusion", _chained_layernorms, x, x[0, 0], x[0, 0])
+        self.assertEqual([n for n in _top_level(module) if n.startswith(("linalg.", "scf."))], ["scf.forall"])
+        forall = next(o for o in walk(module.operation) if o.name == "scf.forall")
+        self.assertLen(_reducing_generics(forall), 2 * _CHAIN)  # mean and variance of each
 
     def test_attention_groups_rows_of_all_heads(self):
         q = np.zeros((1, 2, 128, 16), np.float32)
@@ -265,7 +274,7 @@ class IsolatedFunctionTest(absltest.TestCase):
             inner = [op.operation.name for op in function.regions[0].blocks[0].operations]
             self.assertEqual([n for n in inner if n.startswith("linalg.")], [op.name for op in ops])
             self.assertIn("func.call", _top_level(module))
-            isolated_functions.inline(call, function)
+            templates.inline_call(call, function)
             self.assertTrue(module.operation.verify())
         self.assertLen(module.body.operations, 1)
         clones = [n for n in inner if n in ("arith.constant", "tensor.empty")]
@@ -283,6 +292,11 @@ class FusedResultsTest(parameterized.TestCase):
     def test_layernorm_gelu(self):
         rng = np.random.default_rng(0)
         self._check(_layernorm, rng.standard_normal((2, 12, 64), np.float32),
+                    rng.standard_normal(64, np.float32), rng.standard_normal(64, np.float32))
+
+    def test_chained_layernorms(self):
+        rng = np.random.default_rng(4)
+        self._check(_chained_layernorms, rng.standard_normal((2, 12, 64), np.float32),
                     rng.standard_normal(64, np.float32), rng.standard_normal(64, np.float32))
 
     def test_attention(self):

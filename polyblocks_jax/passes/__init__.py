@@ -16,6 +16,7 @@ from polyblocks_jax.passes.in_place import compute_in_place
 from polyblocks_jax.passes.matrix_forms import inline_matrix_units, map_matrix_units, select_unit
 from polyblocks_jax.passes.pipeline import Stage, run_stages
 from polyblocks_jax.passes.results import drop_aliased_results, prepare_results
+from polyblocks_jax.passes.shared_layers import inline_shared_layers, share_repeated_layers
 from polyblocks_jax.passes.tile_fusion import contractions_into_groups, tile_and_fuse
 from polyblocks_jax.passes.tiling import Hardware, tile_contractions
 from polyblocks_jax.passes.vectorize import vectorize_ops
@@ -36,6 +37,10 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         # arith/math ops on whole tensors (what the importer emits) become linalg.generic.
         Stage("elementwise-to-linalg", "func.func(convert-elementwise-to-linalg)"),
     ]
+    if options.share_layers:
+        # A layer traced n times: one function called n times until bufferization, so that
+        # the tensor stages transform it once.
+        stages.append(Stage("shared-layers", share_repeated_layers))
     # Before tiling: matmuls and convolutions the target's matrix unit takes leave the FMA path.
     # The unit is selected here: forcing one the target lacks fails before any stage runs.
     stages.append(Stage("matrix-units", functools.partial(
@@ -64,6 +69,8 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         stages.append(Stage("vectorize", functools.partial(vectorize_ops, hw=hardware)))
     # The packed contractions sat in functions of their own, out of fusion's reach.
     stages.append(Stage("matrix-units-inline", inline_matrix_units))
+    if options.share_layers:
+        stages.append(Stage("shared-layers-inline", inline_shared_layers))
     stages += [
         # Results distinct, each donated argument writable and tied to the result reusing it.
         Stage("results", prepare_results),

@@ -1,4 +1,4 @@
-"""Ops moved into a function of their own for a transform script, and back afterwards.
+"""Ops moved into a function of their own, and back afterwards (``templates.inline_call``).
 
 ``transform.structured.fuse_into_containing_op`` prints the producer and the loop into a
 remark for every producer it fuses; printing a nested op numbers every value of the
@@ -20,21 +20,23 @@ from polyblocks_jax.passes.transform import walk
 _CLONED = ("arith.constant", "tensor.empty")
 
 
-def isolate(ops: list[ir.Operation], name: str) -> tuple[ir.Operation, ir.Operation]:
-    """Move ``ops`` (in block order, only the last one's results used elsewhere) into a new
-    private function ``name`` and put a call to it where the last op was; returns the call
-    and the function."""
+def isolate(ops: list[ir.Operation], name: str,
+            results: list[ir.Value] | None = None) -> tuple[ir.Operation, ir.Operation]:
+    """Move ``ops`` (in block order) into a new private function ``name`` returning
+    ``results`` (default: the last op's; the only values of ``ops`` used elsewhere) and put
+    a call to it where the last op was; returns the call and the function."""
     last = ops[-1]
-    inside = {nested for op in ops for nested in [op, *walk(op)]}
-    defined = {v for op in inside for v in [*op.results, *_block_arguments(op)]}
-    external = list(dict.fromkeys(v for op in inside for v in op.operands if v not in defined))
-    passed = [v for v in external if not _cloned(v)]
+    results = list(last.results) if results is None else results
+    nested = [n for op in ops for n in (op, *walk(op))]
+    inside = set(nested)
+    external = _external(nested)
+    passed = [v for v in external if not clonable(v)]
     with ir.InsertionPoint(last.parent.parent.regions[0].blocks[0]):  # the module's end
-        function = func.FuncOp(name, ([v.type for v in passed], [r.type for r in last.results]),
+        function = func.FuncOp(name, ([v.type for v in passed], [r.type for r in results]),
                                visibility="private")
     with ir.InsertionPoint(last):
-        call = func.CallOp([r.type for r in last.results], name, passed)
-    for result, new in zip(last.results, call.results):
+        call = func.CallOp([r.type for r in results], name, passed)
+    for result, new in zip(results, call.results):
         for use in [u for u in result.uses if u.owner.operation not in inside]:
             use.owner.operands[use.operand_number] = new
     block = function.add_entry_block()
@@ -43,25 +45,28 @@ def isolate(ops: list[ir.Operation], name: str) -> tuple[ir.Operation, ir.Operat
         for v in external:
             if v not in replacement:
                 replacement[v] = v.owner.operation.clone(ir.InsertionPoint(block)).results[0]
-        returned = func.ReturnOp(list(last.results))
+        returned = func.ReturnOp(results)
     for op in ops:
         op.move_before(returned)
     _replace_operands(inside, replacement)
     return call.operation, function.operation
 
 
-def inline(call: ir.Operation, function: ir.Operation) -> None:
-    """Put the body of ``function`` (made by ``isolate``) back in place of ``call``; both go."""
-    block = function.regions[0].blocks[0]
-    for argument, operand in zip(block.arguments, call.operands):
-        argument.replace_all_uses_with(operand)
-    body = [op.operation for op in block.operations]
-    for op in body[:-1]:
-        op.move_before(call)
-    for result, value in zip(call.results, body[-1].operands):
-        result.replace_all_uses_with(value)
-    call.erase()
-    function.erase()
+def arguments(ops: list[ir.Operation]) -> list[ir.Value]:
+    """The arguments ``isolate(ops, ...)`` gives its call, in the same order."""
+    return [v for v in _external([n for op in ops for n in (op, *walk(op))]) if not clonable(v)]
+
+
+def clonable(value: ir.Value) -> bool:
+    """Whether ``isolate`` copies the definition of ``value`` rather than passing it."""
+    owner = value.owner
+    return isinstance(owner, ir.OpView) and not owner.operation.operands and owner.operation.name in _CLONED
+
+
+def _external(nested: list[ir.Operation]) -> list[ir.Value]:
+    """What ``nested`` (ops and the ops inside them) uses but does not define, by first use."""
+    defined = {v for op in nested for v in [*op.results, *_block_arguments(op)]}
+    return list(dict.fromkeys(v for op in nested for v in op.operands if v not in defined))
 
 
 def _replace_operands(ops: Iterable[ir.Operation], replacement: dict[ir.Value, ir.Value]) -> None:
@@ -74,7 +79,3 @@ def _replace_operands(ops: Iterable[ir.Operation], replacement: dict[ir.Value, i
 def _block_arguments(op: ir.Operation) -> list[ir.Value]:
     return [a for region in op.regions for block in region.blocks for a in block.arguments]
 
-
-def _cloned(value: ir.Value) -> bool:
-    owner = value.owner
-    return isinstance(owner, ir.OpView) and not owner.operation.operands and owner.operation.name in _CLONED

@@ -26,7 +26,8 @@ import math
 from mlir import ir, passmanager
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.isolated_functions import inline, isolate
+from polyblocks_jax.passes.isolated_functions import isolate
+from polyblocks_jax.passes.templates import inline_call
 from polyblocks_jax.passes.tiling import Hardware
 from polyblocks_jax.passes.transform import apply_script, has_reversed_index, walk
 
@@ -319,7 +320,7 @@ def tile_and_fuse(module: ir.Module, options: Options, hw: Hardware) -> None:
                      "  transform.named_sequence @main(%root: !transform.any_op {transform.readonly}) {\n"
                      f"{blocks}    transform.yield\n  }}\n}}")
         for call, function in isolated:
-            inline(call, function)
+            inline_call(call, function)
         passmanager.PassManager.parse("builtin.module(canonicalize, cse)", module.context).run(module.operation)
 
 
@@ -344,10 +345,7 @@ def _row_block(ident: int, group: Group) -> str:
     {g}_rmembers = transform.structured.match attributes{{{ROW_MEMBER_ATTR} = {ident} : i64}} in {g}_loop
       : (!transform.any_op) -> !transform.any_op
     {g}_reach:{n} = transform.split_handle {g}_rmembers : (!transform.any_op) -> ({', '.join(['!transform.any_op'] * n)})
-    {g}_rordered = transform.merge_handles {', '.join(f'{g}_reach#{i}' for i in reversed(range(n)))} : !transform.any_op
-    {g}_rfused, {g}_rloop = transform.structured.fuse_into_containing_op {g}_rordered into {g}_rows
-      : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
-"""
+""" + _fuse_consumers_first(f"{g}_reach", n, f"{g}_rows", f"{g}_rloop")
     if group.row_peeled:
         lines += f"""    {g}_for = transform.cast {g}_rloop : !transform.any_op to !transform.op<"scf.for">
     {g}_main, {g}_rest = transform.loop.peel {g}_for : (!transform.op<"scf.for">) -> (!transform.any_op, !transform.any_op)
@@ -355,10 +353,24 @@ def _row_block(ident: int, group: Group) -> str:
     return lines
 
 
+def _fuse_consumers_first(members: str, count: int, loop: str, fused_loop: str) -> str:
+    """Script lines fusing the ``count`` ops of handle ``members`` (in block order) into
+    ``loop``, the last first, with CSE after each: upstream fuses a producer once per use
+    in the loop, so copies left unmerged multiply down a chain (three layernorms in one
+    group: one copy of the last, 4^3 of the first, and minutes of compile time)."""
+    lines, current = [], loop
+    for step, i in enumerate(reversed(range(count))):
+        nxt = fused_loop if step == count - 1 else f"{loop}_{step}"
+        lines.append(f"    {members}_fused{i}, {nxt} = transform.structured.fuse_into_containing_op {members}#{i} into {current}\n"
+                     "      : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)\n"
+                     f"    transform.apply_cse to {nxt} : !transform.any_op\n")
+        current = nxt
+    return "".join(lines)
+
+
 def _group_block(ident: int, group: Group) -> str:
     """Script lines tiling root ``ident`` into an scf.forall and fusing its members into it,
-    consumers before producers (a producer is fused once per use inside; CSE in the loop
-    merges the copies); with a row loop, the same again into an scf.for of rows in each
+    consumers before producers (``_fuse_consumers_first``); with a row loop, the same again into an scf.for of rows in each
     tile, then peeled. A slice of an empty tensor becomes an empty tensor of the slice's
     size: each tile's intermediates are tile-sized buffers that stay in cache, not slices
     of whole-tensor buffers."""
@@ -370,13 +382,9 @@ def _group_block(ident: int, group: Group) -> str:
     {g}_members = transform.structured.match attributes{{{MEMBER_ATTR} = {ident} : i64}} in %root
       : (!transform.any_op) -> !transform.any_op
     {g}_each:{count} = transform.split_handle {g}_members : (!transform.any_op) -> ({', '.join(['!transform.any_op'] * count)})
-    {g}_ordered = transform.merge_handles {', '.join(f'{g}_each#{i}' for i in reversed(range(count)))} : !transform.any_op
     {g}_tiled, {g}_forall = transform.structured.tile_using_forall {g}_root tile_sizes [{', '.join(map(str, tiles))}]
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    {g}_fused, {g}_loop = transform.structured.fuse_into_containing_op {g}_ordered into {g}_forall
-      : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
-    transform.apply_cse to {g}_loop : !transform.any_op
-{rows}    transform.apply_patterns to {g}_loop {{
+{_fuse_consumers_first(f"{g}_each", count, f"{g}_forall", f"{g}_loop")}{rows}    transform.apply_patterns to {g}_loop {{
       transform.apply_patterns.tensor.fold_tensor_empty
     }} : !transform.any_op
 """

@@ -424,7 +424,7 @@ def _lower(lines: list[str], outer: str) -> None:
     # write straight into their panel.
     lines += patterns("vector.transfer_permutation_patterns", "vector.reduction_to_contract",
                       "tensor.fold_tensor_subset_ops_into_vector_transfers", "vector.lower_masked_transfers")
-    lines += [line.strip() for line in lower_vectors_and_hoist(target=outer).splitlines()]
+    lines += [line.strip() for line in lower_vectors_and_hoist(target=outer, within=outer).splitlines()]
     # Unit dims gone now, so that later stages' vector patterns find nothing left to rewrite.
     lines += patterns("vector.cast_away_vector_leading_one_dim", "canonicalization")
 

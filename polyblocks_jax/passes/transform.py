@@ -59,12 +59,13 @@ def apply_script(module: ir.Module, script: str) -> None:
     interpreter.apply_named_sequence(module.operation, sequence, transform_module, _OPTIONS)
 
 
-def lower_vectors_and_hoist(*extra_patterns: str, target: str = "%f") -> str:
-    """Script lines run on ``target`` (function ``%f``, or a loop nest: patterns then rewrite
-    only the ops nested in it) after vectorization: contractions to outer products (plus
-    ``extra_patterns``), CSE, then the accumulator slices hoisted out of every scf.for (on
-    tensors, where hoisting works). Transfers stay as they are: on tensors no transfer
-    lowering applies, and its patterns take time quadratic in a function's size."""
+def lower_vectors_and_hoist(*extra_patterns: str, target: str = "%f", within: str = "%root") -> str:
+    """Script lines run on ``target`` (the functions ``%f`` of the module ``%root``, or a loop
+    nest, then also ``within``: patterns rewrite only the ops nested in it) after
+    vectorization: contractions to outer products (plus ``extra_patterns``), CSE, then the
+    accumulator slices hoisted out of every scf.for (on tensors, where hoisting works).
+    Transfers stay as they are: on tensors no transfer lowering applies, and its patterns
+    take time quadratic in a function's size."""
     patterns = ["vector.lower_contraction lowering_strategy = outerproduct", *extra_patterns,
                 "vector.transfer_permutation_patterns", "canonicalization"]
     body = "".join(f"      transform.apply_patterns.{p}\n" for p in patterns)
@@ -76,7 +77,7 @@ def lower_vectors_and_hoist(*extra_patterns: str, target: str = "%f") -> str:
             f"    transform.apply_patterns to {target} {{\n"
             "      transform.apply_patterns.canonicalization\n"
             "    } : !transform.any_op\n"
-            f'    {loops} = transform.structured.match ops{{["scf.for"]}} in {target}'
+            f'    {loops} = transform.structured.match ops{{["scf.for"]}} in {within}'
             " : (!transform.any_op) -> !transform.any_op\n"
             # Constants the patterns made inside a loop move out first: hoisting needs
             # loop-invariant offsets.

@@ -252,11 +252,11 @@ def script(choices: list[Choice]) -> str:
     tiling = "\n".join(_tiling(c) + _peeling(c) for c in choices)
     canonicalize = ""
     if any(c.peeled for c in choices):
-        canonicalize = f"""
-    %fp = transform.structured.match ops{{["func.func"]}} in %root : (!transform.any_op) -> !transform.any_op
-    transform.apply_patterns to %fp {{
+        canonicalize = """
+    %fp = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
+    transform.apply_patterns to %fp {
       transform.apply_patterns.canonicalization
-    }} : !transform.any_op"""
+    } : !transform.any_op"""
     vectorizing = "".join(_vectorizing(c) for c in choices)
     return f"""
 module attributes {{transform.with_named_sequence}} {{

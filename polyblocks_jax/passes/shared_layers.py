@@ -1,0 +1,204 @@
+"""Repeated layers computed by one function while the tensor stages run, then inlined.
+
+A transformer's twelve blocks reach the compiler as twelve copies of the same ops, and
+each tensor stage (tiling, fusion, tile fusion, vectorization) would transform every copy.
+Before them, the longest runs of structurally equal op sequences in ``main`` (a layer
+traced n times) become n calls of one private function; after them each call gets a copy
+of the transformed body back, so the stages from bufferization on see the program they
+would have seen, and the layer's work is done once.
+
+Two sequences are equal when their ops match position by position (names, attributes,
+types, nested regions) and are wired alike: an operand defined in the sequence comes from
+the same position in each; one defined outside it is a function argument (the same
+argument wherever a sequence uses one value twice); an outside constant or empty tensor
+is copied into the function when each sequence's is the same.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from mlir import ir
+from mlir.dialects import func
+
+from polyblocks_jax.options import Options
+from polyblocks_jax.passes.isolated_functions import arguments, clonable, isolate
+from polyblocks_jax.passes.templates import inline_call
+from polyblocks_jax.passes.transform import walk
+
+PREFIX = "polyblocks_layer_"
+# Smaller repeats save less than the function and its copies cost.
+MIN_PERIOD = 8
+MIN_SAVED_OPS = 64
+
+
+@dataclasses.dataclass
+class _Sequence:
+    """``main``'s top-level ops with a structural key each and the outside values each uses."""
+    ops: list[ir.Operation]
+    keys: np.ndarray                 # ops[i]'s structure as a small integer
+    uses: list[list[ir.Value]]       # values ops[i] (or an op nested in it) uses but does not define
+    position: dict[ir.Value, tuple[int, int]]   # op result -> (op index, result number)
+    readers: dict[ir.Value, list[int]]          # value -> indices of the ops using it (len(ops): return)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Repeat:
+    start: int
+    period: int
+    count: int
+    slack: int = 0     # how far the copies can shift right and still repeat
+
+
+def share_repeated_layers(module: ir.Module, options: Options) -> None:
+    """Replace each run of repeated op sequences in ``main`` by calls of one function."""
+    main = next((f for f in module.body.operations if isinstance(f, func.FuncOp)
+                 and f.name.value == "main" and not f.is_external), None)
+    if main is None:
+        return
+    seq = _sequence(main.regions[0].blocks[0])
+    for number, repeat in enumerate(_repeats(seq)):
+        _share(seq, repeat, f"{PREFIX}{number}")
+
+
+def inline_shared_layers(module: ir.Module, options: Options) -> None:
+    """Put a copy of its function's body in place of each layer call; the functions go."""
+    functions = {f.name.value: f.operation for f in module.body.operations
+                 if isinstance(f, func.FuncOp) and f.name.value.startswith(PREFIX)}
+    with ir.InsertionPoint(module.body):
+        for call in [op for op in walk(module.operation) if op.name == "func.call"]:
+            name = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
+            if name in functions:
+                inline_call(call, functions[name].clone())
+    for function in functions.values():
+        function.erase()
+
+
+def _sequence(block: ir.Block) -> _Sequence:
+    ops = [op.operation for op in block.operations]
+    ops, ret = ops[:-1], ops[-1]
+    interned: dict[str, int] = {}
+    keys, uses = [], []
+    position: dict[ir.Value, tuple[int, int]] = {}
+    readers: dict[ir.Value, list[int]] = {}
+    for index, op in enumerate(ops):
+        outside: dict[ir.Value, int] = {}
+        keys.append(interned.setdefault(_structure(op, {}, outside), len(interned)))
+        uses.append(list(outside))
+        for value in outside:
+            readers.setdefault(value, []).append(index)
+        for result in op.results:
+            position[result] = (index, result.result_number)
+    for value in ret.operands:
+        readers.setdefault(value, []).append(len(ops))
+    return _Sequence(ops, np.array(keys, np.int64), uses, position, readers)
+
+
+def _structure(op: ir.Operation, local: dict[ir.Value, int], outside: dict[ir.Value, int]) -> tuple:
+    """``op`` without value names: its operands are numbered in order of definition inside
+    it (``local``) or of first use from outside (``-n``, recorded in ``outside``). Attributes
+    and types are compared as MLIR uniques them (by identity)."""
+    operands = tuple(local[v] if v in local else -1 - outside.setdefault(v, len(outside)) for v in op.operands)
+    for result in op.results:
+        local[result] = len(local)
+    regions = []
+    for region in op.regions:
+        for block in region.blocks:
+            for argument in block.arguments:
+                local[argument] = len(local)
+            regions.append((tuple(a.type for a in block.arguments),
+                            tuple(_structure(o.operation, local, outside) for o in block.operations)))
+    named = [op.attributes[i] for i in range(len(op.attributes))]
+    return (op.name, operands, tuple((a.name, a.attr) for a in named),
+            tuple(r.type for r in op.results), tuple(regions))
+
+
+def _repeats(seq: _Sequence) -> list[_Repeat]:
+    """Disjoint repeats whose copies are wired alike, those saving the most ops first; of
+    a repeat's phases, one with the fewest values read after a copy (the function's results)."""
+    chosen: list[_Repeat] = []
+    for run in sorted(_key_repeats(seq.keys), key=lambda r: -(r.count - 1) * r.period):
+        if any(_overlap(run, c) for c in chosen):
+            continue
+        phases = sorted(range(run.start, run.start + run.slack + 1),
+                        key=lambda s: len(_outputs(seq, s, run.period)))
+        for start in phases[:4]:
+            repeat = _alike_copies(seq, start, run)
+            if repeat is not None:
+                chosen.append(repeat)
+                break
+    return chosen
+
+
+def _overlap(a: _Repeat, b: _Repeat) -> bool:
+    return a.start < b.start + b.count * b.period + b.slack and b.start < a.start + a.count * a.period + a.slack
+
+
+def _key_repeats(keys: np.ndarray) -> list[_Repeat]:
+    """Each maximal stretch of ``keys`` with a period of at least ``MIN_PERIOD``, as its
+    copies from its start and the slack left after them."""
+    runs = []
+    for period in range(MIN_PERIOD, len(keys) // 2 + 1):
+        equal = np.concatenate([[False], keys[:-period] == keys[period:], [False]])
+        edges = np.flatnonzero(np.diff(equal.astype(np.int8)))
+        for begin, end in zip(edges[::2].tolist(), edges[1::2].tolist()):
+            length = end - begin + period            # keys[begin:begin + length] has this period
+            count = length // period
+            if count >= 2 and (count - 1) * period >= MIN_SAVED_OPS:
+                runs.append(_Repeat(begin, period, count, length - count * period))
+    return runs
+
+
+def _outputs(seq: _Sequence, start: int, period: int) -> list[tuple[int, int]]:
+    """(position in the copy, result number) of each value of the copy at ``start`` read after it."""
+    end = start + period
+    return [(i - start, r.result_number) for i in range(start, end) for r in seq.ops[i].results
+            if any(not start <= reader < end for reader in seq.readers.get(r, ()))]
+
+
+def _alike_copies(seq: _Sequence, start: int, run: _Repeat) -> _Repeat | None:
+    """The longest stretch of the run's copies from ``start`` that are wired alike."""
+    wirings = [_wiring(seq, start + c * run.period, run.period) for c in range(run.count)]
+    best = (0, 0)                                   # (copies, first copy)
+    first = 0
+    for c in range(1, run.count + 1):
+        if c == run.count or wirings[c] != wirings[first]:
+            best = max(best, (c - first, -first))
+            first = c
+    count, first = best[0], -best[1]
+    if count < 2 or (count - 1) * run.period < MIN_SAVED_OPS:
+        return None
+    return _Repeat(start + first * run.period, run.period, count)
+
+
+def _wiring(seq: _Sequence, start: int, period: int) -> list[tuple]:
+    """Where each outside value used by the copy at ``start`` comes from, without names."""
+    arguments: dict[ir.Value, int] = {}
+    wiring = []
+    for i in range(start, start + period):
+        for value in seq.uses[i]:
+            index, number = seq.position.get(value, (-1, 0))
+            if start <= index < i:
+                wiring.append(("in", index - start, number))
+            elif index >= 0 and clonable(value):
+                wiring.append(("copied", int(seq.keys[index])))
+            else:
+                wiring.append(("argument", arguments.setdefault(value, len(arguments))))
+    return wiring
+
+
+def _share(seq: _Sequence, repeat: _Repeat, name: str) -> None:
+    """Each copy after the first becomes a call (its arguments taken where the first copy's
+    are); then the first copy moves into the function ``name``."""
+    starts = [repeat.start + c * repeat.period for c in range(repeat.count)]
+    copies = [seq.ops[s:s + repeat.period] for s in starts]
+    outputs = sorted({o for s in starts for o in _outputs(seq, s, repeat.period)})
+    types = [copies[0][i].results[n].type for i, n in outputs]
+    for copy in copies[1:]:
+        with ir.InsertionPoint(copy[-1]):
+            call = func.CallOp(types, name, arguments(copy))
+        for (i, n), value in zip(outputs, call.results):
+            copy[i].results[n].replace_all_uses_with(value)
+        for op in reversed(copy):
+            op.erase()
+    isolate(copies[0], name, [copies[0][i].results[n] for i, n in outputs])
