@@ -55,7 +55,7 @@ def outline_kernels(module: ir.Module, options: Options) -> None:
     for f in functions:
         for call in [op for op in _calls(f) if _callee(op) in outlined]:
             _pass_only_roots(call, outlined[_callee(call)])
-        _erase_unused(f)
+        _erase_unused(f.regions[0].blocks[0])
     private = {"sym_visibility": ir.StringAttr.get("private", module.context),
                # func.func's no_inline does not reach LLVM; these do (an internal symbol).
                "llvm.linkage": ir.Attribute.parse("#llvm.linkage<internal>", module.context),
@@ -181,20 +181,21 @@ def _offsets_as_arguments(call: ir.Operation, kernel: func.FuncOp) -> ir.Operati
     for old, new in zip(call.results, replacement.results):
         old.replace_all_uses_with(new)
     call.erase()
-    _erase_unused(kernel.operation)
+    _erase_unused(entry, nested=False)  # the kernel's recomputed ops are all in its entry block
     return replacement.operation
 
 
-def _erase_unused(op: ir.Operation) -> None:
-    """Drop the constants and views left without uses (those that only fed kernels)."""
-    for region in op.regions:
-        for block in region.blocks:
-            for child in reversed(list(block.operations)):
-                if child.operation.name in _RECOMPUTED:
-                    if not any(True for result in child.operation.results for _ in result.uses):
-                        child.operation.erase()
-                else:
-                    _erase_unused(child.operation)
+def _erase_unused(block: ir.Block, nested: bool = True) -> None:
+    """Drop the constants and views of ``block`` (and, if ``nested``, of the blocks nested
+    in its ops) left without uses: those that only fed kernels."""
+    for child in reversed(list(block.operations)):
+        if child.operation.name in _RECOMPUTED:
+            if not any(True for result in child.operation.results for _ in result.uses):
+                child.operation.erase()
+        elif nested:
+            for region in child.operation.regions:
+                for inner in region.blocks:
+                    _erase_unused(inner)
 
 
 def _unwrap(call: ir.Operation) -> None:
