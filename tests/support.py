@@ -15,9 +15,9 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_allow_exces
 import jax  # noqa: E402
 import ml_dtypes
 import numpy as np
+from mlir import ir
 
 import polyblocks_jax as pb
-from mlir import ir
 from polyblocks_jax import passes
 from polyblocks_jax.stablehlo_import import import_program
 

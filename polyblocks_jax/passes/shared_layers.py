@@ -30,6 +30,8 @@ PREFIX = "polyblocks_layer_"
 # Smaller repeats save less than the function and its copies cost.
 MIN_PERIOD = 8
 MIN_SAVED_OPS = 64
+# Phases of a run tried for copies wired alike: each try walks every copy's operands.
+PHASES_TRIED = 4
 
 
 @dataclasses.dataclass
@@ -77,7 +79,7 @@ def inline_shared_layers(module: ir.Module, options: Options) -> None:
 def _sequence(block: ir.Block) -> _Sequence:
     ops = [op.operation for op in block.operations]
     ops, ret = ops[:-1], ops[-1]
-    interned: dict[str, int] = {}
+    interned: dict[tuple, int] = {}
     keys, uses = [], []
     position: dict[ir.Value, tuple[int, int]] = {}
     readers: dict[ir.Value, list[int]] = {}
@@ -122,7 +124,7 @@ def _repeats(seq: _Sequence) -> list[_Repeat]:
             continue
         phases = sorted(range(run.start, run.start + run.slack + 1),
                         key=lambda s: len(_outputs(seq, s, run.period)))
-        for start in phases[:4]:
+        for start in phases[:PHASES_TRIED]:
             repeat = _alike_copies(seq, start, run)
             if repeat is not None:
                 chosen.append(repeat)

@@ -370,8 +370,8 @@ def _fuse_consumers_first(members: str, count: int, loop: str, fused_loop: str) 
 
 def _group_block(ident: int, group: Group) -> str:
     """Script lines tiling root ``ident`` into an scf.forall and fusing its members into it,
-    consumers before producers (``_fuse_consumers_first``); with a row loop, the same again into an scf.for of rows in each
-    tile, then peeled. A slice of an empty tensor becomes an empty tensor of the slice's
+    consumers before producers (``_fuse_consumers_first``); with a row loop, the same again
+    into an scf.for of rows in each tile, then peeled. A slice of an empty tensor becomes an empty tensor of the slice's
     size: each tile's intermediates are tile-sized buffers that stay in cache, not slices
     of whole-tensor buffers."""
     g = f"%g{ident}"
