@@ -123,6 +123,22 @@ class JitTest(absltest.TestCase):
         support.assert_close(self, compiles_or_skip(self, f, key), support.xla_cpu(f, key))
 
 
+    def test_erf_and_erfc_arrive_as_composites(self):
+        # Our lowering rules keep erf and erfc whole through serialization: f32 and bf16 are
+        # computed by our rational functions, f64 by the composite's decomposition (chlo's).
+        def f(a):
+            return jax.lax.erf(a), jax.lax.erfc(a), jax.nn.gelu(a, approximate=False)
+        rng = np.random.default_rng(3)
+        text = jax.jit(f).lower(*on_pb(np.ones(4, np.float32))).as_text()
+        self.assertIn('stablehlo.composite "chlo.erfc"', text)
+        self.assertIn('stablehlo.composite "chlo.erf"', text)
+        for dtype in (np.float32, ml_dtypes.bfloat16, np.float64):
+            x = support.random_array(rng, (4, 64), dtype) * 4
+            support.assert_close(self, run_pb(f, x), support.xla_cpu(f, x), msg=np.dtype(dtype).name)
+        grad = jax.jit(jax.grad(lambda a: jnp.sum(jax.nn.gelu(a, approximate=False))))
+        x = np.linspace(-5, 5, 64, dtype=np.float32)
+        support.assert_close(self, run_pb(grad, x), support.xla_cpu(grad, x))
+
     def test_unsupported_op_is_a_python_exception_naming_the_op(self):
         x = jax.device_put(np.ones((2, 2), np.float32), pb_device())
         # complex numbers are not supported by polyblocks_jax: stablehlo.complex is refused.

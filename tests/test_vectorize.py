@@ -44,6 +44,14 @@ class PlannerTest(parameterized.TestCase):
         self.assertEqual(768 % tiles[1], 0)
         self.assertEqual(tiles[1] % 8, 0)
 
+    def test_row_reduction_with_a_row_broadcast_input_takes_chunks_of_the_row(self):
+        # jnp.var: sum((x - mean)^2) over the row, mean read once a row (constant along the
+        # reduced loop): it does not make the reduction a contraction along the result.
+        nest = LoopNest((1, 8, 768), frozenset({2}), ((0, 1, 2), (0, 1)), (0, 1))
+        tiles = choose_vector_tiles(nest, 4, AVX512)
+        self.assertEqual(tiles[:2], (1, 1))
+        self.assertEqual(768 % tiles[2], 0)
+
     def test_contraction_gets_the_matmul_register_tile(self):
         # (b, m, n, k): A (b, m, k), B (b, k, n) -> C (b, m, n); the matmul's 6 x 16 on AVX2
         nest = LoopNest((2, 12, 64, 32), frozenset({3}), ((0, 1, 3), (0, 3, 2)), (0, 1, 2))
@@ -79,6 +87,10 @@ class PlannerTest(parameterized.TestCase):
 
     def test_conv_channels_not_filling_a_vector(self):
         self.assertIsNone(choose_conv_tiles(56, 3, 64, 4, AVX2))
+
+
+def _standardize(x):
+    return (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-6)
 
 
 def _staged(fn, *args, hw: Hardware = AVX2) -> str:
@@ -141,6 +153,15 @@ class StageTest(absltest.TestCase):
         self.assertIn("vector.reduction <maximumf>", text)
         self.assertRegex(text, r"math\.floor %\w+ : vector<32xf32>")
         self.assertRegex(text, r"vector\.transfer_read .* vector<5xf32>")
+
+    def test_variance_and_select_on_a_scalar_condition_run_on_vectors(self):
+        # jnp.var selects NaN where its divisor is not positive: a rank-0 condition, filled
+        # (fusion folds the fill into the bodies as a scalar), not an i1 tensor operand,
+        # which would keep the normalizing loop scalar; the variance reduces row chunks.
+        text = _staged(_standardize, np.zeros((2, 8, 768), np.float32), hw=AVX512)
+        self.assertNotRegex(text, r"linalg\.generic \{indexing_maps = \[affine_map<\(d0")  # a loop left
+        self.assertNotRegex(text, r"tensor<[0-9x]*xi1>")
+        self.assertIn("vector.reduction <add>", text)
 
     def test_polynomial_steps_contract_into_fmas(self):
         text = _staged(jnp.exp, np.zeros((4, 64), np.float32))
@@ -237,6 +258,10 @@ class ResultsTest(parameterized.TestCase):
         rng = np.random.default_rng(0)
         self._check(fn, rng.standard_normal((2, 8, 64), np.float32),
                     rng.standard_normal(64, np.float32), rng.standard_normal(64, np.float32), **ACCUMULATE)
+
+    def test_standardize_with_jnp_var(self):
+        x = np.random.default_rng(1).standard_normal((2, 8, 768), np.float32) * 3 + 1
+        self._check(_standardize, x, **ACCUMULATE)
 
     def test_elementwise_with_edge_values(self):
         rng = np.random.default_rng(1)

@@ -59,7 +59,10 @@ def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware) -> tuple[
     lanes = hw.vector_bits // (8 * elem_bytes)
     tiles = [1] * len(nest.ranges)
     inner = nest.result[-1] if nest.result and nest.result[-1] not in nest.reductions else None
-    inner_in = [dims[-1] for dims in nest.inputs if dims and dims[-1] is not None]
+    # The innermost dims of the inputs that are reduced: an input constant along every
+    # reduced loop (jnp.var's row mean, subtracted from each element) is read once a row.
+    reduced_inputs = [dims for dims in nest.inputs if not nest.reductions or nest.reductions & set(dims)]
+    inner_in = [dims[-1] for dims in reduced_inputs if dims and dims[-1] is not None]
     if inner is None or (inner not in inner_in and any(d in nest.reductions for d in inner_in)):
         # Reducing along contiguous memory: a chunk of the reduced loop per step.
         dim = next((d for d in inner_in if d in nest.reductions), None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from jaxlib.mlir import ir as jir
 
-from polyblocks_jax.stablehlo_import.registry import converts
+from polyblocks_jax.stablehlo_import.registry import COMPOSITES, converts
 
 
 @converts("func.call")
@@ -17,7 +17,12 @@ def call(cx, op):
 
 @converts("stablehlo.composite")
 def composite(cx, op):
-    """A named group of ops (``composite_attributes`` describe it); run its decomposition."""
+    """A named group of ops (``composite_attributes`` describe it): computed our way where
+    we have one for its name and types, else its decomposition runs."""
+    own = COMPOSITES.get(jir.StringAttr(op.attr("name")).value)
+    results = own(cx, op) if own else None
+    if results is not None:
+        return results
     return cx.inline_call(jir.FlatSymbolRefAttr(op.attr("decomposition")).value, op.operands)
 
 

@@ -22,7 +22,7 @@ from mlir.dialects import arith, math, tensor
 from polyblocks_jax.dtypes import DType
 from polyblocks_jax.polynomials import estrin
 from polyblocks_jax.stablehlo_import import builders, reader
-from polyblocks_jax.stablehlo_import.registry import converts
+from polyblocks_jax.stablehlo_import.registry import computes_composite, converts
 
 F, I = arith.CmpFPredicate, arith.CmpIPredicate
 
@@ -302,8 +302,9 @@ def _erf(x: ir.Value) -> ir.Value:
 # after Chebyshev: fractional error under 1.2e-7 everywhere); erfc(-z) = 2 - erfc(z). One
 # division, one exp and a polynomial, where chlo's expansion (and XLA's) evaluates erf's
 # rational and two for erfc's tail, and selects. jax.nn.gelu(approximate=False) is x erfc.
-# Only programs read as text or a Lowered carry chlo ops: a PJRT program (a portable
-# artifact) arrives with jaxlib's expansion of them already in StableHLO.
+# A PJRT program (a portable artifact) arrives with jaxlib's expansion of chlo ops in
+# StableHLO, except erf and erfc, which our lowering rules wrap in composites named after
+# them (pjrt/lowering_rules.py).
 _ERFC_P = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
            1.48851587, -0.82215223, 0.17087277)
 
@@ -327,9 +328,20 @@ def erf_erfc(cx, op) -> Sequence[ir.Value]:
     """Ours on f32 (and bf16/f16 through f32); chlo's expansion on f64."""
     if not _dtype(op).is_float:
         raise op.unsupported(f"dtype {_dtype(op).name}")
-    if _dtype(op).bits == 64:
-        return chlo_op(cx, op)
-    return [in_f32(_OWN_F32[op.name], op.operands[0])]
+    return _own_erf(op.name, op) or chlo_op(cx, op)
+
+
+@computes_composite(*_OWN_F32)
+def erf_erfc_composite(cx, op) -> Sequence[ir.Value] | None:
+    """A composite wrapping chlo.erf or chlo.erfc: ours where ``erf_erfc`` would be."""
+    return _own_erf(jir.StringAttr(op.attr("name")).value, op)
+
+
+def _own_erf(name: str, op) -> list[ir.Value] | None:
+    dt = _dtype(op)
+    if not dt.is_float or dt.bits == 64:
+        return None
+    return [in_f32(_OWN_F32[name], op.operands[0])]
 
 
 # The chlo ops JAX 0.10 emits for lax.erf, lgamma, sinh, ... (all on floats).

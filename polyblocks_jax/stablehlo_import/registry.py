@@ -2,6 +2,8 @@
 
 One module per op family registers its converters with ``@converts``; the importer
 looks ops up here and nowhere else, and the README's op list is generated from it.
+``@computes_composite`` registers our own computation of a ``stablehlo.composite`` by
+its name; returning None leaves the composite to its decomposition.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ Converter = Callable[["Importer", "OpView"], "Sequence[ir.Value]"]
 
 CONVERTERS: dict[str, Converter] = {}
 FAMILY: dict[str, str] = {}  # op name -> the module (op family) converting it
+COMPOSITES: dict[str, Callable[["Importer", "OpView"], "Sequence[ir.Value] | None"]] = {}
 
 
 def converts(*op_names: str) -> Callable[[Converter], Converter]:
@@ -25,5 +28,14 @@ def converts(*op_names: str) -> Callable[[Converter], Converter]:
                 raise RuntimeError(f"two converters for {name}")
             CONVERTERS[name] = fn
             FAMILY[name] = fn.__module__.rsplit(".", 1)[-1]
+        return fn
+    return register
+
+
+def computes_composite(*names: str) -> Callable:
+    """Register the decorated function for the composites called ``names``."""
+    def register(fn):
+        for name in names:
+            COMPOSITES[name] = fn
         return fn
     return register
