@@ -17,7 +17,7 @@ from jaxlib.mlir import passmanager as jpassmanager
 from jaxlib.mlir.dialects import func as jfunc
 from jaxlib.mlir.dialects import stablehlo as jstablehlo
 from mlir import ir
-from mlir.dialects import arith, math, tensor
+from mlir.dialects import arith, math
 
 from polyblocks_jax.dtypes import DType
 from polyblocks_jax.polynomials import estrin
@@ -42,12 +42,11 @@ def in_f32(fn: Callable[..., ir.Value], *values: ir.Value) -> ir.Value:
 
 
 def broadcast_like(value: ir.Value, like: ir.Value) -> ir.Value:
-    """``value`` splatted to ``like``'s shape when it is a rank-0 tensor and ``like`` is not."""
+    """``value`` filled to ``like``'s shape when it is a rank-0 tensor and ``like`` is not
+    (a linalg.fill: fusion folds it into its consumers' bodies as the scalar)."""
     t = value.type
     if isinstance(t, ir.RankedTensorType) and t.rank == 0 and ir.RankedTensorType(like.type).rank:
-        shape = ir.RankedTensorType(like.type).shape
-        return tensor.splat(ir.RankedTensorType.get(shape, t.element_type),
-                            builders.to_scalar(value), [])
+        return builders.filled(builders.to_scalar(value), ir.RankedTensorType(like.type).shape)
     return value
 
 
