@@ -142,6 +142,49 @@ class ScaledExtremaTest(parameterized.TestCase):
         np.testing.assert_allclose(moved, expected, rtol=1e-5, atol=1e-30)
 
 
+class DeferredNormalizationTest(absltest.TestCase):
+    """softmax(s) @ v computed as (exp(s - max) @ v) / sum: a division per output element."""
+
+    @staticmethod
+    def _contractions(module: ir.Module) -> list[ir.Operation]:
+        return [op for op in _reducing_generics(module.operation) if len(op.operands) == 3]
+
+    def test_contraction_reads_the_exponentials_and_its_result_is_divided(self):
+        q = np.zeros((1, 2, 16, 8), np.float32)
+        module = _after("fusion", _attention, q, q, q, options=pb.Options(tiling=False))
+        _, values = self._contractions(module)
+        self.assertIn("math.exp", str(values.operands[0].owner))
+        (division,) = [use.owner for use in values.results[0].uses]
+        self.assertIn("arith.divf", str(division))
+        self.assertEqual(division.results[0].type, values.results[0].type)
+
+    def test_other_divisions_stay_before_the_contraction(self):
+        def normalized(x, v):  # not an exponential: a zero sum of nonzero terms is possible
+            return jnp.einsum("bhqk,bhkd->bhqd", x / x.sum(-1, keepdims=True), v)
+        def softmax_also_returned(x, v):  # the division has another use
+            p = jax.nn.softmax(x, axis=-1)
+            return jnp.einsum("bhqk,bhkd->bhqd", p, v), p
+        x, v = np.zeros((1, 2, 16, 32), np.float32), np.zeros((1, 2, 32, 16), np.float32)
+        for fn in (normalized, softmax_also_returned):
+            module = _after("fusion", fn, x, v, options=pb.Options(tiling=False))
+            (contraction,) = self._contractions(module)
+            self.assertIn("arith.divf", str(contraction.operands[0].owner), fn.__name__)
+
+    def test_special_values_as_xla(self):
+        # NaN in a query row, an infinite key, a row masked to -inf throughout (0/0: NaN)
+        rng = np.random.default_rng(5)
+        q, k, v = (rng.standard_normal((1, 2, 32, 16), np.float32) for _ in range(3))
+        q[0, 0, 3], k[0, 1, 5, 2] = np.nan, np.inf
+
+        def masked(q, k, v):
+            s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / 4.0
+            s = jnp.where(jnp.arange(32)[None, :] > jnp.arange(32)[:, None], -jnp.inf, s)
+            s = s.at[:, :, 7].set(-jnp.inf)
+            return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, axis=-1), v)
+        for fn in (_attention, masked):
+            support.check_against_xla(self, fn, q, k, v, **ACCUMULATE)
+
+
 class TileFusionTest(parameterized.TestCase):
     def test_layernorm_is_one_pass_over_rows(self):
         x = np.zeros((2, 16, 64), np.float32)
@@ -166,9 +209,10 @@ class TileFusionTest(parameterized.TestCase):
         body = module.body.operations[0].regions[0].blocks[0]
         with module.context:
             (group,) = tile_fusion.fusion_groups(body, AVX2)
-        self.assertEqual(group.tiles, (1, 1, 8, 0, 0))  # batch, head, 8 query rows; all keys
+        # The root divides p.v's rows by the sums: batch, head, 8 query rows; all of d
+        self.assertEqual(group.tiles, (1, 1, 8, 0))
         names = [m.name for m in group.members]
-        self.assertEqual(names.count("linalg.generic"), 5)  # q.k, max, exp (scaling scores and max), sum, divide
+        self.assertEqual(names.count("linalg.generic"), 5)  # q.k, max, exp (scaling scores and max), sum, p.v
 
     def test_group_intermediates_are_tile_sized(self):
         # Each tile's scores live in a buffer of the tile's size (in cache), not in a slice of

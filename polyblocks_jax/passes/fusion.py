@@ -16,6 +16,7 @@ from mlir import ir, passmanager
 from mlir.dialects import func
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.deferred_normalization import divide_after_contractions
 from polyblocks_jax.passes.scaled_extrema import reduce_before_scaling
 from polyblocks_jax.passes.transform import apply_script, walk
 
@@ -38,6 +39,7 @@ def fuse_elementwise(module: ir.Module, options: Options) -> None:
     _fuse_without_recomputing(module)
     if reduce_before_scaling(module):  # each scaling it moved has one consumer left to fuse into
         _fuse_without_recomputing(module)
+    divide_after_contractions(module)
     passmanager.PassManager.parse("builtin.module(canonicalize, cse)", module.context).run(module.operation)
 
 

@@ -16,7 +16,7 @@ from mlir import ir
 from mlir.dialects import tensor
 
 from polyblocks_jax.passes import signed_zeros
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import float_constant, walk
 from polyblocks_jax.stablehlo_import.builders import parallel_generic
 
 _EXTREMA = ("arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf")
@@ -68,7 +68,7 @@ def _is_scaling(op: ir.Operation) -> bool:
         return False
     lhs, rhs = body[0].operands
     scale = rhs if lhs == value else lhs if body[0].name == "arith.mulf" and rhs == value else None
-    c = None if scale is None else _float_constant(scale)
+    c = None if scale is None else float_constant(scale)
     # (a constant inside the body would be out of reach of the new generic)
     return c is not None and 0.0 < c and math.isfinite(c) and scale.owner.operation.parent != op
 
@@ -77,21 +77,12 @@ def _is_identity(m: ir.AffineMap) -> bool:
     return m == ir.AffineMap.get_identity(m.n_dims)
 
 
-def _float_constant(value: ir.Value) -> float | None:
-    """The value of ``value`` where an ``arith.constant`` float defines it, else None."""
-    owner = value.owner
-    if not isinstance(owner, ir.OpView) or owner.operation.name != "arith.constant":
-        return None
-    attr = owner.operation.attributes["value"]
-    return ir.FloatAttr(attr).value if isinstance(attr, ir.FloatAttr) else None
-
-
 def _init_is_fixed_point(op: ir.Operation) -> bool:
     """Whether the reduction starts from a fill that the scaling leaves as it is (+-inf, 0)."""
     fill = op.operands[1].owner
     if not isinstance(fill, ir.OpView) or fill.operation.name != "linalg.fill":
         return False
-    start = _float_constant(fill.operation.operands[0])
+    start = float_constant(fill.operation.operands[0])
     return start is not None and (math.isinf(start) or start == 0.0)
 
 

@@ -20,6 +20,15 @@ def walk(op: ir.Operation) -> list[ir.Operation]:
     return nested[1:]  # not op itself
 
 
+def float_constant(value: ir.Value) -> float | None:
+    """The value of ``value`` where an ``arith.constant`` float defines it, else None."""
+    owner = value.owner
+    if not isinstance(owner, ir.OpView) or owner.operation.name != "arith.constant":
+        return None
+    attr = owner.operation.attributes["value"]
+    return ir.FloatAttr(attr).value if isinstance(attr, ir.FloatAttr) else None
+
+
 def has_reversed_index(op: ir.Operation) -> bool:
     """Whether an indexing map scales a loop index by a non-positive constant (a reversal,
     n - 1 - d): upstream tiling asserts on it, aborting the process."""
