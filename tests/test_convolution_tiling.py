@@ -39,14 +39,14 @@ class RegisterTileTest(parameterized.TestCase):
         self.assertEqual(choose_conv_tiles(56, 64, 64, 4, AVX2, depthwise=True).width, 8)
 
 
-def _conv_after_stage(lhs_shape, rhs_shape, strides=(1, 1), padding="VALID") -> str:
+def _conv_after_stage(lhs_shape, rhs_shape, strides=(1, 1), padding="VALID", hw: Hardware = AVX2) -> str:
     """The module of one NHWC convolution after the convs-to-matmuls stage, as text."""
     x, w = np.zeros(lhs_shape, np.float32), np.zeros(rhs_shape, np.float32)
     fn = functools.partial(jax.lax.conv_general_dilated, window_strides=strides, padding=padding,
                            dimension_numbers=_NHWC)
     lowered = jax.jit(fn).trace(x, w).lower(lowering_platforms=("cpu",))
     options = pb.Options()
-    stages = passes.shared_stages(options, AVX2)
+    stages = passes.shared_stages(options, hw)
     with ir.Context() as context, ir.Location.unknown():
         module = import_program(lowered, context).module
         passes.run_stages(module, stages[:[s.name for s in stages].index("convs-to-matmuls") + 1], options)
@@ -99,6 +99,14 @@ class Im2colTest(parameterized.TestCase):
         text = _conv_after_stage((2, 32, 32, 3), (16, 16, 3, 192), (16, 16), "VALID")
         self.assertEqual(text.count("linalg.generic"), 1)  # not one copy per tap (256 here)
         self.assertIn("tensor<8x768xf32>", text)
+
+    def test_patch_embedding_is_a_matmul_whatever_the_weights(self):
+        # 576 KiB of weights within half of a 2 MiB L2: a matmul all the same (the direct
+        # convolution reads 3 input channels per tap, 16 pixels apart)
+        large_l2 = Hardware(vector_bits=512, vector_registers=32, l1_bytes=48 << 10, l2_bytes=2 << 20)
+        text = _conv_after_stage((2, 32, 32, 3), (16, 16, 3, 192), (16, 16), "VALID", hw=large_l2)
+        self.assertIn("linalg.matmul", text)
+        self.assertNotIn("linalg.conv_2d", text)
 
     @parameterized.named_parameters(("same", (2, 7, 7, 128), (3, 3, 128, 136), (1, 1), "SAME", (1, 1)),
                                     ("strided", (2, 9, 8, 64), (3, 3, 64, 256), (2, 2), "SAME", (1, 1)),
