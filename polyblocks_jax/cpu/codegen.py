@@ -21,7 +21,7 @@ from polyblocks_jax.errors import CompilationError
 # Our kernels reach LLVM vectorized, with their register tiles unrolled: its loop vectorizer
 # and its unrolling (at the default threshold) spent half of the optimizer's time finding
 # little to do (ResNet-18: 11.5 -> 7.5 s, UNet 10 -> 7 s, no kernel slower).
-_OPTIMIZER_OPTIONS = ("-vectorize-loops=false", "-unroll-threshold=50")
+_OPTIMIZER_OPTIONS = ("-vectorize-loops=false", "-disable-loop-unrolling")
 # Code generation on large blocks of vector code (fused groups, unrolled copies) spent most
 # of its time in two searches quadratic in a block's memory operations: the DAG combiner's
 # merging of adjacent stores (our stores are whole vectors already) and the machine

@@ -1,16 +1,31 @@
-"""Polynomial exp on f32 vectors, in arith ops.
+"""Polynomial math on f32 vectors, in arith ops: exp, tanh, log and log1p.
 
-LLVM lowers a vector ``math.exp`` to one libm call per lane; this build of MLIR has no
-``math-polynomial-approximation`` pass. So vectorized code gets Cephes' expf: x = n ln2 + r
-with |r| <= ln2/2, a degree-6 polynomial for e^r (about 1 ulp), and 2^n built from its
-exponent bits in two halves so that n from -150 to 128 stays exact (gradual underflow), or,
-where the target scales by a power of two in one instruction (AVX-512's VSCALEFPS, the
-``x86vector.avx512.mask.scalef`` op, on 1-D vectors of whole 16-lane parts), by that: the
-same single rounding, one instruction per part instead of 11.
-NaN propagates through the clamp; x above the f32 range gives +inf. Scalar exps (loops
-left scalar) keep libm.
+LLVM lowers a vector ``math.exp``, ``tanh``, ``log`` or ``log1p`` to one libm call per lane
+(tanh: 23 times XLA's time on 2M elements); this build of MLIR has no
+``math-polynomial-approximation`` pass. So vectorized code gets:
+
+- exp, Cephes' expf: x = n ln2 + r with |r| <= ln2/2, a degree-6 polynomial for e^r (about
+  1 ulp), and 2^n built from its exponent bits in two halves so that n from -150 to 128
+  stays exact (gradual underflow), or, where the target scales by a power of two in one
+  instruction (AVX-512's VSCALEFPS, the ``x86vector.avx512.mask.scalef`` op, on 1-D vectors
+  of whole 16-lane parts), by that: the same single rounding, one instruction per part
+  instead of 11. NaN propagates through the clamp; x above the f32 range gives +inf.
+- tanh, by |x|: below 0.625, x + x^3 R(x^2) with R a degree-5 least-squares fit (1.6e-10
+  from tanh in exact arithmetic, under an ulp in f32); above, 1 - 2 / (1 + e^(2|x|)) with
+  the exp above (about 2 ulps; e^(2|x|) = inf gives 1); the sign copied from x (-0 stays
+  -0, NaN propagates).
+- log: x = m 2^e with m in [sqrt(1/2), sqrt(2)) (subnormals scaled by 2^23 first), f = m - 1,
+  log m = f - f^2/2 + f^3 P(f) with P a degree-7 least-squares fit (6e-9 in exact
+  arithmetic), e ln2 added in two parts: 1.2 ulps; log(0) = -inf, log(+inf) = +inf, NaN
+  below zero.
+- log1p(x) = log(u) x / (u - 1) with u = 1 + x, which cancels the rounding of u (x itself
+  where u rounds to 1, -0 included).
+
+Scalar math (loops left scalar) keeps libm.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 from mlir import ir
 from mlir.dialects import arith, math, vector
@@ -27,22 +42,81 @@ _SCALEF_LANES = 16
 _CURRENT_ROUNDING = 4  # _MM_FROUND_CUR_DIRECTION: the rounding mode in MXCSR
 
 
-def expand_vector_exps(module: ir.Module, scales_by_exponent: bool = False) -> None:
-    """Replace every ``math.exp`` on an f32 vector with the polynomial (2^n by VSCALEFPS
-    where ``scales_by_exponent``)."""
-    for op in [o for o in walk(module.operation) if o.name == "math.exp"]:
+_TANH_SMALL = 0.625
+_TANH_R = (-0.33333330802491895, 0.13333205979590335, -0.05394675763889241, 0.021700666901446706,
+           -0.008177297762206758, 0.002142863675748184)
+
+
+def expand_vector_math(module: ir.Module, scales_by_exponent: bool = False) -> None:
+    """Replace every ``math.exp``, ``tanh``, ``log`` and ``log1p`` on an f32 vector with its
+    polynomial (exp's 2^n by VSCALEFPS where ``scales_by_exponent``)."""
+    expansions = {"math.exp": _exp, "math.tanh": _tanh, "math.log": _log, "math.log1p": _log1p}
+    for op in [o for o in walk(module.operation) if o.name in expansions]:
         vtype = op.results[0].type
         if isinstance(vtype, ir.VectorType) and isinstance(vtype.element_type, ir.F32Type):
             with ir.InsertionPoint(op), op.location:
-                value = _exp(op.operands[0], vtype, scales_by_exponent)
+                value = expansions[op.name](op.operands[0], vtype, scales_by_exponent)
             op.results[0].replace_all_uses_with(value)
             op.erase()
 
 
-def _exp(x: ir.Value, vtype: ir.VectorType, scales_by_exponent: bool) -> ir.Value:
+_LOG_P = (0.3333333153735033, -0.2500082115985208, 0.20001237094467894, -0.16623358069897712,
+          0.1420157722221321, -0.13160027887372733, 0.12762585517105102, -0.07635993982619291)
+_SQRT2 = 1.41421356237309505
+_SMALLEST_NORMAL = 1.17549435e-38
+_SUBNORMAL_SCALE = 23  # bits: a subnormal times 2^23 is normal
+
+
+def _splat(vtype: ir.VectorType) -> Callable[[float], ir.Value]:
+    """A function making f32 constants of ``vtype``."""
     def const(v: float) -> ir.Value:
         return arith.constant(vtype, ir.DenseElementsAttr.get_splat(vtype, ir.FloatAttr.get_f32(v)))
+    return const
 
+
+def _tanh(x: ir.Value, vtype: ir.VectorType, scales_by_exponent: bool) -> ir.Value:
+    const = _splat(vtype)
+    z = math.absf(x)
+    t = arith.mulf(z, z)
+    small = arith.addf(z, arith.mulf(z, arith.mulf(t, estrin(t, _TANH_R, const))))
+    e = _exp(arith.addf(z, z), vtype, scales_by_exponent)
+    large = arith.subf(const(1.0), arith.divf(const(2.0), arith.addf(const(1.0), e)))
+    is_small = arith.cmpf(arith.CmpFPredicate.OLT, z, const(_TANH_SMALL))
+    return math.copysign(arith.select(is_small, small, large), x)
+
+
+def _log(x: ir.Value, vtype: ir.VectorType, _scales_by_exponent: bool = False) -> ir.Value:
+    const, F = _splat(vtype), arith.CmpFPredicate
+    itype = ir.VectorType.get(vtype.shape, ir.IntegerType.get_signless(32))
+    subnormal = arith.cmpf(F.OLT, x, const(_SMALLEST_NORMAL))
+    scaled = arith.select(subnormal, arith.mulf(x, const(2.0 ** _SUBNORMAL_SCALE)), x)
+    bits = arith.bitcast(itype, scaled)
+    exponent = arith.subi(arith.shrui(bits, _int(itype, 23)), _int(itype, 127))
+    m = arith.bitcast(vtype, arith.ori(arith.andi(bits, _int(itype, 0x7FFFFF)), _int(itype, 0x3F800000)))
+    big = arith.cmpf(F.OGT, m, const(_SQRT2))
+    m = arith.select(big, arith.mulf(m, const(0.5)), m)
+    e = arith.addf(arith.sitofp(vtype, exponent), arith.select(big, const(1.0), const(0.0)))
+    e = arith.subf(e, arith.select(subnormal, const(float(_SUBNORMAL_SCALE)), const(0.0)))
+    f = arith.subf(m, const(1.0))
+    f2 = arith.mulf(f, f)
+    log_m = arith.addf(arith.subf(f, arith.mulf(const(0.5), f2)), arith.mulf(arith.mulf(f2, f), estrin(f, _LOG_P, const)))
+    y = arith.addf(arith.addf(arith.mulf(e, const(_LN2_LO)), log_m), arith.mulf(e, const(_LN2_HI)))
+    y = arith.select(arith.cmpf(F.OEQ, x, const(float("inf"))), x, y)
+    y = arith.select(arith.cmpf(F.OEQ, x, const(0.0)), const(float("-inf")), y)
+    return arith.select(arith.cmpf(F.ULT, x, const(0.0)), const(float("nan")), y)
+
+
+def _log1p(x: ir.Value, vtype: ir.VectorType, _scales_by_exponent: bool = False) -> ir.Value:
+    const, F = _splat(vtype), arith.CmpFPredicate
+    u = arith.addf(const(1.0), x)
+    d = arith.subf(u, const(1.0))
+    y = arith.mulf(_log(u, vtype), arith.divf(x, d))
+    y = arith.select(arith.cmpf(F.OEQ, d, const(0.0)), x, y)
+    return arith.select(arith.cmpf(F.OEQ, u, const(float("inf"))), u, y)
+
+
+def _exp(x: ir.Value, vtype: ir.VectorType, scales_by_exponent: bool) -> ir.Value:
+    const = _splat(vtype)
     itype = ir.VectorType.get(vtype.shape, ir.IntegerType.get_signless(32))
     clamped = arith.minimumf(arith.maximumf(x, const(_MIN)), const(_MAX))
     n = math.floor(arith.addf(arith.mulf(clamped, const(_LOG2E)), const(0.5)))

@@ -126,7 +126,7 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
         apply_script(module, script([Choice(ident, name, tiles, reductions, parallel, peeled)
                                      for (name, tiles, reductions, peeled, parallel), ident in choices.items()]))
         _reassociate_reductions(module)
-        vector_math.expand_vector_exps(module, hw.scales_by_exponent)
+        vector_math.expand_vector_math(module, hw.scales_by_exponent)
         _contract_multiply_adds(module)
         passmanager.PassManager.parse(
             "builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
