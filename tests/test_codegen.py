@@ -89,5 +89,48 @@ class CodegenTest(parameterized.TestCase):
         support.assert_close(self, list(loaded(*args)), support.xla_cpu(_layers, *args), rtol=1e-5, atol=1e-5)
 
 
+class LargeConstantTest(absltest.TestCase):
+    """Constants beyond constants.INLINE_BYTES reach the library as bytes beside the IR."""
+
+    def setUp(self):
+        compiler.CACHE.clear()
+
+    @staticmethod
+    def _closed_over():
+        rng = np.random.default_rng(4)
+        w = rng.standard_normal((256, 96)).astype(np.float32) / 16       # 96 KiB
+        steps = np.arange(9000, dtype=np.float16) / 64                  # 18000 bytes of f16
+        levels = (np.arange(20000) % 7).astype(np.int8)                 # 20000 bytes of i8
+        small = np.linspace(-1, 1, 96).astype(np.float32)               # stays in the IR
+
+        def fn(x):
+            return (jax.nn.relu(x @ w + small), x[:, :1].astype(jnp.float16) * steps,
+                    x[:, :1].astype(jnp.int8) + levels)
+        return fn, rng.standard_normal((8, 256)).astype(np.float32)
+
+    def test_large_globals_become_declarations(self):
+        fn, x = self._closed_over()
+        detached = []
+        detach = cpu.constants.detach_large_constants
+
+        def recorded(module):
+            blobs = detach(module)
+            detached.extend(blobs)
+            text = str(module)
+            for blob in blobs:  # declared, not defined, in the IR
+                self.assertRegex(text, rf"llvm.mlir.global external constant @{blob.symbol}\(\)")
+            return blobs
+        with mock.patch.object(cpu.constants, "detach_large_constants", recorded):
+            got = support.polyblocks(fn, x)
+        self.assertEqual(sorted(len(b.data) for b in detached), [18000, 20000, 98304])
+        support.assert_close(self, got, support.xla_cpu(fn, x), rtol=1e-5, atol=1e-5)
+
+    def test_constants_travel_with_the_serialized_library(self):
+        fn, x = self._closed_over()
+        exe = pb.compile(jax.jit(fn).trace(x).lower(lowering_platforms=("cpu",)))
+        loaded = pb.deserialize(exe.serialize())
+        support.assert_close(self, list(loaded(x)), support.xla_cpu(fn, x), rtol=1e-5, atol=1e-5)
+
+
 if __name__ == "__main__":
     absltest.main()

