@@ -89,6 +89,18 @@ class ConvolutionTest(parameterized.TestCase):
         fn, x, w = _conv(lhs_shape, rhs_shape, **kwargs)
         support.check_against_xla(self, fn, x, w)
 
+    def test_1d_is_a_2d_convolution_of_height_1(self):
+        # which the 2-D tiling and vectorization take (the 1-D named ops stayed scalar loops)
+        for groups, rhs_shape, named in ((1, (3, 32, 48), "linalg.conv_2d_nhwc_hwcf"),
+                                         (32, (3, 1, 32), "linalg.depthwise_conv_2d_nhwc_hwc")):
+            fn, x, w = _conv((2, 64, 32), rhs_shape, edge=False, padding="SAME", feature_group_count=groups,
+                             dimension_numbers=("NWC", "WIO", "NWC"))
+            with ir.Context() as context, ir.Location.unknown():
+                text = str(import_program(jax.jit(fn).trace(x, w).lower(lowering_platforms=("cpu",)), context).module)
+            self.assertIn(named, text)
+            self.assertNotIn("conv_1d", text)
+            support.check_against_xla(self, fn, x, w, rtol=1e-5, atol=1e-5)
+
     @parameterized.named_parameters(
         ("ndhwc", (1, 5, 4, 6, 2), (2, 3, 2, 2, 3),
          dict(window_strides=(1, 2, 2), padding="SAME", rhs_dilation=(2, 1, 1),
