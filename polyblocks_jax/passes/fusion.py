@@ -78,7 +78,9 @@ def _copy_shared_constant_broadcasts(module: ir.Module) -> None:
     for op in reversed(list(walk(module.operation))):
         if not _of_constants(op):
             continue
-        for use in list(op.results[0].uses)[1:]:
+        # (a use nested in another op's body, a gather's tensor.extract, would get a copy of
+        # the whole tensor computed at every element)
+        for use in [u for u in op.results[0].uses if u.owner.operation.parent == op.parent][1:]:
             user = use.owner.operation
             with ir.InsertionPoint(user):
                 user.operands[use.operand_number] = op.clone().results[0]
