@@ -12,9 +12,11 @@ import ml_dtypes
 import numpy as np
 from absl.testing import absltest, parameterized
 from jax import lax
+from mlir import ir
 
 import polyblocks_jax as pb
 import support
+from polyblocks_jax.stablehlo_import import import_program
 
 
 def _check_cases(test, dtype, cases, seed=0, edge=True, **tol):
@@ -121,6 +123,15 @@ class CumulativeTest(parameterized.TestCase):
             ((3, 9), lambda x: jnp.cumsum(x, axis=1)),
             ((3, 9), lambda x: lax.cumlogsumexp(x, axis=1)),
         ], seed=3)
+
+    def test_scan_over_the_last_axis_steps_through_contiguous_slices(self):
+        # the axis moved first: each step reads a whole row of the transposed operand
+        x = np.zeros((16, 64), np.float32)
+        with ir.Context() as context, ir.Location.unknown():
+            text = str(import_program(jax.jit(lambda v: jnp.cumsum(v, axis=1)).trace(x).lower(
+                lowering_platforms=("cpu",)), context).module)
+        self.assertEqual(text.count("linalg.transpose"), 2)
+        self.assertIn("tensor<1x16xf32>", text)  # the running slice
 
     def test_long_scan(self):
         x = np.random.default_rng(0).random((2, 3000)).astype(np.float32)

@@ -5,9 +5,10 @@ padding), then reduces every window: with a linalg pooling named op when the bod
 max/min/add over the spatial dims of an N..C or NC.. layout, with a linalg.generic running
 the imported body otherwise. XLA folds the init value once and skips padding; folding
 padding filled with the init value is the same when the init value is a constant neutral
-for the body (what JAX emits), and otherwise a mask makes the generic skip padding. A cumulative window (what jnp.cumsum and lax.cummax emit: one
-window spanning a whole dimension, padded on one side) becomes a loop carrying the running
-slice, so a scan costs O(n) rather than O(n^2).
+for the body (what JAX emits), and otherwise a mask makes the generic skip padding. A
+cumulative window (what jnp.cumsum and lax.cummax emit: one window spanning a whole
+dimension, padded on one side) becomes a loop carrying the running slice, so a scan costs
+O(n) rather than O(n^2); the scanned axis goes first where its slices would be strided.
 
 select_and_scatter first reduces each window to the offset of its selected element, then,
 for each operand element, folds the source values of the windows that selected it.
@@ -23,7 +24,7 @@ from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.stablehlo_import import builders, reader, slices
+from polyblocks_jax.stablehlo_import import builders, layout, reader, slices
 from polyblocks_jax.stablehlo_import.registry import converts
 
 _POOLING_BODIES = {"stablehlo.maximum": "max", "stablehlo.minimum": "min", "stablehlo.add": "sum"}
@@ -64,7 +65,7 @@ def reduce_window(cx, op):
     body = op.op.regions[0].blocks[0]
     axis = _cumulative_axis(win, spec)
     if axis is not None:
-        return _cumulative(cx, body, xs, inits, op.operand_specs[:n], *axis)
+        return _cumulative_along_rows(cx, body, xs, inits, op.operand_specs[:n], *axis)
     padded = [_pad(x, init, win) for x, init in zip(xs, inits)]
     outs = [builders.filled(init, s.shape) for init, s in zip(inits, op.result_specs)]
     if win.pads() and not _is_identity(op.op.operands[n], _single_op(body), spec):
@@ -172,6 +173,25 @@ def _constant(value: jir.Value) -> np.ndarray | None:
         else:
             return None
     return None
+
+
+_LINE_BYTES = 64  # a cache line
+
+
+def _cumulative_along_rows(cx, body: jir.Block, xs: list[ir.Value], inits: list[ir.Value],
+                           specs: list[TensorSpec], axis: int, reverse: bool) -> list[ir.Value]:
+    """``_cumulative``, with the axis moved first where its slices would be narrower than a
+    cache line: each step then reads a contiguous slice, not one element per line (jnp.cumsum
+    over the last axis of (64, 128, 256): 30 -> 2.6 ms, the two transposes included)."""
+    spec = specs[0]
+    inner = int(np.prod(spec.shape[axis + 1:], dtype=np.int64)) * spec.dtype.itemsize
+    if axis == 0 or inner >= _LINE_BYTES:
+        return _cumulative(cx, body, xs, inits, specs, axis, reverse)
+    perm = [axis] + [d for d in range(spec.rank) if d != axis]
+    moved = [TensorSpec(tuple(s.shape[d] for d in perm), s.dtype) for s in specs]
+    results = _cumulative(cx, body, [layout.transpose(x, perm) for x in xs], inits, moved, 0, reverse)
+    back = [perm.index(d) for d in range(spec.rank)]
+    return [layout.transpose(r, back) for r in results]
 
 
 def _cumulative(cx, body: jir.Block, xs: list[ir.Value], inits: list[ir.Value],
