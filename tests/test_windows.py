@@ -16,6 +16,7 @@ from mlir import ir
 
 import polyblocks_jax as pb
 import support
+from polyblocks_jax import cpu
 from polyblocks_jax.stablehlo_import import import_program
 
 
@@ -62,6 +63,20 @@ class ReduceWindowTest(parameterized.TestCase):
             ((2, 7, 3), _pool(lax.max, lo, (1, 3, 1), (1, 2, 1), "SAME")),                    # NWC
             ((2, 3, 4, 4, 2), _pool(lax.max, lo, (1, 2, 2, 2, 1), (1, 1, 2, 2, 1), "SAME")),  # NDHWC
         ])
+
+    def test_nhwc_pooling_runs_on_vectors_of_channels(self):
+        # as a depthwise convolution without weights: a few pixels by vectors of channels
+        cases = [((2, 9, 8, 32), _pool(lax.max, -np.inf, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")),
+                 ((2, 8, 8, 32), _pool(lax.add, 0.0, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")),
+                 ((2, 8, 8, 48), _pool(lax.min, np.inf, (1, 3, 2, 1), (1, 1, 1, 1), "VALID"))]
+        hw = cpu.host().hardware()
+        for shape, fn in cases:
+            module = support.module_after("vectorize", fn, np.zeros(shape, np.float32), hardware=hw)
+            self.assertNotIn("linalg.pooling", str(module))
+        x = np.random.default_rng(2).standard_normal((2, 9, 8, 32)).astype(np.float32)
+        x[0, 1, 2, :4] = [np.nan, np.inf, -np.inf, -0.0]
+        _check_cases(self, np.float32, cases)
+        support.check_against_xla(self, cases[0][1], x)
 
     @parameterized.named_parameters(("f32", np.float32), ("i32", np.int32))
     def test_generic_windows(self, dtype):

@@ -26,6 +26,7 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes.tiling import Hardware, cycles_per_fma
 from polyblocks_jax.passes.transform import walk
 
+POOLINGS = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.pooling_nhwc_sum")
 _MAX_INPUT_CHANNELS = 32  # input channels per step: bounds the unrolled outer products
 _MAX_VECTORS = 4          # vectors of output channels per pixel
 _MAX_TAPS = 49            # kernel taps an im2col gathers one copy each (7 x 7)
@@ -68,12 +69,15 @@ def _largest_divisor(n: int, limit: int) -> int:
 
 
 def loop_tiles(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int]] | None:
-    """Tile size per loop of an f32 2-D NHWC convolution and its reduction loops, or None."""
-    depthwise = op.name == "linalg.depthwise_conv_2d_nhwc_hwc"
+    """Tile size per loop of an f32 2-D NHWC convolution or pooling and its reduction loops,
+    or None. A pooling is a depthwise convolution without weights (its second operand only
+    gives the window its shape)."""
+    depthwise = op.name == "linalg.depthwise_conv_2d_nhwc_hwc" or op.name in POOLINGS
     if op.name != "linalg.conv_2d_nhwc_hwcf" and not depthwise:
         return None
     types = [ir.RankedTensorType(v.type) for v in op.operands]
-    if any(not isinstance(t.element_type, ir.F32Type) for t in types):
+    valued = [types[0], types[2]] if op.name in POOLINGS else types
+    if any(not isinstance(t.element_type, ir.F32Type) for t in valued):
         return None
     _, _, ow, f = types[2].shape
     c = types[0].shape[-1]

@@ -285,9 +285,10 @@ def _match(c: Choice, handle: str) -> str:
 
 
 def _vectorizing(c: Choice) -> str:
-    """Transform ops vectorizing the tiled ops of ``c`` (decomposing a convolution first)."""
+    """Transform ops vectorizing the tiled ops of ``c`` (decomposing a convolution or a
+    pooling into a 1-D one first)."""
     target, lines = f"%v{c.ident}", _match(c, f"%v{c.ident}")
-    if _is_conv(c.op_name):
+    if _is_conv(c.op_name) or c.op_name in conv_tiling.POOLINGS:
         lines += (f"    %d{c.ident} = transform.structured.decompose {target}"
                   " : (!transform.any_op) -> !transform.any_op\n")
         target = f"%d{c.ident}"
