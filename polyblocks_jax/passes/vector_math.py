@@ -5,11 +5,14 @@ LLVM lowers a vector ``math.exp``, ``tanh``, ``log`` or ``log1p`` to one libm ca
 ``math-polynomial-approximation`` pass. So vectorized code gets:
 
 - exp, Cephes' expf: x = n ln2 + r with |r| <= ln2/2, a degree-6 polynomial for e^r (about
-  1 ulp), and 2^n built from its exponent bits in two halves so that n from -150 to 128
-  stays exact (gradual underflow), or, where the target scales by a power of two in one
-  instruction (AVX-512's VSCALEFPS, the ``x86vector.avx512.mask.scalef`` op, on 1-D vectors
-  of whole 16-lane parts), by that: the same single rounding, one instruction per part
-  instead of 11. NaN propagates through the clamp; x above the f32 range gives +inf.
+  1 ulp), and 2^n built from its exponent bits in two halves so that n = 128 stays exact,
+  or, where the target scales by a power of two in one instruction (AVX-512's VSCALEFPS,
+  the ``x86vector.avx512.mask.scalef`` op, on 1-D vectors of whole 16-lane parts), by that:
+  the same single rounding, one instruction per part instead of 11. NaN propagates through
+  the clamp; x above the f32 range gives +inf; x whose exp is subnormal gives 0, as XLA's
+  (which flushes subnormals): the clamp keeps every lane normal, since an instruction
+  with a subnormal result takes a microcode assist of some 150 cycles (a causal mask's
+  -1e9 made a masked softmax 3.5 times as slow as an unmasked one).
 - tanh, by |x|: below 0.625, x + x^3 R(x^2) with R a degree-5 least-squares fit (1.6e-10
   from tanh in exact arithmetic, under an ulp in f32); above, 1 - 2 / (1 + e^(2|x|)) with
   the exp above (about 2 ulps; e^(2|x|) = inf gives 1); the sign copied from x (-0 stays
@@ -37,7 +40,9 @@ _LOG2E = 1.44269504088896341
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
 _POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
          1.6666665459e-1, 5.0000001201e-1)
-_MAX, _MIN = 88.72283905206835, -104.0  # e^_MAX is the largest f32; below _MIN rounds to 0
+# e^_MAX is the largest f32; e^_MIN the smallest normal one (ln 2^-126, rounded up a little
+# so that no rounding of the polynomial makes it subnormal)
+_MAX, _MIN = 88.72283905206835, -87.3365
 _SCALEF_LANES = 16
 _CURRENT_ROUNDING = 4  # _MM_FROUND_CUR_DIRECTION: the rounding mode in MXCSR
 
@@ -130,7 +135,8 @@ def _exp(x: ir.Value, vtype: ir.VectorType, scales_by_exponent: bool) -> ir.Valu
         half = arith.shrsi(ni, _int(itype, 1))
         y = arith.mulf(arith.mulf(y, _pow2(half, vtype, itype)), _pow2(arith.subi(ni, half), vtype, itype))
     overflow = arith.cmpf(arith.CmpFPredicate.OGT, x, const(_MAX))
-    return arith.select(overflow, const(float("inf")), y)
+    underflow = arith.cmpf(arith.CmpFPredicate.OLT, x, const(_MIN))
+    return arith.select(overflow, const(float("inf")), arith.select(underflow, const(0.0), y))
 
 
 def _scalef(y: ir.Value, n: ir.Value) -> ir.Value:

@@ -33,7 +33,7 @@ from polyblocks_jax.passes.zero_start import NEST_ATTR, start_accumulators_at_ze
 VECTOR_ATTR = "polyblocks.vector"
 _VECTORIZED_OPS = ("linalg.generic", "linalg.reduce")
 # Body ops the linalg vectorizer turns into vector ops one for one.
-_BODY_DIALECTS = ("arith.", "math.")
+_BODY_DIALECTS = ("arith.", "math.", "linalg.index", "affine.apply")
 _COMBINERS = frozenset({
     "arith.addf", "arith.mulf", "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf",
     "arith.addi", "arith.muli", "arith.andi", "arith.ori", "arith.xori",
