@@ -163,6 +163,16 @@ class StageTest(absltest.TestCase):
         self.assertNotRegex(text, r"tensor<[0-9x]*xi1>")
         self.assertIn("vector.reduction <add>", text)
 
+    def test_index_masks_run_on_vectors(self):
+        # a causal mask compares loop indices (linalg.index): vectors of indices, not scalars
+        def masked(x):
+            return jnp.where(jnp.tril(jnp.ones((64, 64), bool)), x, -1e9) * 2.0
+        x = np.zeros((4, 64, 64), np.float32)
+        text = _staged(masked, x, hw=AVX512)
+        self.assertNotRegex(text, r"linalg\.generic \{indexing_maps = \[affine_map<\(d0")
+        self.assertIn("vector.step", text)
+        support.check_against_xla(self, masked, np.random.default_rng(0).standard_normal((4, 64, 64), np.float32))
+
     def test_polynomial_steps_contract_into_fmas(self):
         text = _staged(jnp.exp, np.zeros((4, 64), np.float32))
         self.assertRegex(text, r"arith\.mulf .* fastmath<contract> : vector<")
