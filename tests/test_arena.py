@@ -162,9 +162,11 @@ class ArenaTest(absltest.TestCase):
                     x = x + jax.nn.gelu(x @ up, approximate=False) @ down
                 return x
             return fn
-        two, four = (pb.compile(lowered(mlp(n), x, up, down)) for n in (2, 4))
-        self.assertEqual(four.arena_bytes, two.arena_bytes)  # (was 1.01 MB -> 1.16 MB)
-        support.assert_close(self, list(four(x, up, down)), support.xla_cpu(mlp(4), x, up, down),
+        # (with layers shared, from 4 on, or not: each shares one function's out-parameters)
+        for options, depths in ((pb.Options(share_layers=False), (2, 4)), (pb.Options(), (4, 8))):
+            shallow, deep = (pb.compile(lowered(mlp(n), x, up, down), options) for n in depths)
+            self.assertEqual(deep.arena_bytes, shallow.arena_bytes)  # (was 1.01 MB -> 1.16 MB)
+        support.assert_close(self, list(deep(x, up, down)), support.xla_cpu(mlp(8), x, up, down),
                              rtol=1e-4, atol=1e-4)
 
     def test_gelu_overwrites_its_matmuls_result(self):

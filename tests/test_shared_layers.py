@@ -75,6 +75,16 @@ class SharedLayersTest(absltest.TestCase):
         self.assertEqual(_layer_calls(module), [f"{shared_layers.PREFIX}0"] * LAYERS)
         self.assertTrue(module.operation.verify())
 
+    def test_the_layer_is_bufferized_once(self):
+        # through bufferization and the deallocation pipeline as one function on buffers,
+        # its result an out-parameter of each call
+        module = _after("out-params", _stack, *_inputs())
+        self.assertEqual(_functions(module), ["main", f"{shared_layers.PREFIX}0"])
+        self.assertEqual(_layer_calls(module), [f"{shared_layers.PREFIX}0"] * LAYERS)
+        layer = module.body.operations[1]
+        self.assertNotIn("tensor<", str(ir.TypeAttr(layer.attributes["function_type"]).value))
+        self.assertEqual(len(ir.TypeAttr(layer.attributes["function_type"]).value.results), 0)
+
     def test_each_call_gets_its_body_back(self):
         module = _after("shared-layers-inline", _stack, *_inputs())
         self.assertEqual(_functions(module), ["main"])

@@ -38,8 +38,8 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         Stage("elementwise-to-linalg", "func.func(convert-elementwise-to-linalg)"),
     ]
     if options.share_layers:
-        # A layer traced n times: one function called n times until bufferization, so that
-        # the tensor stages transform it once.
+        # A layer traced n times: one function called n times through bufferization, so
+        # that the tensor stages and bufferization transform it once.
         stages.append(Stage("shared-layers", share_repeated_layers))
     # Before tiling: matmuls and convolutions the target's matrix unit takes leave the FMA path.
     # The unit is selected here: forcing one the target lacks fails before any stage runs.
@@ -69,8 +69,6 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         stages.append(Stage("vectorize", functools.partial(vectorize_ops, hw=hardware)))
     # The packed contractions sat in functions of their own, out of fusion's reach.
     stages.append(Stage("matrix-units-inline", inline_matrix_units))
-    if options.share_layers:
-        stages.append(Stage("shared-layers-inline", inline_shared_layers))
     stages += [
         # Results distinct, each donated argument writable and tied to the result reusing it.
         Stage("results", prepare_results),
@@ -93,6 +91,10 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         # Results become caller-allocated out-parameters: no allocation crosses the ABI.
         Stage("out-params", "buffer-results-to-out-params{hoist-static-allocs modify-public-functions}, "
               "canonicalize, buffer-deallocation-pipeline"),
-        Stage("strided-copies", strided_copies_to_linalg),
     ]
+    if options.share_layers:
+        # Each call gets its buffer-level body back: later stages (the arena, outlining)
+        # work on main alone.
+        stages.append(Stage("shared-layers-inline", inline_shared_layers))
+    stages.append(Stage("strided-copies", strided_copies_to_linalg))
     return stages

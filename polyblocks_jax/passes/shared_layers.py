@@ -1,11 +1,15 @@
-"""Repeated layers computed by one function while the tensor stages run, then inlined.
+"""Repeated layers computed by one function through the tensor stages and bufferization,
+then inlined.
 
 A transformer's twelve blocks reach the compiler as twelve copies of the same ops, and
-each tensor stage (tiling, fusion, tile fusion, vectorization) would transform every copy.
-Before them, the longest runs of structurally equal op sequences in ``main`` (a layer
-traced n times) become n calls of one private function; after them each call gets a copy
-of the transformed body back, so the stages from bufferization on see the program they
-would have seen, and the layer's work is done once.
+each stage (tiling, fusion, tile fusion, vectorization, bufferization and the deallocation
+pipeline) would transform every copy. Before them, the longest runs of structurally equal
+op sequences in ``main`` (a layer traced n times) become n calls of one private function;
+after bufferization each call gets a copy of the function's buffer-level body back (its
+results out-parameters the caller allocates), so the loop and host stages see one function,
+and the layer's work is done once (ViT-Tiny b8: bufferize 0.85 -> 0.06 s, out-params 0.84 ->
+0.09 s). The layer writes its result into a buffer of its own rather than over its input:
+one layer's output more in the arena.
 
 Two sequences are equal when their ops match position by position (names, attributes,
 types, nested regions) and are wired alike: an operand defined in the sequence comes from
@@ -64,7 +68,8 @@ def share_repeated_layers(module: ir.Module, options: Options) -> None:
 
 
 def inline_shared_layers(module: ir.Module, options: Options) -> None:
-    """Put a copy of its function's body in place of each layer call; the functions go."""
+    """Put a copy of its function's body in place of each layer call; the functions go.
+    (On tensors or buffers: the body is one block either way.)"""
     functions = {f.name.value: f.operation for f in module.body.operations
                  if isinstance(f, func.FuncOp) and f.name.value.startswith(PREFIX)}
     with ir.InsertionPoint(module.body):
