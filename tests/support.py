@@ -18,7 +18,7 @@ import numpy as np
 from mlir import ir
 
 import polyblocks_jax as pb
-from polyblocks_jax import passes
+from polyblocks_jax import cpu, passes
 from polyblocks_jax.stablehlo_import import import_program
 
 jax.config.update("jax_enable_x64", True)  # f64 and i64 programs must stay 64-bit
@@ -95,11 +95,11 @@ def random_array(rng: np.random.Generator, shape: Sequence[int], dtype, edge: bo
 
 def module_after(stage: str, fn: Callable, *args, hardware: passes.Hardware,
                  options: pb.Options | None = None) -> ir.Module:
-    """``fn``'s module after the shared stages up to ``stage`` for ``hardware`` (the module
-    keeps its context alive)."""
+    """``fn``'s module after the stages up to ``stage``, the shared ones for ``hardware``
+    then the host's (the module keeps its context alive)."""
     options = options or pb.Options()
     lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
-    stages = passes.shared_stages(options, hardware)
+    stages = passes.shared_stages(options, hardware) + cpu.cpu_stages(options)
     context = ir.Context()
     with context, ir.Location.unknown():
         module = import_program(lowered, context).module

@@ -9,7 +9,7 @@ from polyblocks_jax.cpu.matrix_units import lower_matrix_units
 from polyblocks_jax.cpu.outline import outline_kernels
 from polyblocks_jax.cpu.target import host
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes import VECTOR_TRANSFERS, Stage
+from polyblocks_jax.passes import INLINE_LAYERS, VECTOR_TRANSFERS, Stage
 from polyblocks_jax.passes.arena import plan_arena
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
 from polyblocks_jax.passes.iteration_buffers import hoist_iteration_buffers
@@ -27,6 +27,8 @@ def cpu_stages(options: Options) -> list[Stage]:
         Stage("parallel", functools.partial(parallelize_loops, threads=host().cores)),
         Stage("bool-buffers", widen_bool_buffers),
         Stage("bf16-bits", bits_for_bf16_moves),
+        # The stages above ran on each shared layer once; those below work on main alone.
+        INLINE_LAYERS,
         # A parallel loop's large buffers (packing): one slot per iteration, before the loop.
         Stage("iteration-buffers", functools.partial(hoist_iteration_buffers, threads=host().cores)),
         # The top level's intermediates: views of one arena the runtime allocates per call.

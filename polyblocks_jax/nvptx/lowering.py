@@ -19,7 +19,7 @@ from polyblocks_jax.nvptx.host import VIEW_OPS
 from polyblocks_jax.nvptx.target import NvptxTarget
 from polyblocks_jax.nvptx.tensor_cores import use_tensor_cores
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes import VECTOR_TRANSFERS, Stage
+from polyblocks_jax.passes import INLINE_LAYERS, VECTOR_TRANSFERS, Stage
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
 from polyblocks_jax.passes.transform import walk
 
@@ -45,6 +45,7 @@ def nvptx_stages(options: Options, target: NvptxTarget, toolkit: str | None) -> 
     """Stages after the shared ones; ``toolkit`` is a CUDA root holding libdevice (math functions)."""
     toolkit_option = f" toolkit={toolkit}" if toolkit else ""
     return [
+        INLINE_LAYERS,
         VECTOR_TRANSFERS,
         Stage("tensor-cores", functools.partial(use_tensor_cores, target=target)),
     ] + mapping_stages(options) + [

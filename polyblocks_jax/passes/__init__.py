@@ -21,7 +21,7 @@ from polyblocks_jax.passes.tile_fusion import contractions_into_groups, tile_and
 from polyblocks_jax.passes.tiling import Hardware, tile_contractions
 from polyblocks_jax.passes.vectorize import vectorize_ops
 
-__all__ = ["VECTOR_TRANSFERS", "Hardware", "Stage", "run_stages", "shared_stages"]
+__all__ = ["INLINE_LAYERS", "VECTOR_TRANSFERS", "Hardware", "Stage", "run_stages", "shared_stages"]
 
 # n-D vector transfers (register tiles: the matmul tiling's, with or without the vectorize
 # stage) unrolled into 1-D ones on buffers; left to the target's generic lowering, each
@@ -30,6 +30,10 @@ __all__ = ["VECTOR_TRANSFERS", "Hardware", "Stage", "run_stages", "shared_stages
 # where their code is smallest: the host after sharing the kernels of repeated layers
 # (it makes a model's IR 2.5 times as long).
 VECTOR_TRANSFERS = Stage("vector-transfers", "func.func(convert-vector-to-scf{full-unroll=true target-rank=1})")
+# Each call of a shared layer (passes/shared_layers.py) gets its buffer-level body back.
+# Targets run it before the first stage that works on main alone (the host's arena), so that
+# the stages before it transform each layer once.
+INLINE_LAYERS = Stage("shared-layers-inline", inline_shared_layers)
 
 
 def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
@@ -92,9 +96,5 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         Stage("out-params", "buffer-results-to-out-params{hoist-static-allocs modify-public-functions}, "
               "canonicalize, buffer-deallocation-pipeline"),
     ]
-    if options.share_layers:
-        # Each call gets its buffer-level body back: later stages (the arena, outlining)
-        # work on main alone.
-        stages.append(Stage("shared-layers-inline", inline_shared_layers))
     stages.append(Stage("strided-copies", strided_copies_to_linalg))
     return stages

@@ -1,14 +1,15 @@
-"""Repeated layers computed by one function through the tensor stages and bufferization,
-then inlined.
+"""Repeated layers computed by one function through the tensor stages, bufferization and the
+first loop stages, then inlined.
 
 A transformer's twelve blocks reach the compiler as twelve copies of the same ops, and
 each stage (tiling, fusion, tile fusion, vectorization, bufferization and the deallocation
 pipeline) would transform every copy. Before them, the longest runs of structurally equal
 op sequences in ``main`` (a layer traced n times) become n calls of one private function;
-after bufferization each call gets a copy of the function's buffer-level body back (its
-results out-parameters the caller allocates), so the loop and host stages see one function,
-and the layer's work is done once (ViT-Tiny b8: bufferize 0.85 -> 0.06 s, out-params 0.84 ->
-0.09 s). The layer writes its result into a buffer of its own rather than over its input:
+after bufferization, and after the target's stages that work on every function (the host's
+loops, parallel loops, boolean buffers), each call gets a copy of the function's buffer-level
+body back (its results out-parameters the caller allocates; ``passes.INLINE_LAYERS``), and
+the layer's work is done once (ViT-Tiny b8: bufferize 0.85 -> 0.06 s, out-params 0.84 ->
+0.09 s, loops 0.32 -> 0.03 s). The layer writes its result into a buffer of its own rather than over its input:
 one layer's output more in the arena.
 
 Two sequences are equal when their ops match position by position (names, attributes,
