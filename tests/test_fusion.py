@@ -269,6 +269,15 @@ class TileFusionTest(parameterized.TestCase):
         tiled = _after("fused-contractions", lambda a, b: jax.nn.softmax(a @ b, -1) + 1, x, w)
         self.assertIn("linalg.matmul", str(tiled))  # no second contraction: tiled on its own
 
+    def test_a_projection_layernorm_and_mlp_leave_the_group_to_the_matmul_tiling(self):
+        # The rows between them (64) are narrower than the MLP's (256): a group would re-read
+        # the MLP's weights for each tile of rows and keep nothing larger than it writes.
+        large_l2 = Hardware(vector_bits=512, vector_registers=32, l1_bytes=48 << 10, l2_bytes=2 << 20)
+        x, proj, up = np.zeros((64, 64), np.float32), np.zeros((64, 64), np.float32), np.zeros((64, 256), np.float32)
+        module = support.module_after("fused-contractions", lambda a, p, u: _layernorm(a @ p, 1.0, 0.0) @ u,
+                                      x, proj, up, hardware=large_l2)
+        self.assertEqual(str(module).count("linalg.matmul"), 2)
+
     def test_convolution_epilogue_runs_per_output_row(self):
         x = np.zeros((2, 8, 16, 16), np.float32)
         w = np.zeros((3, 3, 16, 16), np.float32)
