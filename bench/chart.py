@@ -1,4 +1,5 @@
-"""PNG chart of a bench/models.py or bench/ops.py report: latency per row, XLA vs polyblocks."""
+"""PNG charts of the bench reports: latency per row, XLA vs polyblocks (models.py, ops.py), or
+the ratio per row on a log scale (programs.py, too many rows for pairs of bars)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,6 +33,23 @@ def plot(report: dict, path: Path) -> None:
     ax.set_title(f"{report['machine']} ({report['cpu']}, {report['cores']} cores), {size}; "
                  "label: XLA time / polyblocks time", fontsize=9)
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_ratios(report: dict, path: Path) -> None:
+    rows = sorted(report["rows"], key=lambda r: r.get("ratio") or 0.0)
+    ratios = [r.get("ratio") or 0.0 for r in rows]
+    y = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(7.5, max(4.0, 0.22 * len(rows))))
+    colors = ["tab:green" if v >= 1 else ("tab:red" if v else "black") for v in ratios]
+    ax.barh(y, [v or 1e-3 for v in ratios], color=colors)
+    ax.axvline(1.0, color="gray", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_yticks(y, [r["op"] + ("" if r.get("ratio") else " (failed)") for r in rows], fontsize=7)
+    ax.set_xlabel("XLA time / polyblocks time (> 1: polyblocks faster)")
+    ax.set_title(f"{report['machine']} ({report['cpu']}, {report['cores']} cores)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -86,7 +86,7 @@ class Row:
     op: str
     xla_ms: float
     pb_ms: float | None = None
-    xla_gflops: float = 0.0
+    xla_gflops: float | None = None  # None where the op's FLOPs are not counted
     pb_gflops: float | None = None
     pb_compile_s: float | None = None
     max_rel_error: float | None = None
@@ -96,17 +96,22 @@ class Row:
 
 def measure(name: str, case: Case, repeat: int) -> Row:
     rng = np.random.default_rng(0)
-    args = [rng.standard_normal(s, np.float32) for s in case.shapes]
-    xla = runner.compile_xla(case.fn, *args)
+    return measure_call(name, case.fn, [rng.standard_normal(s, np.float32) for s in case.shapes],
+                        repeat, case.flops)
+
+
+def measure_call(name: str, fn: Callable, args: list, repeat: int, flops: float | None = None) -> Row:
+    """XLA and polyblocks on ``fn(*args)``: latencies, the error, the ratio (GFLOP/s with ``flops``)."""
+    xla = runner.compile_xla(fn, *args)
     expected = runner.flat_numpy(xla.call())
     row = Row(name, 1e3 * runner.median_latency(xla, repeat))
-    row.xla_gflops = case.flops / row.xla_ms / 1e6
+    row.xla_gflops = flops and flops / row.xla_ms / 1e6
     try:
-        pbc = runner.compile_polyblocks(case.fn, *args)
+        pbc = runner.compile_polyblocks(fn, *args)
         row.pb_compile_s = pbc.compile_s
         row.max_rel_error = runner.max_relative_error(runner.flat_numpy(pbc.call()), expected)
         row.pb_ms = 1e3 * runner.median_latency(pbc, repeat)
-        row.pb_gflops = case.flops / row.pb_ms / 1e6
+        row.pb_gflops = flops and flops / row.pb_ms / 1e6
         row.ratio = row.xla_ms / row.pb_ms
     except Exception as e:  # noqa: BLE001 (a failing op is a row of the table, not a crash)
         row.error = " ".join(runner.failure(e))
@@ -114,20 +119,27 @@ def measure(name: str, case: Case, repeat: int) -> Row:
 
 
 def format_table(rows: list[Row]) -> str:
-    head = (f"{'op':<15} {'xla ms':>9} {'GFLOP/s':>8} {'pb ms':>9} {'GFLOP/s':>8} "
+    width = max([15, *(len(r.op) for r in rows)])
+    head = (f"{'op':<{width}} {'xla ms':>9} {'GFLOP/s':>8} {'pb ms':>9} {'GFLOP/s':>8} "
             f"{'compile s':>9} {'max rel err':>11} {'xla/pb':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        left = f"{r.op:<15} {r.xla_ms:>9.3f} {r.xla_gflops:>8.1f} "
+        left = f"{r.op:<{width}} {r.xla_ms:>9.3f} {_gflops(r.xla_gflops)} "
         if r.pb_ms is None:
             lines.append(left + f"FAILED: {r.error}")
         else:
-            lines.append(left + f"{r.pb_ms:>9.3f} {r.pb_gflops:>8.1f} {r.pb_compile_s:>9.2f} "
+            lines.append(left + f"{r.pb_ms:>9.3f} {_gflops(r.pb_gflops)} {r.pb_compile_s:>9.2f} "
                          f"{r.max_rel_error:>11.2e} {r.ratio:>6.2f}x")
     return "\n".join(lines)
 
 
-def write_results(rows: list[Row], args: argparse.Namespace) -> Path:
+def _gflops(value: float | None) -> str:
+    return f"{value:>8.1f}" if value else f"{'-':>8}"
+
+
+def write_results(rows: list[Row], args: argparse.Namespace, stem: str = "ops",
+                  plot: Callable[[dict, Path], None] = chart.plot) -> Path:
+    """bench/results/<stem>-<machine>[-quick][-tag].json and its chart drawn by ``plot``."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     suffix = ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
     report = {
@@ -137,9 +149,9 @@ def write_results(rows: list[Row], args: argparse.Namespace) -> Path:
         "flags": os.environ.get("POLYBLOCKS_FLAGS", ""), "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "rows": [dataclasses.asdict(r) for r in rows],
     }
-    path = RESULTS / f"ops-{models.machine_slug()}{suffix}.json"
+    path = RESULTS / f"{stem}-{models.machine_slug()}{suffix}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
-    chart.plot(report, path.with_suffix(".png"))
+    plot(report, path.with_suffix(".png"))
     return path
 
 

@@ -1,0 +1,146 @@
+"""Common jnp programs on XLA CPU and on polyblocks, side by side in one process.
+
+bench/ops.py measures the issue's kernels; this measures breadth: reductions along each
+axis, scans, softmax variants, masks, transcendental functions, pooling, gathers and
+scatters, convolutions of several kinds, at a few MB each, so that a program far slower
+than XLA's shows up. Before this table existed, jnp.var's layernorm, tanh, a 1-D
+convolution, a gather of rows and a masked softmax took 2.4x to 85x XLA's time. Prints a
+table and writes bench/results/programs-<machine>.json with a chart of the ratios.
+
+    python bench/programs.py
+    python bench/programs.py --programs tanh,cumsum_last --repeat 30
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable
+
+if __package__ in (None, ""):  # run as a script: make `bench` importable from the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+
+from bench import chart, models, ops  # noqa: E402
+
+_NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def _normal(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _conv(w: np.ndarray, strides=(1, 1), groups: int = 1, numbers=_NHWC) -> Callable:
+    return lambda x: lax.conv_general_dilated(x, w, strides, "SAME", dimension_numbers=numbers,
+                                              feature_group_count=groups)
+
+
+def _pool(op, init: float, window: tuple, strides: tuple, padding: str) -> Callable:
+    return lambda x: lax.reduce_window(x, init, op, window, strides, padding)
+
+
+def programs() -> dict[str, tuple[Callable, list]]:
+    """name -> (function, arguments)."""
+    x, m, img, seq = _normal(64, 128, 256), _normal(1024, 1024), _normal(8, 56, 56, 64), _normal(8, 512, 384)
+    causal = jnp.tril(jnp.ones((256, 256), bool))
+    labels = (np.arange(1024) % 1000).astype(np.int32)
+    return {
+        "var_last": (lambda a: a.var(-1), [x]),
+        "std_first": (lambda a: a.std(0), [x]),
+        "mean_outer_two": (lambda a: a.mean((0, 1)), [x]),
+        "max_first": (lambda a: a.max(0), [x]),
+        "argmax_last": (lambda a: jnp.argmax(a, -1), [x]),
+        "softmax_first": (lambda a: jax.nn.softmax(a, axis=0), [x]),
+        "softmax_middle": (lambda a: jax.nn.softmax(a, axis=1), [x]),
+        "log_softmax": (lambda a: jax.nn.log_softmax(a, -1), [x]),
+        "logsumexp": (lambda a: jax.scipy.special.logsumexp(a, -1), [x]),
+        "causal_softmax": (lambda a: jax.nn.softmax(jnp.where(causal, a, -1e9), -1), [_normal(16, 256, 256)]),
+        "cumsum_last": (lambda a: jnp.cumsum(a, -1), [x]),
+        "cumsum_first": (lambda a: jnp.cumsum(a, 0), [x]),
+        "sort_last": (lambda a: jnp.sort(a, -1), [_normal(256, 1024)]),
+        "transpose_021": (lambda a: jnp.transpose(a, (0, 2, 1)), [x]),
+        "transpose_201": (lambda a: jnp.transpose(a, (2, 0, 1)), [x]),
+        "where_leaky": (lambda a: jnp.where(a > 0, a, 0.1 * a), [x]),
+        "clip": (lambda a: jnp.clip(a, -0.5, 0.5), [x]),
+        "sigmoid": (jax.nn.sigmoid, [x]),
+        "tanh": (jnp.tanh, [x]),
+        "gelu_tanh": (jax.nn.gelu, [x]),
+        "gelu_erf": (lambda a: jax.nn.gelu(a, approximate=False), [x]),
+        "silu": (jax.nn.silu, [x]),
+        "softplus": (jax.nn.softplus, [x]),
+        "log1p_abs": (lambda a: jnp.log1p(jnp.abs(a)), [x]),
+        "concat": (lambda a: jnp.concatenate([a, a * 2], -1), [x]),
+        "pad": (lambda a: jnp.pad(a, ((0, 0), (1, 1), (2, 2))), [x]),
+        "strided_slice": (lambda a: a[:, ::2, 1::2], [x]),
+        "reverse": (lambda a: a[:, ::-1], [x]),
+        "outer_sum": (lambda a: a[:, None, :] + a[None, :, :], [_normal(256, 256)]),
+        "matmul_tn": (lambda a: a.T @ a, [m]),
+        "matmul_nt": (lambda a: a @ a.T, [m]),
+        "matvec": (lambda a: a @ a[0], [m]),
+        "batched_einsum": (lambda a: jnp.einsum("bij,bkj->bik", a, a), [_normal(32, 128, 64)]),
+        "dense_bias_relu": (lambda a, w: jax.nn.relu(a @ w + 1.0), [seq, _normal(384, 512, seed=1)]),
+        "bf16_matmul": (lambda a: (a.astype(jnp.bfloat16) @ a.astype(jnp.bfloat16)).astype(jnp.float32), [m]),
+        "max_pool_3x3_2": (_pool(lax.max, -jnp.inf, (1, 3, 3, 1), (1, 2, 2, 1), "SAME"), [img]),
+        "avg_pool_2x2": (lambda a: _pool(lax.add, 0.0, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")(a) / 4, [img]),
+        "global_avg_pool": (lambda a: a.mean((1, 2)), [img]),
+        "depthwise_3x3": (lambda a, w: _conv(w, groups=64)(a), [img, _normal(3, 3, 1, 64, seed=1)]),
+        "conv_3x3_stride_2": (lambda a, w: _conv(w, (2, 2))(a), [img, _normal(3, 3, 64, 128, seed=1)]),
+        "conv_5x5": (lambda a, w: _conv(w)(a), [img, _normal(5, 5, 64, 64, seed=1)]),
+        "conv_1d_3": (lambda a, w: _conv(w, (1,), numbers=("NWC", "WIO", "NWC"))(a),
+                      [seq, _normal(3, 384, 384, seed=1)]),
+        "conv_nchw": (lambda a, w: _conv(w, numbers=("NCHW", "OIHW", "NCHW"))(a),
+                      [_normal(8, 64, 56, 56), _normal(64, 64, 3, 3, seed=1)]),
+        "batchnorm_train": (lambda a: (a - a.mean((0, 1, 2))) / jnp.sqrt(a.var((0, 1, 2)) + 1e-5), [img]),
+        "take_rows": (lambda a: jnp.take(a, jnp.arange(0, 1024, 3), axis=0), [m]),
+        "embedding": (lambda table, i: jnp.take(table, i, axis=0),
+                      [m, np.random.default_rng(2).integers(0, 1024, (64, 128)).astype(np.int32)]),
+        "scatter_add": (lambda a, i: jnp.zeros_like(a).at[i].add(a), [m, (np.arange(1024) * 7 % 1024).astype(np.int32)]),
+        "cross_entropy": (lambda a, y: -jnp.take_along_axis(jax.nn.log_softmax(a, -1), y[:, None], 1).mean(),
+                          [m, labels]),
+        "one_hot_cross_entropy": (lambda a, y: -(jax.nn.log_softmax(a, -1) * jax.nn.one_hot(y, 1024)).sum(-1).mean(),
+                                  [m, labels]),
+        "l2_normalize": (lambda a: a / jnp.linalg.norm(a, axis=-1, keepdims=True), [x]),
+        "rms_norm": (lambda a: a * lax.rsqrt((a * a).mean(-1, keepdims=True) + 1e-6), [seq]),
+        "f16_scale": (lambda a: (a.astype(jnp.float16) * 2).astype(jnp.float32), [x]),
+        "int_ops": (lambda a: ((a * 100).astype(jnp.int32) >> 2) % 7, [x]),
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--programs", default="", help="comma-separated subset (default: all)")
+    parser.add_argument("--repeat", type=int, default=20, help="timed calls per measurement")
+    parser.add_argument("--no-save", action="store_true", help="print the table only, write no results file")
+    args = parser.parse_args(argv)
+    known = programs()
+    args.programs = [p for p in args.programs.split(",") if p] or list(known)
+    unknown = set(args.programs) - set(known)
+    if unknown:
+        parser.error(f"unknown programs: {', '.join(sorted(unknown))}")
+    args.quick, args.tag = False, ""  # (the results file's name, as ops.py's)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    known = programs()
+    rows = []
+    for name in args.programs:
+        fn, arguments = known[name]
+        rows.append(ops.measure_call(name, fn, arguments, args.repeat))
+        print(ops.format_table(rows[-1:]).splitlines()[-1], flush=True)
+    ratios = [r.ratio for r in rows if r.ratio]
+    print(f"\n{models.machine_slug()} ({models.cpu_name()}, {models.cores()} cores), median of {args.repeat}: "
+          f"{len(ratios)}/{len(rows)} ran, geomean {np.exp(np.mean(np.log(ratios))):.2f}x, "
+          f"{sum(r < 1 for r in ratios)} below 1")
+    print(ops.format_table(rows))
+    if not args.no_save:
+        print(f"wrote {ops.write_results(rows, args, 'programs', chart.plot_ratios)}")
+
+
+if __name__ == "__main__":
+    main()
