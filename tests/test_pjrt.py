@@ -11,6 +11,7 @@ import threading
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import ml_dtypes
 import numpy as np
 from absl.testing import absltest, parameterized
@@ -138,6 +139,20 @@ class JitTest(absltest.TestCase):
         grad = jax.jit(jax.grad(lambda a: jnp.sum(jax.nn.gelu(a, approximate=False))))
         x = np.linspace(-5, 5, 64, dtype=np.float32)
         support.assert_close(self, run_pb(grad, x), support.xla_cpu(grad, x))
+
+    def test_top_k_arrives_as_a_composite_and_selects_as_xla(self):
+        # along the last axis: a composite our importer computes by selection; along another,
+        # JAX's rule alone (its transposes and sort). Ties by lower index, NaN above +inf.
+        x = support.random_array(np.random.default_rng(7), (6, 40), np.float32)
+        x[2, :8] = [np.nan, -0.0, 0.0, np.inf, -np.inf, 0.0, 1.0, 1.0]
+        x[3] = 2.0  # all tied
+        ints = np.random.default_rng(8).integers(-3, 3, size=(3, 2, 17)).astype(np.int32)
+        text = jax.jit(lambda a: lax.top_k(a, 3)).lower(*on_pb(x)).as_text()
+        self.assertIn('stablehlo.composite "chlo.top_k"', text)
+        for fn, arg in ((lambda a: lax.top_k(a, 5), x), (lambda a: lax.top_k(a, 1), x),
+                        (lambda a: lax.top_k(a, 40), x), (lambda a: lax.top_k(a, 4), ints),
+                        (lambda a: lax.top_k(a, 2, axis=0), x), (lambda a: lax.top_k(a, 3), x.astype(ml_dtypes.bfloat16))):
+            support.assert_close(self, run_pb(fn, arg), support.xla_cpu(fn, arg))
 
     def test_unsupported_op_is_a_python_exception_naming_the_op(self):
         x = jax.device_put(np.ones((2, 2), np.float32), pb_device())

@@ -20,6 +20,13 @@ class SortTest(absltest.TestCase):
         x = _floats((3, 37))
         support.check_against_xla(self, lambda x: (jnp.sort(x, axis=1), jnp.sort(x, axis=0)), x)
 
+    def test_rows_of_a_middle_and_the_last_axis_run_in_parallel(self):
+        # each row of the sorted dimension is one iteration of an scf.forall
+        x = _floats((3, 9, 5), seed=7)
+        support.check_against_xla(
+            self, lambda x: (jnp.sort(x, axis=1), jnp.sort(x, axis=2), jnp.argsort(x, axis=0, stable=True),
+                             lax.top_k(x, 3)), x)
+
     def test_argsort_is_stable(self):
         x = np.array([3, 1, 2, 1, 3, 0, 2, 1, 1], np.int32)
         y = _floats((4, 9), seed=1)

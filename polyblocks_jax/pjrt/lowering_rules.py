@@ -8,12 +8,14 @@ registers a generic rule written in plain StableHLO, and a platform without its 
 lowering with JAX's own error naming the primitive and the platform ("MLIR translation
 rule for primitive 'eigh' not found for platform polyblocks").
 
-erf and erfc: a program reaches a PJRT plugin as a portable artifact, and jaxlib expands
-every chlo op into StableHLO on the way (erfc: three approximations, two divisions and a
-select per element). Our rule for platform "polyblocks" wraps the chlo op in a
-``stablehlo.composite`` named after it, whose decomposition is the chlo op alone: the
-composite survives serialization, and the importer computes it with its own rational
-function where it has one (stablehlo_import/elementwise.py), else runs the decomposition.
+erf, erfc and top_k: a program reaches a PJRT plugin as a portable artifact, and jaxlib
+expands every chlo op into StableHLO on the way (erfc: three approximations, two divisions
+and a select per element; top_k: a sort of the whole row). Our rules for platform
+"polyblocks" wrap what JAX's own rule emits in a ``stablehlo.composite`` named after the
+chlo op, whose decomposition is that output: the composite survives serialization, and the
+importer computes it its own way where it has one (stablehlo_import/elementwise.py,
+sort.py), else runs the decomposition. (top_k along another axis than the last, or with a
+symbolic k, keeps JAX's rule alone.)
 
 Donation: JAX only emits input/output aliasing for platforms it lists as supporting
 donation; the list is internal (``mlir._platforms_with_donation``) and no public API
@@ -37,30 +39,41 @@ def register() -> None:
 def _register_preserved_chlo() -> None:
     from jax import lax
     from jax.interpreters import mlir
-    from jaxlib.mlir.dialects import chlo
-    for primitive, build in ((lax.erf_p, chlo.erf), (lax.erfc_p, chlo.erfc)):
-        mlir.register_lowering(primitive, _composite_rule(f"chlo.{primitive.name}", build), platform=PLATFORM)
+    for primitive, name, wrapped in ((lax.erf_p, "chlo.erf", None), (lax.erfc_p, "chlo.erfc", None),
+                                     (lax.top_k_p, "chlo.top_k", _top_k_along_the_last_axis)):
+        # JAX's own rule for every platform: no public API returns it, the module re-exports it
+        default = mlir._lowerings[primitive].rule
+        mlir.register_lowering(primitive, _composite_rule(name, default, wrapped), platform=PLATFORM)
 
 
-def _composite_rule(name: str, build):
-    """A rule lowering a unary primitive to ``stablehlo.composite name`` around ``build``."""
+def _top_k_along_the_last_axis(ctx, operand, *, k, axis) -> bool:
+    return isinstance(k, int) and axis in (-1, len(ctx.avals_in[0].shape) - 1)
+
+
+def _composite_rule(name: str, default, wrapped=None):
+    """A rule lowering as ``default`` does, inside a ``stablehlo.composite`` called ``name``
+    (where ``wrapped(ctx, *args, **params)``, when given, says so)."""
     from jax.interpreters import mlir
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import func, stablehlo
 
-    def rule(ctx: mlir.LoweringRuleContext, x: ir.Value) -> list[ir.Value]:
-        result_type = x.type  # elementwise and unary
+    def rule(ctx: mlir.LoweringRuleContext, *args: ir.Value, **params) -> list[ir.Value]:
+        if wrapped is not None and not wrapped(ctx, *args, **params):
+            return default(ctx, *args, **params)
         module = ctx.module_context
+        operand_types = [a.type for a in args]
         with ir.InsertionPoint(module.module.body):
-            decomposition = func.FuncOp(name, ir.FunctionType.get([x.type], [result_type]),
-                                        visibility="private")
+            decomposition = func.FuncOp(name, ir.FunctionType.get(operand_types, []), visibility="private")
         symbol = module.symbol_table.insert(decomposition)  # uniqued: one per use
         with ir.InsertionPoint(decomposition.add_entry_block()):
-            func.ReturnOp([build(decomposition.arguments[0])])
+            results, _ = mlir.ir_tree_registry.flatten(default(ctx, *decomposition.arguments, **params))
+            func.ReturnOp(results)
+        result_types = [r.type for r in results]
+        decomposition.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(operand_types, result_types))
         composite = stablehlo.CompositeOp(
-            [result_type], [x], name=ir.StringAttr.get(name),
+            result_types, list(args), name=ir.StringAttr.get(name),
             decomposition=ir.FlatSymbolRefAttr.get(ir.StringAttr(symbol).value),
             composite_attributes=ir.DictAttr.get({}),
             version=ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 0))
-        return composite.results
+        return list(composite.results)
     return rule

@@ -36,6 +36,13 @@ def insert_slice(x: ir.Value, dest: ir.Value, offsets: Sequence[Offset],
     return tensor.InsertSliceOp(x, dest, dynamic, [], [], static, sizes, strides).result
 
 
+def parallel_insert_slice(x: ir.Value, dest: ir.Value, offsets: Sequence[Offset]) -> None:
+    """``x`` written into ``dest`` (a shared output of the scf.forall around) at ``offsets``."""
+    sizes = builders.shape_of(x)
+    dynamic, static = _split_offsets(offsets)
+    tensor.ParallelInsertSliceOp(x, dest, dynamic, [], [], static, sizes, [1] * len(sizes))
+
+
 def _split_offsets(offsets: Sequence[Offset]) -> tuple[list[ir.Value], list[int]]:
     """Operands and the static attribute of mixed offsets (dynamic ones get a sentinel)."""
     dynamic = [o for o in offsets if isinstance(o, ir.Value)]
