@@ -25,42 +25,57 @@ from polyblocks_jax.passes.results import forall_into, generic_into, is_empty_te
 _RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")
 _STATIC = ("static_offsets", "static_sizes", "static_strides")
 _RESULT_USERS = ("func.return", "bufferization.materialize_in_destination", "bufferization.alloc_tensor")
+# Loops whose bodies are searched too, by the index of their first body region (scf.while's
+# "before" region only tests the condition).
+_LOOPS = {"scf.for": 0, "scf.while": 1}
 # An elementwise generic, or a tile-fusion group of them (each tile reading the slice of
 # the input it writes).
 _WRITERS = {"linalg.generic": generic_into, "scf.forall": forall_into}
 
 
 def compute_in_place(module: ir.Module, options: Options) -> None:
-    """Give every top-level elementwise generic or loop a dying computed input as
-    destination, then every padded copy's producer its interior (with ``options.arena``:
-    the switch of buffer reuse)."""
+    """Give every elementwise generic or loop of a function's top level, or of a loop's body
+    there, a dying computed input as destination, then every padded copy's producer its
+    interior (with ``options.arena``: the switch of buffer reuse)."""
     if not options.arena:
         return
     for fn in module.body.operations:
         if not isinstance(fn, func.FuncOp) or fn.is_external:
             continue
-        ops = [op.operation for op in fn.entry_block.operations]
-        for op in ops:
-            into = _WRITERS.get(op.name)
-            if into is None or len(op.results) != 1 or _returned(op.results[0]):
-                continue
-            for value in _inputs(op, fn):
-                if value.type == op.results[0].type and _computed(value) and into(fn, op, 0, value):
-                    break
-        # The last insert first: a concatenation into a padded copy, then its parts into it.
-        for op in reversed([op for op in ops if op.name == "tensor.insert_slice"]):
-            _produce_into_padding(op)
+        for block in _blocks(fn.entry_block):
+            ops = [op.operation for op in block.operations]
+            for op in ops:
+                into = _WRITERS.get(op.name)
+                if into is None or len(op.results) != 1 or _returned(op.results[0]):
+                    continue
+                for value in _inputs(op, block):
+                    if value.type == op.results[0].type and _computed(value, fn) and into(op, 0, value):
+                        break
+            # The last insert first: a concatenation into a padded copy, then its parts into it.
+            for op in reversed([op for op in ops if op.name == "tensor.insert_slice"]):
+                _produce_into_padding(op)
 
 
-def _inputs(op: ir.Operation, fn: func.FuncOp) -> list[ir.Value]:
-    """The values ``op`` could write over: a generic's inputs; the top-level values a loop
-    slices directly in its body (``forall_into`` takes no other reads)."""
+def _blocks(block: ir.Block) -> list[ir.Block]:
+    """``block`` and the bodies of the loops in it, nested ones too (a loop-carried tensor
+    written over in place needs no copy per iteration: a fori_loop of an elementwise update
+    of 2 MB copied it into a fresh buffer each time, 4 times XLA's time)."""
+    blocks = [block]
+    for op in block.operations:
+        if op.operation.name in _LOOPS:
+            for region in op.operation.regions[_LOOPS[op.operation.name]:]:
+                blocks += [b for inner in region.blocks for b in _blocks(inner)]
+    return blocks
+
+
+def _inputs(op: ir.Operation, block: ir.Block) -> list[ir.Value]:
+    """The values ``op`` could write over: a generic's inputs; the values of ``block`` that
+    a loop slices directly in its body (``forall_into`` takes no other reads)."""
     if op.name == "linalg.generic":
         return list(dict.fromkeys(list(op.operands)[:len(op.operands) - 1]))
     sources = (inner.operands[0] for inner in op.regions[0].blocks[0].operations
                if inner.name == "tensor.extract_slice")
-    return list(dict.fromkeys(v for v in sources
-                              if not isinstance(v.owner, ir.Block) and v.owner.operation.parent == fn.operation))
+    return list(dict.fromkeys(v for v in sources if _block_of(v) == block))
 
 
 def _produce_into_padding(insert: ir.Operation) -> None:
@@ -130,8 +145,16 @@ def _returned(value: ir.Value) -> bool:
                for use in value.uses)
 
 
-def _computed(value: ir.Value) -> bool:
-    """Whether ``value`` is an op's result (through reshapes) other than a constant's."""
+def _computed(value: ir.Value, fn: func.FuncOp) -> bool:
+    """Whether ``value`` is an op's result (through reshapes) other than a constant's, or a
+    loop's carried value (an argument of a loop body, not of the function)."""
     while not isinstance(value.owner, ir.Block) and value.owner.name in _RESHAPES:
         value = value.owner.operands[0]
-    return not isinstance(value.owner, ir.Block) and value.owner.name != "arith.constant"
+    if isinstance(value.owner, ir.Block):
+        return value.owner != fn.entry_block
+    return value.owner.name != "arith.constant"
+
+
+def _block_of(value: ir.Value) -> ir.Block:
+    """The block defining ``value``."""
+    return value.owner if isinstance(value.owner, ir.Block) else value.owner.operation.block

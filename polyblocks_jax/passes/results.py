@@ -138,25 +138,25 @@ def _tie_donated_results(fn: func.FuncOp, ret: ir.Operation, donors: dict[int, i
         entries[_WRITABLE] = ir.BoolAttr.get(True)
         attrs[i] = ir.DictAttr.get(entries)
         if value != dest:
-            _write_into_argument(fn, value, dest)
+            _write_into_argument(value, dest)
             with ir.InsertionPoint(ret), ret.location:
                 ret.operands[k] = bufferization.MaterializeInDestinationOp(dest.type, value, dest).result
     if donors:
         fn.arg_attrs = ir.ArrayAttr.get(attrs)
 
 
-def _write_into_argument(fn: func.FuncOp, value: ir.Value, arg: ir.Value) -> None:
+def _write_into_argument(value: ir.Value, arg: ir.Value) -> None:
     """Make ``arg`` the destination of ``value``'s elementwise producer, where that is safe."""
     if isinstance(value.owner, ir.Block):
         return
     producer = value.owner
     if producer.name == "scf.forall":
-        forall_into(fn, producer, ir.OpResult(value).result_number, arg)
+        forall_into(producer, ir.OpResult(value).result_number, arg)
     elif producer.name == "linalg.generic":
-        generic_into(fn, producer, ir.OpResult(value).result_number, arg)
+        generic_into(producer, ir.OpResult(value).result_number, arg)
 
 
-def forall_into(fn: func.FuncOp, loop: ir.Operation, result: int, arg: ir.Value) -> bool:
+def forall_into(loop: ir.Operation, result: int, arg: ir.Value) -> bool:
     """Shared output ``result`` of ``loop`` starts as ``arg``; its reads of ``arg`` read the
     shared output; whether it now does.
 
@@ -174,7 +174,7 @@ def forall_into(fn: func.FuncOp, loop: ir.Operation, result: int, arg: ir.Value)
     inserts = [op for op in terminator.regions[0].blocks[0].operations if op.operands[1] == shared]
     if len(inserts) != 1:
         return False
-    reads = _uses_within(fn, arg, loop)
+    reads = _uses_within(arg, loop)
     if reads is None or not all(_reads_inserted_slice(use, body, inserts[0]) for use in reads):
         return False
     loop.operands[len(loop.operands) - outs + result] = arg
@@ -183,7 +183,7 @@ def forall_into(fn: func.FuncOp, loop: ir.Operation, result: int, arg: ir.Value)
     return True
 
 
-def generic_into(fn: func.FuncOp, op: ir.Operation, result: int, arg: ir.Value) -> bool:
+def generic_into(op: ir.Operation, result: int, arg: ir.Value) -> bool:
     """An all-parallel ``linalg.generic`` reading ``arg`` with its output's indexing map, and
     nothing after it, writes into ``arg``; whether it now does."""
     outs = len(op.results)
@@ -191,19 +191,21 @@ def generic_into(fn: func.FuncOp, op: ir.Operation, result: int, arg: ir.Value) 
     maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
     parallel = all("parallel" in str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"]))
     same_map = all(maps[i] == maps[init_index] for i, v in enumerate(op.operands) if v == arg)
-    if not (parallel and same_map and is_empty_tensor(op.operands[init_index])) or _uses_within(fn, arg, op) != []:
+    if not (parallel and same_map and is_empty_tensor(op.operands[init_index])) or _uses_within(arg, op) != []:
         return False
     op.operands[init_index] = arg
     return True
 
 
-def _uses_within(fn: func.FuncOp, arg: ir.Value, op: ir.Operation) -> list[ir.Operation] | None:
-    """The ops nested in ``op`` that use ``arg``; None when an op after ``op`` uses it too."""
+def _uses_within(arg: ir.Value, op: ir.Operation) -> list[ir.Operation] | None:
+    """The ops nested in ``op`` that use ``arg``; None when an op after ``op`` (in its block)
+    uses it too."""
     inside = []
+    scope = op.parent
     for use in arg.uses:
         user = use.owner.operation
         top = user
-        while top.parent is not None and top.parent != fn.operation:
+        while top.parent is not None and top.parent != scope:
             top = top.parent
         if top == op:
             if user != op:
