@@ -2,10 +2,11 @@
 
 bench/ops.py measures the issue's kernels; this measures breadth: reductions along each
 axis, scans, softmax variants, masks, transcendental functions, pooling, gathers and
-scatters, convolutions of several kinds, at a few MB each, so that a program far slower
-than XLA's shows up. Before this table existed, jnp.var's layernorm, tanh, a 1-D
-convolution, a gather of rows and a masked softmax took 2.4x to 85x XLA's time. Prints a
-table and writes bench/results/programs-<machine>.json with a chart of the ratios.
+scatters, convolutions of several kinds, sorts and selections, loops, a training step's
+gradients, at a few MB each, so that a program far slower than XLA's shows up. Before this
+table existed, jnp.var's layernorm, tanh, a 1-D convolution, a gather of rows, a masked
+softmax, top_k and a fori_loop took 2.4x to 85x XLA's time. Prints a table and writes
+bench/results/programs-<machine>.json with a chart of the ratios.
 
     python bench/programs.py
     python bench/programs.py --programs tanh,cumsum_last --repeat 30
@@ -107,6 +108,34 @@ def programs() -> dict[str, tuple[Callable, list]]:
         "rms_norm": (lambda a: a * lax.rsqrt((a * a).mean(-1, keepdims=True) + 1e-6), [seq]),
         "f16_scale": (lambda a: (a.astype(jnp.float16) * 2).astype(jnp.float32), [x]),
         "int_ops": (lambda a: ((a * 100).astype(jnp.int32) >> 2) % 7, [x]),
+        "top_k": (lambda a: lax.top_k(a, 8), [m]),
+        "argsort": (lambda a: jnp.argsort(a, -1), [_normal(256, 1024)]),
+        "fori_loop": (lambda a: lax.fori_loop(0, 100, lambda i, c: c * 0.99 + 0.01, a), [_normal(8, 256, 256)]),
+        "scan_rnn": (lambda h, xs, w: lax.scan(lambda c, v: (jnp.tanh(c @ w + v), None), h, xs)[0],
+                     [_normal(32, 256), _normal(64, 32, 256), _normal(256, 256, seed=1) / 16]),
+        **_training(),
+    }
+
+
+def _training() -> dict[str, tuple[Callable, list]]:
+    """Gradients and an optimizer step, as a training step computes them."""
+    img, w = _normal(8, 28, 28, 64), _normal(3, 3, 64, 64, seed=1) / 24
+    seq, dense = _normal(8, 256, 256), _normal(256, 256, seed=1) / 16
+    qkv = [_normal(8, 128, 64, seed=s) for s in range(3)]
+
+    def attention(q, k, v):
+        return (jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", q, k) / 8, -1) @ v).sum()
+    return {
+        "grad_conv_weights": (jax.grad(lambda w, a: (_conv(w)(a) ** 2).sum()), [w, img]),
+        "grad_conv_input": (jax.grad(lambda a, w: (_conv(w)(a) ** 2).sum()), [img, w]),
+        "grad_dense_tanh": (jax.grad(lambda w, a: jnp.tanh(a @ w).sum()), [dense, seq]),
+        "grad_softmax_cross_entropy": (jax.grad(lambda a: -jax.nn.log_softmax(a, -1)[..., 0].sum()), [seq]),
+        "grad_max_pool": (jax.grad(lambda a: _pool(lax.max, -jnp.inf, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")(a).sum()),
+                          [img]),
+        "grad_gelu": (jax.grad(lambda a: jax.nn.gelu(a).sum()), [seq]),
+        "grad_attention": (jax.grad(attention, argnums=(0, 1, 2)), qkv),
+        "adam_update": (lambda p, g, m, v: p - 1e-3 * (0.9 * m + 0.1 * g) / (jnp.sqrt(0.999 * v + 0.001 * g * g) + 1e-8),
+                        [seq, seq, seq, jnp.abs(seq)]),
     }
 
 
