@@ -1,6 +1,7 @@
 """The PJRT plugin through public JAX API: platform "polyblocks" against XLA CPU."""
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import subprocess
@@ -153,6 +154,21 @@ class JitTest(absltest.TestCase):
                         (lambda a: lax.top_k(a, 40), x), (lambda a: lax.top_k(a, 4), ints),
                         (lambda a: lax.top_k(a, 2, axis=0), x), (lambda a: lax.top_k(a, 3), x.astype(ml_dtypes.bfloat16))):
             support.assert_close(self, run_pb(fn, arg), support.xla_cpu(fn, arg))
+
+    def test_argmax_and_argmin_arrive_as_composites(self):
+        # two vectorized reductions: the extremum, then its first index (NaN first, ties to
+        # the lower index, -0 and +0 tied)
+        x = support.random_array(np.random.default_rng(9), (5, 6, 33), np.float32)
+        x[0, 0, :5] = [1.0, np.nan, 3.0, np.nan, 5.0]
+        x[1, 1, :] = 0.0
+        x[1, 1, ::2] = -0.0
+        x[2, 2, :] = 2.0
+        self.assertIn('stablehlo.composite "polyblocks.argmax"', jax.jit(jnp.argmax).lower(*on_pb(x)).as_text())
+        ints = np.random.default_rng(10).integers(-3, 3, size=(4, 9)).astype(np.int32)
+        for arg in (x, x.astype(ml_dtypes.bfloat16), ints, ints.astype(np.uint8)):
+            for axis in range(arg.ndim):
+                fn = functools.partial(lambda a, axis: (jnp.argmax(a, axis), jnp.argmin(a, axis)), axis=axis)
+                support.assert_close(self, run_pb(fn, arg), support.xla_cpu(fn, arg), msg=f"{arg.dtype} {axis}")
 
     def test_unsupported_op_is_a_python_exception_naming_the_op(self):
         x = jax.device_put(np.ones((2, 2), np.float32), pb_device())

@@ -8,14 +8,15 @@ registers a generic rule written in plain StableHLO, and a platform without its 
 lowering with JAX's own error naming the primitive and the platform ("MLIR translation
 rule for primitive 'eigh' not found for platform polyblocks").
 
-erf, erfc and top_k: a program reaches a PJRT plugin as a portable artifact, and jaxlib
-expands every chlo op into StableHLO on the way (erfc: three approximations, two divisions
-and a select per element; top_k: a sort of the whole row). Our rules for platform
-"polyblocks" wrap what JAX's own rule emits in a ``stablehlo.composite`` named after the
-chlo op, whose decomposition is that output: the composite survives serialization, and the
-importer computes it its own way where it has one (stablehlo_import/elementwise.py,
-sort.py), else runs the decomposition. (top_k along another axis than the last, or with a
-symbolic k, keeps JAX's rule alone.)
+erf, erfc, top_k, argmax and argmin: a program reaches a PJRT plugin as a portable
+artifact, and jaxlib expands every chlo op into StableHLO on the way (erfc: three
+approximations, two divisions and a select per element; top_k: a sort of the whole row);
+argmax is a reduce of values and indices together. Our rules for platform "polyblocks" wrap
+what JAX's own rule emits in a ``stablehlo.composite`` named after the op, whose
+decomposition is that output: the composite survives serialization, and the importer
+computes it its own way where it has one (stablehlo_import/elementwise.py, sort.py,
+reduce.py), else runs the decomposition. (top_k along another axis than the last, or with
+a symbolic k, and argmax over several axes keep JAX's rule alone.)
 
 Donation: JAX only emits input/output aliasing for platforms it lists as supporting
 donation; the list is internal (``mlir._platforms_with_donation``) and no public API
@@ -40,25 +41,34 @@ def _register_preserved_chlo() -> None:
     from jax import lax
     from jax.interpreters import mlir
     for primitive, name, wrapped in ((lax.erf_p, "chlo.erf", None), (lax.erfc_p, "chlo.erfc", None),
-                                     (lax.top_k_p, "chlo.top_k", _top_k_along_the_last_axis)):
+                                     (lax.top_k_p, "chlo.top_k", _top_k_along_the_last_axis),
+                                     (lax.argmax_p, "polyblocks.argmax", _one_axis),
+                                     (lax.argmin_p, "polyblocks.argmin", _one_axis)):
         # JAX's own rule for every platform: no public API returns it, the module re-exports it
         default = mlir._lowerings[primitive].rule
         mlir.register_lowering(primitive, _composite_rule(name, default, wrapped), platform=PLATFORM)
 
 
-def _top_k_along_the_last_axis(ctx, operand, *, k, axis) -> bool:
-    return isinstance(k, int) and axis in (-1, len(ctx.avals_in[0].shape) - 1)
+def _top_k_along_the_last_axis(ctx, operand, *, k, axis) -> dict | None:
+    return {} if isinstance(k, int) and axis in (-1, len(ctx.avals_in[0].shape) - 1) else None
+
+
+def _one_axis(ctx, operand, *, axes, index_dtype) -> dict | None:
+    """argmax / argmin along one axis: the composite names it."""
+    from jaxlib.mlir import ir
+    return {"axis": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), axes[0])} if len(axes) == 1 else None
 
 
 def _composite_rule(name: str, default, wrapped=None):
     """A rule lowering as ``default`` does, inside a ``stablehlo.composite`` called ``name``
-    (where ``wrapped(ctx, *args, **params)``, when given, says so)."""
+    whose attributes ``wrapped(ctx, *args, **params)`` gives (None: ``default`` alone)."""
     from jax.interpreters import mlir
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import func, stablehlo
 
     def rule(ctx: mlir.LoweringRuleContext, *args: ir.Value, **params) -> list[ir.Value]:
-        if wrapped is not None and not wrapped(ctx, *args, **params):
+        attributes = {} if wrapped is None else wrapped(ctx, *args, **params)
+        if attributes is None:
             return default(ctx, *args, **params)
         module = ctx.module_context
         operand_types = [a.type for a in args]
@@ -73,7 +83,7 @@ def _composite_rule(name: str, default, wrapped=None):
         composite = stablehlo.CompositeOp(
             result_types, list(args), name=ir.StringAttr.get(name),
             decomposition=ir.FlatSymbolRefAttr.get(ir.StringAttr(symbol).value),
-            composite_attributes=ir.DictAttr.get({}),
+            composite_attributes=ir.DictAttr.get(attributes),
             version=ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 0))
         return list(composite.results)
     return rule

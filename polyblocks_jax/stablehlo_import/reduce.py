@@ -3,14 +3,23 @@
 Variadic reduces (argmax/argmin reduce values and indices together) map to one
 linalg.reduce with several inputs and inits. The accumulators start from the init
 values, so a reduction over zero-size dimensions yields the init value.
+
+jnp.argmax and argmin reach us as composites (pjrt/lowering_rules.py) and become two plain
+reductions that vectorize: the extremum (NaN wins), then the first index holding it (a NaN
+where the extremum is one), where the variadic reduce of values and indices stayed scalar
+(argmax over rows of 256: 5.2 ms, XLA 3.1).
 """
 from __future__ import annotations
 
+from typing import Sequence
+
+import numpy as np
+from jaxlib.mlir import ir as jir
 from mlir import ir
-from mlir.dialects import linalg
+from mlir.dialects import arith, linalg
 
 from polyblocks_jax.stablehlo_import import builders, reader
-from polyblocks_jax.stablehlo_import.registry import converts
+from polyblocks_jax.stablehlo_import.registry import computes_composite, converts
 from polyblocks_jax.stablehlo_import.types import element_type
 
 
@@ -33,3 +42,51 @@ def reduce(cx, op):
         results = cx.import_block(op.op.regions[0].blocks[0], args[n:] + args[:n], scalar=True)
         linalg.YieldOp(results)
     return list(reduce_op.results)
+
+
+@computes_composite("polyblocks.argmax", "polyblocks.argmin")
+def argmax_argmin(cx, op) -> Sequence[ir.Value] | None:
+    """The first index of the largest (smallest) element along the composite's axis."""
+    spec, (index_spec,) = op.operand_specs[0], op.result_specs
+    if spec.dtype.is_bool or index_spec.dtype.is_unsigned:
+        return None
+    largest = jir.StringAttr(op.attr("name")).value == "polyblocks.argmax"
+    axis = jir.IntegerAttr(jir.DictAttr(op.attr("composite_attributes"))["axis"]).value
+    x = op.operands[0]
+    extremum = _extremum(x, axis, largest, spec.dtype)
+    rank = spec.rank
+    identity = ir.AffineMap.get_identity(rank)
+    row = ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(d) for d in range(rank) if d != axis])
+    index_type = element_type(index_spec.dtype)
+    none_yet = builders.filled(builders.splat(np.iinfo(index_spec.dtype.numpy).max, index_type), index_spec.shape)
+
+    def body(value, best, out):
+        if spec.dtype.is_float:  # NaN only where the extremum is one
+            hit = arith.ori(arith.cmpf(arith.CmpFPredicate.OEQ, value, best),
+                            arith.andi(arith.cmpf(arith.CmpFPredicate.UNO, value, value),
+                                       arith.cmpf(arith.CmpFPredicate.UNO, best, best)))
+        else:
+            hit = arith.cmpi(arith.CmpIPredicate.eq, value, best)
+        position = arith.index_cast(index_type, linalg.IndexOp(axis).result)
+        return [arith.minsi(out, arith.select(hit, position, out))]
+    iterators = ["reduction" if d == axis else "parallel" for d in range(rank)]
+    return builders.generic([x, extremum], [none_yet], [identity, row, row], iterators, body)
+
+
+def _extremum(x: ir.Value, axis: int, largest: bool, dtype) -> ir.Value:
+    """The maximum (minimum) of ``x`` along ``axis``, NaN winning over any number."""
+    shape = [s for d, s in enumerate(builders.shape_of(x)) if d != axis]
+    elem = builders.elem_type_of(x)
+    if dtype.is_float:
+        start, combine = (-np.inf, arith.maximumf) if largest else (np.inf, arith.minimumf)
+    else:
+        info = np.iinfo(dtype.numpy)
+        start = info.min if largest else info.max
+        combine = (arith.maxui if largest else arith.minui) if dtype.is_unsigned else \
+            (arith.maxsi if largest else arith.minsi)
+    acc = builders.filled(builders.splat(start, elem), shape)
+    reduce_op = linalg.ReduceOp([acc.type], [x], [acc], [axis])
+    block = reduce_op.regions[0].blocks.append(elem, elem)
+    with ir.InsertionPoint(block):
+        linalg.YieldOp([combine(block.arguments[1], block.arguments[0])])
+    return reduce_op.results[0]
