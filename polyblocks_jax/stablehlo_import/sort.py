@@ -12,9 +12,9 @@ from typing import Callable, Sequence
 
 from jaxlib.mlir import ir as jir
 from mlir import ir
-from mlir.dialects import arith, linalg, scf, tensor
+from mlir.dialects import arith, scf, tensor
 
-from polyblocks_jax.dtypes import DType, TensorSpec
+from polyblocks_jax.dtypes import DType
 from polyblocks_jax.stablehlo_import import builders, reader, slices
 from polyblocks_jax.stablehlo_import.elementwise import total_order_key
 from polyblocks_jax.stablehlo_import.registry import computes_composite, converts
@@ -165,7 +165,7 @@ def _enter(values: ir.Value, indices: ir.Value, x: ir.Value, position: ir.Value,
     def count(i, carried):
         value = tensor.ExtractOp(values, [*origin, i]).result
         stays = arith.andi(arith.cmpi(arith.CmpIPredicate.slt, i, kept), arith.xori(less(value, x), _true()))
-        return [arith.addi(carried[0], arith.index_cast(ir.IndexType.get(), arith.extui(ir.IntegerType.get_signless(64), stays)))]
+        return [arith.addi(carried[0], arith.select(stays, one, zero))]
     slot = builders.for_loop(zero, builders.index_constant(k), one, [zero], count)[0]
 
     def shift(t, carried):
@@ -178,13 +178,6 @@ def _enter(values: ir.Value, indices: ir.Value, x: ir.Value, position: ir.Value,
 
 def _true() -> ir.Value:
     return arith.constant(ir.IntegerType.get_signless(1), 1)
-
-
-def _iota(spec: TensorSpec, dimension: int) -> ir.Value:
-    def element(_out):
-        position = linalg.IndexOp(dimension).result
-        return arith.index_cast(element_type(spec.dtype), position)
-    return builders.parallel_generic([], builders.empty(spec), [], element)
 
 
 def leading(value: ir.Value, dimension: int, k: int) -> ir.Value:

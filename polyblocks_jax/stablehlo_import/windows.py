@@ -120,8 +120,8 @@ def _pooling_op(body: jir.Block, win: _Window, spec: TensorSpec) -> tuple[Callab
     if kind != "sum" and spec.dtype.is_unsigned:
         kind += "_unsigned"
     layouts = {3: ("nwc", "ncw"), 4: ("nhwc", "nchw"), 5: ("ndhwc", None)}.get(spec.rank, ())
-    for layout, kept in zip(layouts, ((0, spec.rank - 1), (0, 1))):
-        named = getattr(linalg, f"pooling_{layout}_{kind}", None) if layout else None
+    for order, kept in zip(layouts, ((0, spec.rank - 1), (0, 1))):
+        named = getattr(linalg, f"pooling_{order}_{kind}", None) if order else None
         if named and all(win.dims[i] == 1 and win.strides[i] == 1 for i in kept):
             return named, [i for i in range(spec.rank) if i not in kept]
     return None
