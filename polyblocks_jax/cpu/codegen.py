@@ -4,8 +4,8 @@ The module becomes LLVM IR (its large constants raw bytes beside it, see constan
 ``llvm-split`` cuts it into a few parts per core (the kernels are functions of their own,
 see outline.py), and each part is optimized (``opt``) and turned into an object file
 (``llc``) in a process of its own, one part per core at a time; ``cc`` links them with libm
-and the OpenMP runtime. A process starts in about 15 ms; the in-process JIT optimized and generated a
-model on one core (ResNet-18: 3.7 s, now 1.7 s on two).
+and the OpenMP runtime. A process starts in about 15 ms; the in-process JIT optimized and
+generated a model on one core (ResNet-18: 3.7 s, now 1.7 s on two).
 """
 from __future__ import annotations
 

@@ -95,6 +95,6 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         # Results become caller-allocated out-parameters: no allocation crosses the ABI.
         Stage("out-params", "buffer-results-to-out-params{hoist-static-allocs modify-public-functions}, "
               "canonicalize, buffer-deallocation-pipeline"),
+        Stage("strided-copies", strided_copies_to_linalg),
     ]
-    stages.append(Stage("strided-copies", strided_copies_to_linalg))
     return stages

@@ -12,7 +12,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, tensor
 
-from polyblocks_jax.passes.transform import float_constant, walk
+from polyblocks_jax.passes.transform import float_constant, indexing_maps, reduction_loops, walk
 from polyblocks_jax.stablehlo_import.builders import parallel_generic
 
 
@@ -29,7 +29,7 @@ def _softmax_operand(op: ir.Operation) -> tuple[int, ir.Operation] | None:
     produces, and the division; None when there is none."""
     if not _is_contraction_from_zero(op):
         return None
-    reductions = _loops(op, "reduction")
+    reductions = reduction_loops(op)
     for index in (0, 1):
         owner = op.operands[index].owner
         if not isinstance(owner, ir.OpView) or not _is_softmax_division(owner.operation):
@@ -38,14 +38,14 @@ def _softmax_operand(op: ir.Operation) -> tuple[int, ir.Operation] | None:
         if len(list(division.results[0].uses)) != 1:
             continue
         loops = _sum_loops(op, index, division)
-        if loops is not None and not loops & reductions and loops <= set(_dims(_maps(op)[2])):
+        if loops is not None and not loops & reductions and loops <= set(_dims(indexing_maps(op)[2])):
             return index, division
     return None
 
 
 def _is_contraction_from_zero(op: ir.Operation) -> bool:
     """A generic ``out + a * b`` with reduction loops, starting from a fill of 0.0."""
-    if op.name != "linalg.generic" or len(op.operands) != 3 or not _loops(op, "reduction"):
+    if op.name != "linalg.generic" or len(op.operands) != 3 or not reduction_loops(op):
         return False
     block = op.regions[0].blocks[0]
     body = list(block.operations)
@@ -54,19 +54,17 @@ def _is_contraction_from_zero(op: ir.Operation) -> bool:
     a, b, out = block.arguments
     if set(body[0].operands) != {a, b} or set(body[1].operands) != {out, body[0].results[0]}:
         return False
-    fill = op.operands[2].owner
-    return isinstance(fill, ir.OpView) and fill.operation.name == "linalg.fill" \
-        and float_constant(fill.operation.operands[0]) == 0.0
+    return _filled_with_zero(op.operands[2])
 
 
 def _is_softmax_division(op: ir.Operation) -> bool:
     """``e / s`` over e's loops (identity map), e an exponential, s the sum of e along the
     loops its map leaves out."""
-    if op.name != "linalg.generic" or len(op.operands) != 3 or _loops(op, "reduction"):
+    if op.name != "linalg.generic" or len(op.operands) != 3 or reduction_loops(op):
         return False
     block = op.regions[0].blocks[0]
     body = list(block.operations)
-    e_map, s_map, _ = _maps(op)
+    e_map, s_map, _ = indexing_maps(op)
     if len(body) != 2 or body[0].name != "arith.divf" or list(body[0].operands) != list(block.arguments[:2]) \
             or e_map != ir.AffineMap.get_identity(e_map.n_dims):
         return False
@@ -88,13 +86,17 @@ def _is_sum_of(owner, e: ir.Value, s_map: ir.AffineMap) -> bool:
     op = owner.operation
     if len(op.operands) != 2 or op.operands[0] != e or not _is_contraction_body(op, "arith.addf"):
         return False
-    in_map, out_map = _maps(op)
+    in_map, out_map = indexing_maps(op)
     kept = set(_dims(s_map))
-    fill = op.operands[1].owner
     return (in_map == ir.AffineMap.get_identity(in_map.n_dims) and out_map == s_map
-            and _loops(op, "reduction") == set(range(in_map.n_dims)) - kept
-            and isinstance(fill, ir.OpView) and fill.operation.name == "linalg.fill"
-            and float_constant(fill.operation.operands[0]) == 0.0)
+            and reduction_loops(op) == set(range(in_map.n_dims)) - kept and _filled_with_zero(op.operands[1]))
+
+
+def _filled_with_zero(init: ir.Value) -> bool:
+    """Whether a ``linalg.fill`` of 0.0 defines ``init``."""
+    fill = init.owner
+    return isinstance(fill, ir.OpView) and fill.operation.name == "linalg.fill" \
+        and float_constant(fill.operation.operands[0]) == 0.0
 
 
 def _is_contraction_body(op: ir.Operation, combiner: str) -> bool:
@@ -106,9 +108,9 @@ def _is_contraction_body(op: ir.Operation, combiner: str) -> bool:
 def _sum_loops(op: ir.Operation, index: int, division: ir.Operation) -> set[int] | None:
     """The loops of ``op`` indexing the sum, through operand ``index``'s map, or None when
     some dim is not a plain loop."""
-    operand_map = _maps(op)[index]
+    operand_map = indexing_maps(op)[index]
     loops = set()
-    for dim in _dims(_maps(division)[1]):
+    for dim in _dims(indexing_maps(division)[1]):
         expr = operand_map.results[dim]
         if not isinstance(expr, ir.AffineDimExpr):
             return None
@@ -121,10 +123,10 @@ def _divide_result(op: ir.Operation, index: int, division: ir.Operation) -> None
     exps, sums = division.operands[0], division.operands[1]
     op.operands[index] = exps
     result = op.results[0]
-    out_dims = _dims(_maps(op)[2])
-    operand_map = _maps(op)[index]
-    sum_map = ir.AffineMap.get(len(out_dims), 0, [
-        ir.AffineDimExpr.get(out_dims.index(operand_map.results[d].position)) for d in _dims(_maps(division)[1])])
+    maps = indexing_maps(op)
+    out_dims, operand_map = _dims(maps[2]), maps[index]
+    sum_map = ir.AffineMap.get(len(out_dims), 0, [ir.AffineDimExpr.get(out_dims.index(operand_map.results[d].position))
+                                                  for d in _dims(indexing_maps(division)[1])])
     shaped = ir.RankedTensorType(result.type)
     with ir.InsertionPoint.after(op), op.location:
         init = tensor.EmptyOp(shaped.shape, shaped.element_type)
@@ -135,14 +137,6 @@ def _divide_result(op: ir.Operation, index: int, division: ir.Operation) -> None
     division.erase()
 
 
-def _maps(op: ir.Operation) -> list[ir.AffineMap]:
-    return [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
-
-
 def _dims(m: ir.AffineMap) -> list[int]:
     """The loop of each result of ``m`` (all plain loops here)."""
     return [e.position for e in m.results if isinstance(e, ir.AffineDimExpr)]
-
-
-def _loops(op: ir.Operation, kind: str) -> set[int]:
-    return {i for i, it in enumerate(str(op.attributes["iterator_types"]).split(",")) if kind in it}

@@ -29,7 +29,7 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes.isolated_functions import isolate
 from polyblocks_jax.passes.templates import inline_call
 from polyblocks_jax.passes.tiling import Hardware
-from polyblocks_jax.passes.transform import apply_script, has_reversed_index, walk
+from polyblocks_jax.passes.transform import apply_script, has_reversed_index, indexing_maps, reduction_loops, walk
 
 ROOT_ATTR = "polyblocks.group"
 MEMBER_ATTR = "polyblocks.member"
@@ -76,11 +76,10 @@ def nest_of(op: ir.Operation) -> Nest | None:
     if op.name == "linalg.generic":
         if has_reversed_index(op):
             return None  # tiling it would abort the process (see has_reversed_index)
-        maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+        maps = indexing_maps(op)
         dims = [tuple(e.position if isinstance(e, ir.AffineDimExpr) else None for e in m.results) for m in maps]
         rank = maps[0].n_dims
-        iterators = str(op.attributes["iterator_types"]).split(",")
-        reductions = frozenset(i for i, it in enumerate(iterators) if "reduction" in it)
+        reductions = reduction_loops(op)
     elif op.name == "linalg.fill":
         rank = len(shapes[1])
         dims, reductions = [(), tuple(range(rank))], frozenset()

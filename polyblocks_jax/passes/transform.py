@@ -20,6 +20,16 @@ def walk(op: ir.Operation) -> list[ir.Operation]:
     return nested[1:]  # not op itself
 
 
+def indexing_maps(op: ir.Operation) -> list[ir.AffineMap]:
+    """The indexing maps of a linalg structured op, one per operand."""
+    return [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+
+
+def reduction_loops(op: ir.Operation) -> frozenset[int]:
+    """The loops of a linalg structured op whose iterator type is ``reduction``."""
+    return frozenset(i for i, it in enumerate(str(op.attributes["iterator_types"]).split(",")) if "reduction" in it)
+
+
 def float_constant(value: ir.Value) -> float | None:
     """The value of ``value`` where an ``arith.constant`` float defines it, else None."""
     owner = value.owner

@@ -27,7 +27,8 @@ from mlir import ir, passmanager
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import conv_tiling, signed_zeros, vector_math
 from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, register_tile
-from polyblocks_jax.passes.transform import apply_script, has_reversed_index, lower_vectors_and_hoist, walk
+from polyblocks_jax.passes.transform import (apply_script, has_reversed_index, indexing_maps, lower_vectors_and_hoist,
+                                             reduction_loops, walk)
 from polyblocks_jax.passes.zero_start import NEST_ATTR, start_accumulators_at_zero
 
 VECTOR_ATTR = "polyblocks.vector"
@@ -218,10 +219,9 @@ def loop_nest(op: ir.Operation) -> LoopNest | None:
         n_inputs = len(op.operands) - len(op.results)
         dims = [tuple(range(rank))] * n_inputs + [tuple(d for d in range(rank) if d not in reduced)] * len(op.results)
     else:
-        iterators = str(op.attributes["iterator_types"])
-        maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+        maps = indexing_maps(op)
         rank = maps[0].n_dims
-        reduced = frozenset(i for i, part in enumerate(iterators.split(",")) if "reduction" in part)
+        reduced = reduction_loops(op)
         dims = [tuple(e.position if isinstance(e, ir.AffineDimExpr) else None
                       for e in m.results) for m in maps]
     ranges: list[int | None] = [None] * rank

@@ -164,7 +164,7 @@ def _enter(values: ir.Value, indices: ir.Value, x: ir.Value, position: ir.Value,
 
     def count(i, carried):
         value = tensor.ExtractOp(values, [*origin, i]).result
-        stays = arith.andi(arith.cmpi(arith.CmpIPredicate.slt, i, kept), arith.xori(less(value, x), _true()))
+        stays = arith.andi(arith.cmpi(arith.CmpIPredicate.slt, i, kept), arith.xori(less(value, x), builders.splat(True, ir.IntegerType.get_signless(1))))
         return [arith.addi(carried[0], arith.select(stays, one, zero))]
     slot = builders.for_loop(zero, builders.index_constant(k), one, [zero], count)[0]
 
@@ -174,10 +174,6 @@ def _enter(values: ir.Value, indices: ir.Value, x: ir.Value, position: ir.Value,
         return [tensor.InsertOp(tensor.ExtractOp(c, [*origin, source]).result, c, [*origin, to]).result for c in carried]
     moved = builders.for_loop(zero, arith.subi(builders.index_constant(k - 1), slot), one, [values, indices], shift)
     return [tensor.InsertOp(v, c, [*origin, slot]).result for v, c in zip((x, position), moved)]
-
-
-def _true() -> ir.Value:
-    return arith.constant(ir.IntegerType.get_signless(1), 1)
 
 
 def leading(value: ir.Value, dimension: int, k: int) -> ir.Value:
