@@ -27,7 +27,9 @@ from polyblocks_jax.passes.tiling import Hardware, cycles_per_fma
 from polyblocks_jax.passes.transform import walk
 
 POOLINGS = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.pooling_nhwc_sum")
-_MAX_INPUT_CHANNELS = 32  # input channels per step: bounds the unrolled outer products
+# Input channels per step, each an unrolled outer product: 8 against 32, the 3x3
+# convolution 7.6 -> 6.5 ms and ResNet-18's compile time 2.5 -> 1.95 s (a quarter of the code).
+_MAX_INPUT_CHANNELS = 8
 _MAX_VECTORS = 4          # vectors of output channels per pixel
 _MAX_TAPS = 49            # kernel taps an im2col gathers one copy each (7 x 7)
 # Gathered rows alive at once (beyond, groups of images in a loop): more took arena memory
