@@ -14,9 +14,10 @@ caller otherwise.
 """
 from __future__ import annotations
 
+import io
 from typing import Iterator
 
-from mlir import ir
+from mlir import ir, passmanager
 from mlir.dialects import arith, func
 
 from polyblocks_jax.options import Options
@@ -66,6 +67,10 @@ def outline_kernels(module: ir.Module, options: Options) -> None:
         for op in kernel.entry_block.operations:
             if KERNEL_ATTR in op.operation.attributes:
                 del op.operation.attributes[KERNEL_ATTR]
+    # Kernels are compared as bytecode (a third of the text's time), which holds locations:
+    # a repeated layer's kernels differ in theirs only (their call sites). Nothing after
+    # this stage reports one.
+    passmanager.PassManager.parse("builtin.module(strip-debuginfo)", module.context).run(module.operation)
     _share_identical_kernels(functions, outlined)
 
 
@@ -144,20 +149,27 @@ def _share_identical_kernels(functions: list[ir.Operation], outlined: dict[str, 
 
     A model repeats its layers (ViT-Tiny: 12 identical blocks), and so its kernels, each
     viewing the arena at offsets of its own. Each kernel takes those offsets as arguments
-    instead; then the kernels of repeated layers are the same text, and all but one go:
+    instead; then the kernels of repeated layers are the same ops, and all but one go:
     LLVM compiles each kernel once, not once per layer.
     """
-    canonical: dict[str, str] = {}
+    canonical: dict[bytes, str] = {}
     for f in functions:
         for call in [op for op in _calls(f) if _callee(op) in outlined]:
             kernel = outlined[_callee(call)]
             call = _offsets_as_arguments(call, kernel)
-            # local scope: printing a nested op otherwise numbers the values of the whole module
-            text = kernel.operation.get_asm(use_local_scope=True).replace(f"@{_callee(call)}(", "@kernel(", 1)
-            name = canonical.setdefault(text, _callee(call))
+            name = canonical.setdefault(_unnamed_bytecode(kernel), _callee(call))
             if name != _callee(call):
                 call.attributes["callee"] = ir.FlatSymbolRefAttr.get(name)
                 kernel.operation.erase()
+
+
+def _unnamed_bytecode(kernel: func.FuncOp) -> bytes:
+    """``kernel`` as bytecode, under a name all kernels share."""
+    name, buffer = kernel.attributes["sym_name"], io.BytesIO()
+    kernel.attributes["sym_name"] = ir.StringAttr.get("kernel")
+    kernel.operation.write_bytecode(buffer)
+    kernel.attributes["sym_name"] = name
+    return buffer.getvalue()
 
 
 def _offsets_as_arguments(call: ir.Operation, kernel: func.FuncOp) -> ir.Operation:
