@@ -164,6 +164,17 @@ class OutlineIrTest(absltest.TestCase):
             self.assertLen({ir.FlatSymbolRefAttr(c.attributes["callee"]).value for c in calls[:2]}, 1)
             self.assertNotEqual(calls[1].attributes["callee"], calls[2].attributes["callee"])
 
+    def test_kernels_differing_only_in_locations_share_a_function(self):
+        # Repeated layers' kernels, inlined from one function, carry their call sites.
+        located = _REPEATED.replace("memref<16xf32>\n  }", 'memref<16xf32> loc("layer_a")\n  }', 1)
+        located = located.replace("%second[%i] : memref<16xf32>", '%second[%i] : memref<16xf32> loc("layer_b")')
+        self.assertEqual(located.count("loc("), 2)
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(located)
+            outline.outline_kernels(module, pb.Options())
+            module.operation.verify()
+            self.assertLen(_functions(module), 3)  # main, the shared kernel, the other one
+
     def test_function_without_loops_is_unchanged(self):
         with ir.Context(), ir.Location.unknown():
             module = ir.Module.parse("func.func @main(%a: memref<4xf32>) { return }")
