@@ -31,7 +31,7 @@ POOLINGS = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.poolin
 # convolution 7.6 -> 6.5 ms and ResNet-18's compile time 2.5 -> 1.95 s (a quarter of the code).
 _MAX_INPUT_CHANNELS = 8
 _MAX_VECTORS = 4          # vectors of output channels per pixel
-_MAX_TAPS = 49            # kernel taps an im2col gathers one copy each (7 x 7)
+_MAX_TAPS = 49            # kernel taps an im2col gathers each input pixel for (7 x 7)
 # Gathered rows alive at once (beyond, groups of images in a loop): more took arena memory
 # for no speed (ResNet-18 at batch 8: 7.2 MB of them, as much as all its other intermediates).
 _IM2COL_BYTES = 2 << 20
@@ -114,7 +114,7 @@ def im2col_pays(op: ir.Operation, hw: Hardware) -> bool:
     ran at a third to a half of XLA's speed). The matmul tiling packs cache blocks of them
     once per block of rows instead; the gathered rows cost one copy of KH*KW times the
     input, small against the F/2 FLOPs each of their elements then takes part in. Windows
-    that overlap are gathered a copy per tap: a large kernel stays direct (code size).
+    that overlap gather each pixel once per tap: a large kernel stays direct (memory).
     Windows that tile the image (a ViT's patch embedding) are gathered by one copy of the
     input, whatever the weights' size: the direct convolution read each tap's pixels with
     a stride of the kernel width, a few input channels at a time (ViT-Tiny's 16x16x3
@@ -228,19 +228,14 @@ def _im2col(image: ir.Value, window: _Window) -> ir.Value:
                                       [], ir.DenseI64ArrayAttr.get([n, oh, kh, ow, kw * c])).result
         rows = _copy(blocks, tensor.EmptyOp([n, oh, ow, kh, kw * c], element).result, [0, 1, 3, 2, 4])
         return _collapse(rows, [n * oh * ow, kh * kw * c], [[0, 1, 2], [3, 4]])
-    # Otherwise by kernel tap: for each (kh, kw), the strided slice of the image it sees,
-    # copied into its columns by an elementwise generic (identity maps, which the vectorizer
-    # takes; one generic over all taps would index the image by sums of loops, which it
-    # does not).
+    # Otherwise one generic over every tap: row (n, oh, ow) column (kh, kw, c) reads the
+    # image at (n, oh * sh + kh * dh, ow * sw + kw * dw, c); scalar loops, as the copies per
+    # tap it replaces ended up (canonicalization folded them into slices, bufferization then
+    # copied each tap in a parallel region of its own): ResNet-18's compile 2.0 -> 1.6 s.
     (sh, sw), (dh, dw) = window.strides, window.dilations
-    rows = tensor.EmptyOp([n, oh, ow, kh, kw, c], element).result
-    for i in range(kh):
-        for j in range(kw):
-            tap = tensor.extract_slice(ir.RankedTensorType.get([n, oh, ow, c], element), image, [], [], [],
-                                       [0, i * dh, j * dw, 0], [n, oh, ow, c], [1, sh, sw, 1])
-            columns = [0, 0, 0, i, j, 0], [n, oh, ow, 1, 1, c], [1] * 6
-            dest = tensor.extract_slice(tap.type, rows, [], [], [], *columns)
-            rows = tensor.insert_slice(_copy(tap, dest), rows, [], [], [], *columns)
+    d = [ir.AffineDimExpr.get(i) for i in range(6)]
+    window_map = ir.AffineMap.get(6, 0, [d[0], d[1] * sh + d[3] * dh, d[2] * sw + d[4] * dw, d[5]])
+    rows = _copy_through(image, tensor.EmptyOp([n, oh, ow, kh, kw, c], element).result, window_map)
     return _collapse(rows, [n * oh * ow, kh * kw * c], [[0, 1, 2], [3, 4, 5]])
 
 
@@ -248,8 +243,14 @@ def _copy(source: ir.Value, dest: ir.Value, permutation: list[int] | None = None
     """``source`` copied into ``dest`` by an elementwise linalg.generic: ``dest[d]`` =
     ``source[d[permutation]]`` (the identity by default)."""
     rank = ir.RankedTensorType(source.type).rank
+    return _copy_through(source, dest, ir.AffineMap.get_identity(rank) if permutation is None
+                         else ir.AffineMap.get_permutation(permutation))
+
+
+def _copy_through(source: ir.Value, dest: ir.Value, read: ir.AffineMap) -> ir.Value:
+    """``dest`` filled by a linalg.generic: ``dest[d]`` = ``source[read(d)]``."""
+    rank = ir.RankedTensorType(dest.type).rank
     identity = ir.AffineMap.get_identity(rank)
-    read = identity if permutation is None else ir.AffineMap.get_permutation(permutation)
     parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
     copy = linalg.GenericOp([dest.type], [source], [dest],
                             ir.ArrayAttr.get([ir.AffineMapAttr.get(read), ir.AffineMapAttr.get(identity)]),
