@@ -105,6 +105,13 @@ class Im2colTest(parameterized.TestCase):
         self.assertIn("tensor<1024x1152xf32>", text)  # one image's rows
         self.assertNotIn("tensor<3072x1152xf32>", text)
 
+    def test_taps_are_gathered_by_one_generic(self):
+        # Not a copy per tap: those became a scalar parallel region each after bufferization.
+        text = _conv_after_stage((1, 6, 6, 128), (3, 3, 128, 128), (2, 2), "SAME")
+        self.assertEqual(text.count("linalg.generic"), 1)
+        self.assertIn("d1 * 2 + d3", text)  # the window's row: output row times stride plus tap
+        self.assertNotIn("tensor.extract_slice", text)  # (the taps were strided slices)
+
     def test_patch_embedding_is_one_copy(self):
         text = _conv_after_stage((2, 32, 32, 3), (16, 16, 3, 192), (16, 16), "VALID")
         self.assertEqual(text.count("linalg.generic"), 1)  # not one copy per tap (256 here)
