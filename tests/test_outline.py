@@ -153,6 +153,11 @@ class OutlineIrTest(absltest.TestCase):
             run_stages(module, stages, pb.Options())
             functions = [op for op in module.body.operations if op.operation.name == "llvm.func"]
             self.assertGreaterEqual(len(functions), 4)
+            # Static contiguous buffers: main and the kernels take bare pointers, and no C
+            # wrapper of descriptors is made (cpu/executable.py calls main).
+            main = next(f for f in functions if f.attributes["sym_name"].value == "main")
+            self.assertEqual([str(a.type) for a in main.regions[0].blocks[0].arguments], ["!llvm.ptr"] * 3)
+            self.assertNotIn("_mlir_ciface_main", [f.attributes["sym_name"].value for f in functions])
 
     def test_kernels_differing_only_in_arena_offsets_share_a_function(self):
         with ir.Context(), ir.Location.unknown():
@@ -206,6 +211,22 @@ class OutlineProgramTest(absltest.TestCase):
     def test_matches_xla_without_parallel_loops(self):
         support.check_against_xla(self, _mlp, *_mlp_args(), rtol=1e-5, atol=1e-5,
                                   options=pb.Options(parallel=False))
+
+    def test_branch_result_reaches_a_kernel_as_a_rebuilt_view(self):
+        # A branch yields a buffer of a strided type: the kernel reading it gets the buffer,
+        # its offset and strides, and remakes the view (bare pointers only cross calls).
+        def branch(x, p):
+            return jnp.tanh(jax.lax.cond(p, jnp.negative, jnp.exp, x)) * 2
+        x = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
+        for p in (0, 1):
+            support.check_against_xla(self, branch, x, np.int32(p), rtol=1e-6, atol=1e-6)
+
+    def test_buffers_of_no_elements_keep_descriptors(self):
+        # MLIR passes a memref of no elements as a descriptor: every function does then, and
+        # the library's entry is the C wrapper.
+        def product(a, b):
+            return a @ b + 1
+        support.check_against_xla(self, product, np.ones((2, 0), np.float32), np.ones((0, 3), np.float32))
 
     def test_loop_program_matches_xla(self):
         def scan(x):

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import functools
 
+from mlir import ir, passmanager
+from mlir.dialects import func
+
 from polyblocks_jax.cpu.bf16 import bits_for_bf16_moves, define_truncsfbf2
 from polyblocks_jax.cpu.heap import check_heap_buffers
 from polyblocks_jax.cpu.matrix_units import lower_matrix_units
-from polyblocks_jax.cpu.outline import outline_kernels
+from polyblocks_jax.cpu.outline import bare_pointer, outline_kernels
 from polyblocks_jax.cpu.target import host
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import INLINE_LAYERS, VECTOR_TRANSFERS, Stage
@@ -41,28 +44,45 @@ def cpu_stages(options: Options) -> list[Stage]:
         VECTOR_TRANSFERS,
         # Conversions that work function by function are nested in func.func: MLIR runs them
         # on the outlined kernels in parallel, one per core (ViT-Tiny: 0.41 -> 0.29 s).
-        Stage("to-llvm",
-              "func.func(convert-vector-to-scf), "
-              # scf.parallel -> omp.parallel + omp.wsloop; its body sits in memref.alloca_scope,
-              # which finalize-memref-to-llvm removes and convert-scf-to-cf cannot handle.
-              "convert-scf-to-openmp, "
-              # expand-strided-metadata emits affine.apply: lower affine after it.
-              "func.func(expand-strided-metadata, lower-affine), finalize-memref-to-llvm, "
-              # bf16 math in f32 (see cpu/bf16.py). Then math ops with an LLVM intrinsic;
-              # the rest (erf, cbrt, ...) call libm, one call per lane of a vector (vector
-              # extracts and inserts, hence before the vector lowering).
-              "func.func(convert-scf-to-cf, math-extend-to-supported-types{extra-types=f16 target-type=f32}, "
-              "convert-math-to-llvm), convert-math-to-libm, "
-              # enable-amx / enable-x86vector: amx.* and x86vector.* ops to their intrinsics.
-              "func.func(convert-vector-to-llvm{enable-amx enable-x86vector}, "
-              # bf16 arithmetic in f32, and bf16 extf/truncf as integer ops: LLVM would
-              # call __truncsfbf2, which our library does not link.
-              "arith-emulate-unsupported-floats{source-types=bf16 target-type=f32}, "
-              "arith-expand{include-bf16=true}, convert-arith-to-llvm, convert-index-to-llvm, "
-              # cf through convert-to-llvm: its type converter also knows AMX tiles (carried
-              # by the AMX kernel's k loop), convert-cf-to-llvm's does not.
-              "convert-to-llvm{filter-dialects=cf,amx}), "
-              "convert-openmp-to-llvm, convert-func-to-llvm, convert-ub-to-llvm, "
-              "reconcile-unrealized-casts"),
+        Stage("to-llvm", lower_to_llvm),
         Stage("bf16-rounding", define_truncsfbf2),
     ]
+
+
+_TO_LLVM = (
+    "func.func(convert-vector-to-scf), "
+    # scf.parallel -> omp.parallel + omp.wsloop; its body sits in memref.alloca_scope,
+    # which finalize-memref-to-llvm removes and convert-scf-to-cf cannot handle.
+    "convert-scf-to-openmp, "
+    # expand-strided-metadata emits affine.apply: lower affine after it.
+    "func.func(expand-strided-metadata, lower-affine), finalize-memref-to-llvm, "
+    # bf16 math in f32 (see cpu/bf16.py). Then math ops with an LLVM intrinsic;
+    # the rest (erf, cbrt, ...) call libm, one call per lane of a vector (vector
+    # extracts and inserts, hence before the vector lowering).
+    "func.func(convert-scf-to-cf, math-extend-to-supported-types{extra-types=f16 target-type=f32}, "
+    "convert-math-to-llvm), convert-math-to-libm, "
+    # enable-amx / enable-x86vector: amx.* and x86vector.* ops to their intrinsics.
+    "func.func(convert-vector-to-llvm{enable-amx enable-x86vector}, "
+    # bf16 arithmetic in f32, and bf16 extf/truncf as integer ops: LLVM would
+    # call __truncsfbf2, which our library does not link.
+    "arith-emulate-unsupported-floats{source-types=bf16 target-type=f32}, "
+    "arith-expand{include-bf16=true}, convert-arith-to-llvm, convert-index-to-llvm, "
+    # cf through convert-to-llvm: its type converter also knows AMX tiles (carried
+    # by the AMX kernel's k loop), convert-cf-to-llvm's does not.
+    "convert-to-llvm{filter-dialects=cf,amx}), ")
+# Functions, then what is left. convert-openmp-to-llvm converts functions too (with memref
+# descriptors): the bare-pointer convention has to come first.
+_BARE_FUNCTIONS = "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, convert-openmp-to-llvm, "
+_DESCRIPTOR_FUNCTIONS = "convert-openmp-to-llvm, convert-func-to-llvm, "
+_REST = "convert-ub-to-llvm, reconcile-unrealized-casts"
+
+
+def lower_to_llvm(module: ir.Module, options: Options) -> None:
+    """The module in the LLVM dialect. Its functions take bare pointers where every
+    function's buffers allow it (cpu/outline.py's ``bare_pointer``), memref descriptors
+    otherwise: a call and its callee must agree (cpu/executable.py reads which from the
+    library)."""
+    functions = [op for op in module.body.operations if isinstance(op, func.FuncOp)]
+    bare = all(bare_pointer(t) for f in functions for t in [*f.type.inputs, *f.type.results])
+    pipeline = _TO_LLVM + (_BARE_FUNCTIONS if bare else _DESCRIPTOR_FUNCTIONS) + _REST
+    passmanager.PassManager.parse(f"builtin.module({pipeline})", module.context).run(module.operation)

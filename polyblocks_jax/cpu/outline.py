@@ -18,9 +18,10 @@ import io
 from typing import Iterator
 
 from mlir import ir, passmanager
-from mlir.dialects import arith, func
+from mlir.dialects import arith, func, memref
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.copies import contiguous
 from polyblocks_jax.passes.transform import apply_script
 
 KERNEL_ATTR = "polyblocks.kernel"  # marks the loops to outline, for the script's match
@@ -105,10 +106,12 @@ def _callee(call: ir.Operation) -> str:
 def _pass_only_roots(call: ir.Operation, callee: func.FuncOp) -> None:
     """Recompute in ``callee`` (``call``'s only callee) what it can: constants and views.
 
-    Each memref argument costs LLVM a descriptor of 3 + 2 x rank words, which ``main``
-    stores for every call: with hundreds of calls that one block of stores is what LLVM's
-    instruction selection spends its time on. Views of one buffer (the arena, an argument)
-    cost nothing to recompute; the callee then receives the buffers they view.
+    Each argument is a word ``main`` stores for every call (a memref's descriptor, 3 + 2 x
+    rank words, where the module keeps descriptors: see cpu/lowering.py): with hundreds of
+    calls that one block of stores is what LLVM's instruction selection spends its time on.
+    Views of one buffer (the arena, an argument) cost nothing to recompute; the callee then
+    receives the buffers they view, and a strided view it cannot recompute (a branch's
+    result) as its buffer, offset and strides.
     """
     entry, passed = callee.entry_block, []
     body_start = ir.InsertionPoint(entry.operations[0])
@@ -123,9 +126,11 @@ def _pass_only_roots(call: ir.Operation, callee: func.FuncOp) -> None:
                 for index, operand in enumerate(operands):
                     clone.operands[index] = operand
                 inside[value] = clone.results[ir.OpResult(value).result_number]
-            else:
+            elif bare_pointer(value.type):
                 inside[value] = entry.add_argument(value.type, callee.location)
                 passed.append(value)
+            else:
+                inside[value] = _rebuilt(value, call, callee, body_start, passed)
         return inside[value]
 
     count = len(entry.arguments)
@@ -161,6 +166,41 @@ def _share_identical_kernels(functions: list[ir.Operation], outlined: dict[str, 
             if name != _callee(call):
                 call.attributes["callee"] = ir.FlatSymbolRefAttr.get(name)
                 kernel.operation.erase()
+
+
+def bare_pointer(type_: ir.Type) -> bool:
+    """Whether a value of ``type_`` crosses a call as itself: not a memref, or one LLVM's
+    bare-pointer convention passes as its data pointer (a static, non-empty shape, laid
+    out contiguously; see cpu/lowering.py)."""
+    if not isinstance(type_, ir.MemRefType):
+        return True
+    shape = ir.MemRefType(type_).shape
+    return ir.MemRefType(type_).has_static_shape and 0 not in shape and contiguous(type_)
+
+
+def _rebuilt(view: ir.Value, call: ir.Operation, callee: func.FuncOp, body_start: ir.InsertionPoint,
+             passed: list[ir.Value]) -> ir.Value:
+    """``view`` (a strided memref that a branch or a loop yields) remade in ``callee`` from
+    its buffer and those of its offset, sizes and strides its type leaves dynamic, passed."""
+    type_ = ir.MemRefType(view.type)
+    rank, entry = type_.rank, callee.entry_block
+    with ir.InsertionPoint(call), call.location:
+        meta = list(memref.ExtractStridedMetadataOp(view).results)
+    static_strides, static_offset = type_.get_strides_and_offset()
+    dynamic = ir.ShapedType.get_dynamic_size()
+
+    def arguments(values: list[ir.Value], statics: list[int]) -> list[ir.Value]:
+        chosen = [value for value, static in zip(values, statics) if static == dynamic]
+        passed.extend(chosen)
+        return [entry.add_argument(value.type, callee.location) for value in chosen]
+
+    base = arguments(meta[:1], [dynamic])[0]
+    offsets = arguments(meta[1:2], [static_offset])
+    sizes = arguments(meta[2:2 + rank], list(type_.shape))
+    strides = arguments(meta[2 + rank:], list(static_strides))
+    with body_start, callee.location:
+        return memref.ReinterpretCastOp(view.type, base, offsets, sizes, strides,
+                                        [static_offset], list(type_.shape), list(static_strides)).result
 
 
 def _unnamed_bytecode(kernel: func.FuncOp) -> bytes:

@@ -18,14 +18,15 @@ from polyblocks_jax.passes.transform import walk
 
 def strided_copies_to_linalg(module: ir.Module, options: Options) -> None:
     copies = [op for op in walk(module.operation)
-              if op.name == "memref.copy" and not all(_contiguous(v.type) for v in op.operands)]
+              if op.name == "memref.copy" and not all(contiguous(v.type) for v in op.operands)]
     for copy in copies:
         with ir.InsertionPoint(copy), copy.location:
             linalg.copy(copy.operands[0], outs=[copy.operands[1]])
         copy.erase()
 
 
-def _contiguous(type_: ir.Type) -> bool:
+def contiguous(type_: ir.Type) -> bool:
+    """Whether ``type_`` is a memref with the identity layout (row-major, no offset)."""
     if not isinstance(type_, ir.MemRefType):
         return False
     layout = ir.MemRefType(type_).layout
