@@ -174,8 +174,8 @@ def bare_pointer(type_: ir.Type) -> bool:
     out contiguously; see cpu/lowering.py)."""
     if not isinstance(type_, ir.MemRefType):
         return True
-    shape = ir.MemRefType(type_).shape
-    return ir.MemRefType(type_).has_static_shape and 0 not in shape and contiguous(type_)
+    memref_type = ir.MemRefType(type_)
+    return memref_type.has_static_shape and 0 not in memref_type.shape and contiguous(type_)
 
 
 def _rebuilt(view: ir.Value, call: ir.Operation, callee: func.FuncOp, body_start: ir.InsertionPoint,

@@ -182,8 +182,8 @@ def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], fr
 
 def _vectorizable(op: ir.Operation) -> bool:
     """32-bit elements throughout, operands indexed by loops or constants (not an im2col's
-    sums of loops), a body of arith/math ops, and one recognizable combiner
-    per reduced result (the linalg vectorizer rejects anything else)."""
+    sums of loops), a body of arith/math ops, and one recognizable combiner per reduced
+    result (the linalg vectorizer rejects anything else)."""
     if op.name == "linalg.generic" and not all(isinstance(e, (ir.AffineDimExpr, ir.AffineConstantExpr))
                                                for m in indexing_maps(op) for e in m.results):
         return False
