@@ -226,7 +226,12 @@ class OutlineProgramTest(absltest.TestCase):
         # the library's entry is the C wrapper.
         def product(a, b):
             return a @ b + 1
-        support.check_against_xla(self, product, np.ones((2, 0), np.float32), np.ones((0, 3), np.float32))
+        args = np.ones((2, 0), np.float32), np.ones((0, 3), np.float32)
+        support.check_against_xla(self, product, *args)
+        self.assertTrue(pb.compile(jax.jit(product).lower(*args))._exe.descriptors)
+        # (static non-empty buffers, the usual case: bare pointers)
+        self.assertFalse(pb.compile(jax.jit(product).lower(np.ones((2, 4), np.float32),
+                                                            np.ones((4, 3), np.float32)))._exe.descriptors)
 
     def test_loop_program_matches_xla(self):
         def scan(x):

@@ -77,7 +77,8 @@ class CpuExecutable:
     writes into such an input array (its contents are then undefined, or output ``k``,
     returned as that very array), unless the array is read-only or shares memory with
     another argument: then the code writes into a private copy. ``arena_bytes``: the size of
-    the intermediates' arena, the entry's last argument (0: none).
+    the intermediates' arena, the entry's last argument (0: none). ``descriptors``: whether
+    the entry takes memref descriptors (the library's C wrapper), not bare pointers.
     """
 
     def __init__(self, library: bytes, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
@@ -94,9 +95,9 @@ class CpuExecutable:
         arena = [TensorSpec((arena_bytes,), dtypes.dtype("ui8"))] if arena_bytes else []
         specs = self.inputs + fresh_outputs + arena
         self._dll = _load(library)  # owns the code that _entry points into
-        descriptors = hasattr(self._dll, _DESCRIPTOR_ENTRY)
-        self._factories = [DescriptorFactory(s) for s in specs] if descriptors else None
-        self._entry = getattr(self._dll, _DESCRIPTOR_ENTRY if descriptors else _BARE_ENTRY)
+        self.descriptors = hasattr(self._dll, _DESCRIPTOR_ENTRY)
+        self._factories = [DescriptorFactory(s) for s in specs] if self.descriptors else None
+        self._entry = getattr(self._dll, _DESCRIPTOR_ENTRY if self.descriptors else _BARE_ENTRY)
         self._entry.restype, self._entry.argtypes = None, [ctypes.c_void_p] * len(specs)
 
     def __call__(self, *arrays) -> tuple[np.ndarray, ...]:
