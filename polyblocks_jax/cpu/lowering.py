@@ -9,7 +9,7 @@ from mlir.dialects import func
 from polyblocks_jax.cpu.bf16 import bits_for_bf16_moves, define_truncsfbf2
 from polyblocks_jax.cpu.heap import check_heap_buffers
 from polyblocks_jax.cpu.matrix_units import lower_matrix_units
-from polyblocks_jax.cpu.outline import bare_pointer, outline_kernels
+from polyblocks_jax.cpu.outline import bare_pointer, outline_kernels, outline_layer_kernels
 from polyblocks_jax.cpu.target import host
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import INLINE_LAYERS, VECTOR_TRANSFERS, Stage
@@ -30,10 +30,13 @@ def cpu_stages(options: Options) -> list[Stage]:
         Stage("parallel", functools.partial(parallelize_loops, threads=host().cores)),
         Stage("bool-buffers", widen_bool_buffers),
         Stage("bf16-bits", bits_for_bf16_moves),
-        # The stages above ran on each shared layer once; those below work on main alone.
-        INLINE_LAYERS,
         # A parallel loop's large buffers (packing): one slot per iteration, before the loop.
         Stage("iteration-buffers", functools.partial(hoist_iteration_buffers, threads=host().cores)),
+        # A shared layer's loop nests become kernels once, called by each of its copies
+        # (ViT-Tiny: 565 kernels outlined one by one before, 0.3 s).
+        Stage("outline-layers", outline_layer_kernels),
+        # The stages above ran on each shared layer once; those below work on main alone.
+        INLINE_LAYERS,
         # The top level's intermediates: views of one arena the runtime allocates per call.
         Stage("arena", plan_arena),
         # An intermediate that can never be allocated: an error now, not a NULL store later.

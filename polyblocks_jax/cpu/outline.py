@@ -15,6 +15,7 @@ caller otherwise.
 from __future__ import annotations
 
 import io
+import itertools
 from typing import Iterator
 
 from mlir import ir, passmanager
@@ -22,9 +23,11 @@ from mlir.dialects import arith, func, memref
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.copies import contiguous
+from polyblocks_jax.passes.shared_layers import PREFIX as LAYER_PREFIX
 from polyblocks_jax.passes.transform import apply_script
 
 KERNEL_ATTR = "polyblocks.kernel"  # marks the loops to outline, for the script's match
+OUTLINED = "polyblocks.outlined"  # marks the kernels' functions
 _LOOPS = ("scf.for", "scf.parallel")
 # Recomputed in a kernel rather than passed to it: constants and views (free in LLVM).
 _RECOMPUTED = ("arith.constant", "ub.poison", "memref.view", "memref.subview", "memref.expand_shape",
@@ -33,7 +36,7 @@ _OUTLINE = """module attributes {transform.with_named_sequence} {
   transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
     %kernels = transform.structured.match attributes{polyblocks.kernel} in %root
       : (!transform.any_op) -> !transform.any_op
-    %functions, %calls = transform.loop.outline %kernels {func_name = "kernel"}
+    %functions, %calls = transform.loop.outline %kernels {func_name = "NAME"}
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     transform.yield
   }
@@ -41,17 +44,36 @@ _OUTLINE = """module attributes {transform.with_named_sequence} {
 
 
 def outline_kernels(module: ir.Module, options: Options) -> None:
-    """Move every outermost loop nest of every function into a private function of its own."""
-    functions = [op.operation for op in module.body.operations
-                 if op.operation.name == "func.func" and op.operation.regions[0].blocks]
+    """Move every outermost loop nest of every function (but the kernels already outlined)
+    into a private function of its own."""
+    _outline(module, [f for f in _functions(module) if OUTLINED not in f.attributes])
+
+
+def outline_layer_kernels(module: ir.Module, options: Options) -> None:
+    """``outline_kernels`` on the shared layers' functions alone (passes/shared_layers.py),
+    before each call gets its body back: a layer repeated n times is outlined once, and its
+    copies call the same kernels."""
+    _outline(module, [f for f in _functions(module) if _name(f).startswith(LAYER_PREFIX)])
+
+
+def _functions(module: ir.Module) -> list[ir.Operation]:
+    return [op.operation for op in module.body.operations
+            if op.operation.name == "func.func" and op.operation.regions[0].blocks]
+
+
+def _outline(module: ir.Module, functions: list[ir.Operation]) -> None:
     kernels = [loop for f in functions for loop in _outermost_loops(f)]
     if not kernels:
         return
     unit = ir.UnitAttr.get(module.context)
     for loop in kernels:
         loop.attributes[KERNEL_ATTR] = unit
-    apply_script(module, _OUTLINE)
-    known = {_name(f) for f in functions}
+    known = {_name(op.operation) for op in module.body.operations if op.operation.name == "func.func"}
+    # The first kernel's name must be free (the script's symbol table is made after it is
+    # inserted); the others get suffixes of their own.
+    names = itertools.chain(["kernel"], (f"kernel_{i}" for i in itertools.count()))
+    first = next(name for name in names if name not in known)
+    apply_script(module, _OUTLINE.replace("NAME", first))
     outlined = {_name(op.operation): op.operation.opview for op in module.body.operations
                 if op.operation.name == "func.func" and _name(op.operation) not in known}
     for f in functions:
@@ -61,7 +83,8 @@ def outline_kernels(module: ir.Module, options: Options) -> None:
     private = {"sym_visibility": ir.StringAttr.get("private", module.context),
                # func.func's no_inline does not reach LLVM; these do (an internal symbol).
                "llvm.linkage": ir.Attribute.parse("#llvm.linkage<internal>", module.context),
-               "passthrough": ir.ArrayAttr.get([ir.StringAttr.get("noinline", module.context)], module.context)}
+               "passthrough": ir.ArrayAttr.get([ir.StringAttr.get("noinline", module.context)], module.context),
+               OUTLINED: unit}
     for kernel in outlined.values():
         for name, value in private.items():
             kernel.attributes[name] = value

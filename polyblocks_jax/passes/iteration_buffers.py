@@ -18,6 +18,7 @@ from mlir.dialects import arith, func, memref
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.arena import ALIGNMENT, escapes, slot_bytes
 from polyblocks_jax.passes.parallel import constant_index, dim_trips, loop_bounds
+from polyblocks_jax.passes.shared_layers import PREFIX as LAYER_PREFIX
 from polyblocks_jax.passes.transform import walk
 
 # Smaller buffers come from malloc's caches, which keep their pages.
@@ -25,13 +26,15 @@ _MIN_BYTES = 64 << 10
 
 
 def hoist_iteration_buffers(module: ir.Module, options: Options, threads: int) -> None:
-    """Give the large allocs inside ``main``'s top-level parallel loops of at most ``threads``
-    iterations (one per thread: a matmul's tiles) one slot per iteration. A loop of more
-    iterations keeps its allocs: its slots would hold more buffers than are ever in use."""
+    """Give the large allocs inside the top-level parallel loops of ``main`` and of the shared
+    layers (whose bodies the arena later sees in main) of at most ``threads`` iterations (one
+    per thread: a matmul's tiles) one slot per iteration. A loop of more iterations keeps its
+    allocs: its slots would hold more buffers than are ever in use."""
     if not options.arena:
         return
     for fn in module.body.operations:
-        if isinstance(fn, func.FuncOp) and fn.name.value == "main" and not fn.is_external:
+        if isinstance(fn, func.FuncOp) and not fn.is_external and \
+                (fn.name.value == "main" or fn.name.value.startswith(LAYER_PREFIX)):
             ops = [op.operation for op in fn.entry_block.operations]
             for loop, following in zip(ops, ops[1:]):
                 iterations = _iterations(loop)
