@@ -93,8 +93,9 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         # A result living in its donated argument's buffer needs no out-parameter.
         Stage("aliased-results", drop_aliased_results),
         # Results become caller-allocated out-parameters: no allocation crosses the ABI.
+        # (The deallocation pipeline canonicalizes first: nothing before it needs to.)
         Stage("out-params", "buffer-results-to-out-params{hoist-static-allocs modify-public-functions}, "
-              "canonicalize, buffer-deallocation-pipeline"),
+              "buffer-deallocation-pipeline"),
         Stage("strided-copies", strided_copies_to_linalg),
     ]
     return stages
