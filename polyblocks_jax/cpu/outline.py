@@ -227,10 +227,12 @@ def _rebuilt(view: ir.Value, call: ir.Operation, callee: func.FuncOp, body_start
 
 
 def _unnamed_bytecode(kernel: func.FuncOp) -> bytes:
-    """``kernel`` as bytecode, under a name all kernels share."""
+    """``kernel`` as bytecode, under a name all kernels share. Version 2, the last before
+    bytecode kept use-list orders: equal kernels whose uses a pass made in another order
+    (iterating a map keyed by pointers) differed there, a different set each run."""
     name, buffer = kernel.attributes["sym_name"], io.BytesIO()
     kernel.attributes["sym_name"] = ir.StringAttr.get("kernel")
-    kernel.operation.write_bytecode(buffer)
+    kernel.operation.write_bytecode(buffer, desired_version=2)
     kernel.attributes["sym_name"] = name
     return buffer.getvalue()
 
