@@ -18,6 +18,7 @@ import dataclasses
 from mlir import ir
 
 from polyblocks_jax.nvptx.host import VIEW_OPS
+from polyblocks_jax.passes.transform import indexing_maps
 
 Ref = tuple[str, int]  # ("arg", generic operand number) or ("op", body op number)
 _DIALECTS = ("arith.", "math.")
@@ -67,7 +68,7 @@ def match(consumer: ir.Operation, product: ir.Operation, c_groups: list[list[int
     c_type = ir.MemRefType(c.type)
     operands = list(consumer.operands)
     c_operands = tuple(i for i, v in enumerate(operands) if v == c)
-    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(consumer.attributes["indexing_maps"])]
+    maps = indexing_maps(consumer)
     if not c_operands or any(maps[i] != ir.AffineMap.get_identity(c_type.rank) for i in c_operands):
         return None
     dims = [_dims(m) for m in maps]

@@ -23,6 +23,7 @@ from mlir import ir
 from polyblocks_jax.nvptx.mma_kernel import ConvWindow, MmaProblem
 from polyblocks_jax.nvptx.mma_tiles import COPY_BYTES
 from polyblocks_jax.nvptx.target import NvptxTarget
+from polyblocks_jax.passes.transform import indexing_maps
 
 _NAMED = ("linalg.matmul", "linalg.batch_matmul")
 _CONV = "linalg.conv_2d_nhwc_hwcf"
@@ -75,8 +76,8 @@ def _product(op: ir.Operation) -> Match | None:
         nb = _NAMED.index(op.name)
         return Match(tuple([[d] for d in range(nb)] + [[nb], [nb + 1]] for _ in range(3)))
     dims = []
-    for attr in ir.ArrayAttr(op.attributes["indexing_maps"]):
-        exprs = ir.AffineMapAttr(attr).value.results
+    for map_ in indexing_maps(op):
+        exprs = map_.results
         if not all(isinstance(e, ir.AffineDimExpr) for e in exprs):
             return None  # a broadcast operand
         dims.append([ir.AffineDimExpr(e).position for e in exprs])

@@ -18,7 +18,7 @@ from mlir.dialects import func
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.deferred_normalization import divide_after_contractions
 from polyblocks_jax.passes.scaled_extrema import reduce_before_scaling
-from polyblocks_jax.passes.transform import apply_script, walk
+from polyblocks_jax.passes.transform import apply_script, indexing_maps, walk
 
 _GENERALIZE_REDUCTIONS = """
 module attributes {transform.with_named_sequence} {
@@ -66,7 +66,7 @@ def recomputes(producer: ir.Operation, consumer: ir.Operation, operand: int) -> 
     iterators = str(consumer.attributes["iterator_types"]).split(",")
     if not any("reduction" in it for it in iterators):
         return False
-    used = ir.AffineMapAttr(ir.ArrayAttr(consumer.attributes["indexing_maps"])[operand]).value
+    used = indexing_maps(consumer)[operand]
     dims = {e.position for e in used.results if isinstance(e, ir.AffineDimExpr)}
     return any("parallel" in it and d not in dims for d, it in enumerate(iterators))
 

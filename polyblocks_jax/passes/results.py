@@ -25,6 +25,7 @@ from mlir import ir
 from mlir.dialects import bufferization, func
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.transform import indexing_maps
 
 ALIASED_OUTPUT = "polyblocks.aliased_output"    # on a main argument: the result that may reuse its buffer
 OUTPUT_ALIASES = "polyblocks.output_aliases"    # on the module: per result, the argument holding it, or -1
@@ -188,7 +189,7 @@ def generic_into(op: ir.Operation, result: int, arg: ir.Value) -> bool:
     nothing after it, writes into ``arg``; whether it now does."""
     outs = len(op.results)
     init_index = len(op.operands) - outs + result
-    maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
+    maps = indexing_maps(op)
     parallel = all("parallel" in str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"]))
     same_map = all(maps[i] == maps[init_index] for i, v in enumerate(op.operands) if v == arg)
     if not (parallel and same_map and is_empty_tensor(op.operands[init_index])) or _uses_within(arg, op) != []:

@@ -46,8 +46,8 @@ def has_reversed_index(op: ir.Operation) -> bool:
         if isinstance(e, ir.AffineMulExpr) and isinstance(e.rhs, ir.AffineConstantExpr) and e.rhs.value <= 0:
             return True
         return isinstance(e, ir.AffineBinaryExpr) and (reversed_(e.lhs) or reversed_(e.rhs))
-    maps = ir.ArrayAttr(op.attributes["indexing_maps"]) if "indexing_maps" in op.attributes else []
-    return any(reversed_(e) for m in maps for e in ir.AffineMapAttr(m).value.results)
+    maps = indexing_maps(op) if "indexing_maps" in op.attributes else []
+    return any(reversed_(e) for m in maps for e in m.results)
 
 
 def _print_nested_ops_locally() -> None:
