@@ -10,7 +10,8 @@ LLVM's time 49 s -> 37 s).
 each kernel recomputes the constants and views it was passed, so that its loop bounds stay
 constants (trip counts LLVM can unroll and vectorize by) and its call passes few arguments;
 the kernels become internal and ``noinline``: LLVM would inline each one back into its only
-caller otherwise.
+caller otherwise. A shared layer's loop nests are outlined in its function, before its calls
+get their bodies back (``outline_layer_kernels``): once, not once per copy.
 """
 from __future__ import annotations
 
