@@ -3,6 +3,9 @@ optimized and compiled in a process of its own, linked into one library; against
 
 The matmuls accumulate in another order than XLA: rtol/atol 1e-5, as in test_fusion.py.
 """
+import os
+import subprocess
+import sys
 from unittest import mock
 
 import jax
@@ -34,6 +37,21 @@ def _arguments():
 
 def _lowered(args):
     return jax.jit(_layers).trace(*args).lower(lowering_platforms=("cpu",))
+
+
+# Four equal layers (shared, their kernels outlined once) and a few kernels of their own:
+# prints the digest of the serialized executable.
+_SERIALIZE_REPEATED_LAYERS = """
+import hashlib
+import jax, jax.numpy as jnp, numpy as np
+import polyblocks_jax as pb
+def layers(x, *ws):
+    for w in ws:
+        x = jax.nn.gelu(x @ w) + x
+    return jax.nn.softmax(x, axis=-1)
+x, w = np.ones((64, 96), np.float32), np.full((96, 96), 0.01, np.float32)
+print(hashlib.sha256(pb.compile(jax.jit(layers).lower(x, *[w] * 4)).serialize()).hexdigest())
+"""
 
 
 class CodegenTest(parameterized.TestCase):
@@ -79,6 +97,17 @@ class CodegenTest(parameterized.TestCase):
                 pb.compile(_lowered(_arguments()))
         self.assertEqual(raised.exception.stage, "optimize")
         self.assertIn("opt failed", str(raised.exception))
+
+    def test_each_process_compiles_the_same_executable(self):
+        # Nothing may depend on Python's string hashing or on where MLIR put its objects
+        # (kernels compared with use-list orders once kept a different set each run).
+        serialized = []
+        for seed in ("1", "2"):
+            done = subprocess.run([sys.executable, "-c", _SERIALIZE_REPEATED_LAYERS], capture_output=True,
+                                  text=True, env={**os.environ, "PYTHONHASHSEED": seed}, timeout=300)
+            self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+            serialized.append(done.stdout.split()[-1])
+        self.assertEqual(*serialized)
 
     def test_the_library_is_what_serializes(self):
         args = _arguments()
