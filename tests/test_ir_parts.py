@@ -1,7 +1,7 @@
 """LLVM IR cut into parts of about equal code (cpu/ir_parts.py): every part is a module LLVM
 accepts, each function is defined in exactly one, and the parts' code differs by at most
-the largest function; a module with a global to write stays whole. Programs compiled from
-parts match XLA in test_codegen.py."""
+the largest function; a module with a variable or a visible global stays whole. Programs
+compiled from parts match XLA in test_codegen.py."""
 import re
 import subprocess
 
@@ -65,9 +65,21 @@ class BalancedPartsTest(absltest.TestCase):
         single = _function("main", "", [], 3) + "\n"
         self.assertEqual(ir_parts.balanced_parts(single, 4), [single])
 
-    def test_a_local_global_to_write_keeps_the_module_whole(self):
-        module = _MODULE.replace('@ident = private unnamed_addr constant', '@ident = internal global')
-        self.assertEqual(ir_parts.balanced_parts(module, 2), [module])
+    def test_a_variable_or_a_visible_global_keeps_the_module_whole(self):
+        for definition in ("@ident = internal global", "@ident = internal thread_local global",
+                           "@ident = constant", "@ident = dso_local global"):
+            module = _MODULE.replace("@ident = private unnamed_addr constant", definition)
+            self.assertEqual(ir_parts.balanced_parts(module, 2), [module], definition)
+
+    def test_a_declared_global_is_declared_in_every_part(self):
+        # a large constant reaches the library as raw bytes: the IR declares it (constants.py)
+        module = _MODULE.replace("@ident = private unnamed_addr constant [4 x i8] c\"abc\\00\", align 1",
+                                 "@ident = external dso_local constant [4 x i8], align 64")
+        self.assertIn("external dso_local constant", module)
+        modules = ir_parts.balanced_parts(module, 2)
+        self.assertLen(modules, 2)
+        for part in modules:
+            _verify(self, part)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ llvm-split places functions by a hash of their names: on ViT-Tiny one of six par
 while it was compiled. Here each function goes to the part with the least code so far,
 largest first; its definition becomes hidden (a part calls what another defines) and every
 other part declares it. What is not a function (types, constants, declarations, attribute
-groups, metadata) is copied into every part.
+groups, metadata) is copied into every part; a module with a variable, or a global that every
+part would define, stays whole.
 """
 from __future__ import annotations
 
@@ -15,15 +16,13 @@ _NAME = re.compile(r"@([-\w$.]+)\(")
 _LOCAL = re.compile(r"^define (internal|private) ")
 _LINKAGES = {"private", "internal", "available_externally", "linkonce", "weak", "common", "appending",
              "extern_weak", "linkonce_odr", "weak_odr", "external"}
-# A global one part writes and the others read cannot be copied: such a module stays whole.
-_MUTABLE_LOCAL_GLOBAL = re.compile(r"^@[-\w$.]+ = (internal|private) (unnamed_addr )?(local_unnamed_addr )?global ",
-                                   re.M)
 
 
 def balanced_parts(text: str, parts: int) -> list[str]:
     """``text`` as at most ``parts`` modules that together define what it defines."""
     header, functions = _sections(text)
-    if parts <= 1 or len(functions) < 2 or _MUTABLE_LOCAL_GLOBAL.search(text):
+    globals_ = [line for line in header if line.startswith("@")]
+    if parts <= 1 or len(functions) < 2 or not all(map(_copyable, globals_)):
         return [text]
     loads, members = [0] * parts, [[] for _ in range(parts)]
     for index in sorted(range(len(functions)), key=lambda i: len(functions[i]), reverse=True):
@@ -55,6 +54,19 @@ def _sections(text: str) -> tuple[list[str], list[list[str]]]:
             header.append(lines[i])
             i += 1
     return header, functions
+
+
+def _copyable(global_: str) -> bool:
+    """Whether every part may hold the line of this global: a declaration (external), or a
+    local constant (our constants, OpenMP's idents). Each part's copy of a variable would be
+    a variable of its own, and of a definition others can see, a symbol defined twice: such
+    a module stays whole."""
+    words = global_.split(" = ", 1)[-1].split()
+    kind = next((i for i, word in enumerate(words) if word in ("global", "constant")), None)
+    if kind is None:  # an alias or an ifunc
+        return False
+    qualifiers = set(words[:kind])
+    return "external" in qualifiers or (words[kind] == "constant" and bool({"internal", "private"} & qualifiers))
 
 
 def _declaration(define: str) -> str:
