@@ -22,6 +22,7 @@ from bench import flax_models
 from polyblocks_jax import cpu, passes
 from polyblocks_jax.errors import InvalidProgramError
 from polyblocks_jax.passes.arena import buffer_bytes
+from polyblocks_jax.passes import shared_layers
 from polyblocks_jax.passes.iteration_buffers import hoist_iteration_buffers
 from polyblocks_jax.passes.transform import walk
 from polyblocks_jax.runtime import executable as runtime
@@ -83,6 +84,37 @@ def run_child(code: str) -> subprocess.CompletedProcess:
     preamble = "import resource; resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))\n"
     return subprocess.run([sys.executable, "-X", "faulthandler", "-c", preamble + textwrap.dedent(code)],
                           capture_output=True, text=True, timeout=300)
+
+
+# A parallel loop of 2 x 3 iterations whose body allocates 64 KiB.
+_SIX_ITERATIONS = """
+func.func @main(%out: memref<2x3xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c3 = arith.constant 3 : index
+  %f = arith.constant 1.0 : f32
+  scf.parallel (%i, %j) = (%c0, %c0) to (%c2, %c3) step (%c1, %c1) {
+    %buf = memref.alloc() : memref<128x128xf32>
+    memref.store %f, %buf[%i, %j] : memref<128x128xf32>
+    %x = memref.load %buf[%i, %j] : memref<128x128xf32>
+    memref.store %x, %out[%i, %j] : memref<2x3xf32>
+    memref.dealloc %buf : memref<128x128xf32>
+    scf.reduce
+  }
+  return
+}"""
+
+
+def _slots_given(text: str, threads: int) -> bool:
+    """Whether hoist_iteration_buffers gives ``text``'s buffer slots (6 of 64 KiB)."""
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        hoist_iteration_buffers(module, pb.Options(), threads)
+        module.operation.verify()
+        asm = str(module)
+    assert ("memref<393216xi8>" in asm) == ("memref.view" in asm), asm
+    return "memref<393216xi8>" in asm
 
 
 class ArenaTest(absltest.TestCase):
@@ -216,31 +248,16 @@ class ArenaTest(absltest.TestCase):
         self.assertNotEmpty([a for a in without if a[0] and a[1] >= 64 << 10])
 
     def test_only_loops_of_one_iteration_per_thread_get_slots(self):
-        text = """
-        func.func @main(%out: memref<2x3xf32>) {
-          %c0 = arith.constant 0 : index
-          %c1 = arith.constant 1 : index
-          %c2 = arith.constant 2 : index
-          %c3 = arith.constant 3 : index
-          %f = arith.constant 1.0 : f32
-          scf.parallel (%i, %j) = (%c0, %c0) to (%c2, %c3) step (%c1, %c1) {
-            %buf = memref.alloc() : memref<128x128xf32>
-            memref.store %f, %buf[%i, %j] : memref<128x128xf32>
-            %x = memref.load %buf[%i, %j] : memref<128x128xf32>
-            memref.store %x, %out[%i, %j] : memref<2x3xf32>
-            memref.dealloc %buf : memref<128x128xf32>
-            scf.reduce
-          }
-          return
-        }"""
         for threads, hoisted in ((6, True), (5, False)):
-            with ir.Context(), ir.Location.unknown():
-                module = ir.Module.parse(text)
-                hoist_iteration_buffers(module, pb.Options(), threads)
-                module.operation.verify()
-                asm = str(module)
-            self.assertEqual("memref<393216xi8>" in asm, hoisted, asm)  # 6 slots of 64 KiB
-            self.assertEqual("memref.view" in asm, hoisted)
+            self.assertEqual(_slots_given(_SIX_ITERATIONS, threads), hoisted)
+
+    def test_shared_layers_get_slots_as_main_does(self):
+        # A layer's loop nests become kernels in its own function (cpu/outline.py), before
+        # the arena sees its body in main: its buffers get their slots there first. A kernel
+        # (its loops those of a top-level nest of main) gets none.
+        layer = _SIX_ITERATIONS.replace("@main", f"@{shared_layers.PREFIX}0")
+        self.assertTrue(_slots_given(layer, 6))
+        self.assertFalse(_slots_given(_SIX_ITERATIONS.replace("@main", "@kernel"), 6))
 
     def test_matmuls_in_packing_slots_match_xla(self):
         rng = np.random.default_rng(3)
