@@ -25,7 +25,7 @@ from mlir.dialects import arith, func, memref
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.copies import contiguous
 from polyblocks_jax.passes.shared_layers import PREFIX as LAYER_PREFIX
-from polyblocks_jax.passes.transform import apply_script
+from polyblocks_jax.passes.transform import apply_script, defined_functions
 
 KERNEL_ATTR = "polyblocks.kernel"  # marks the loops to outline, for the script's match
 OUTLINED = "polyblocks.outlined"  # marks the kernels' functions
@@ -47,22 +47,17 @@ _OUTLINE = """module attributes {transform.with_named_sequence} {
 def outline_kernels(module: ir.Module, options: Options) -> None:
     """Move every outermost loop nest of every function (but the kernels already outlined)
     into a private function of its own."""
-    _outline(module, [f for f in _functions(module) if OUTLINED not in f.attributes])
+    _outline(module, [f for f in defined_functions(module) if OUTLINED not in f.attributes])
 
 
 def outline_layer_kernels(module: ir.Module, options: Options) -> None:
     """``outline_kernels`` on the shared layers' functions alone (passes/shared_layers.py),
     before each call gets its body back: a layer repeated n times is outlined once, and its
     copies call the same kernels."""
-    _outline(module, [f for f in _functions(module) if _name(f).startswith(LAYER_PREFIX)])
+    _outline(module, [f for f in defined_functions(module) if _name(f).startswith(LAYER_PREFIX)])
 
 
-def _functions(module: ir.Module) -> list[ir.Operation]:
-    return [op.operation for op in module.body.operations
-            if op.operation.name == "func.func" and op.operation.regions[0].blocks]
-
-
-def _outline(module: ir.Module, functions: list[ir.Operation]) -> None:
+def _outline(module: ir.Module, functions: list[func.FuncOp]) -> None:
     kernels = [loop for f in functions for loop in _outermost_loops(f)]
     if not kernels:
         return
@@ -173,7 +168,7 @@ def _pass_only_roots(call: ir.Operation, callee: func.FuncOp) -> None:
     _unwrap(replacement.operation)
 
 
-def _share_identical_kernels(functions: list[ir.Operation], outlined: dict[str, func.FuncOp]) -> None:
+def _share_identical_kernels(functions: list[func.FuncOp], outlined: dict[str, func.FuncOp]) -> None:
     """One function for the kernels that differ only in where their buffers lie in the arena.
 
     A model repeats its layers (ViT-Tiny: 12 identical blocks), and so its kernels, each

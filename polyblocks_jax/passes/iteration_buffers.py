@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 
 from mlir import ir
-from mlir.dialects import arith, func, memref
+from mlir.dialects import arith, memref
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.arena import ALIGNMENT, escapes, slot_bytes
 from polyblocks_jax.passes.parallel import constant_index, dim_trips, loop_bounds
 from polyblocks_jax.passes.shared_layers import PREFIX as LAYER_PREFIX
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import defined_functions, walk
 
 # Smaller buffers come from malloc's caches, which keep their pages.
 _MIN_BYTES = 64 << 10
@@ -32,9 +32,8 @@ def hoist_iteration_buffers(module: ir.Module, options: Options, threads: int) -
     allocs: its slots would hold more buffers than are ever in use."""
     if not options.arena:
         return
-    for fn in module.body.operations:
-        if isinstance(fn, func.FuncOp) and not fn.is_external and \
-                (fn.name.value == "main" or fn.name.value.startswith(LAYER_PREFIX)):
+    for fn in defined_functions(module):
+        if fn.name.value == "main" or fn.name.value.startswith(LAYER_PREFIX):
             ops = [op.operation for op in fn.entry_block.operations]
             for loop, following in zip(ops, ops[1:]):
                 iterations = _iterations(loop)

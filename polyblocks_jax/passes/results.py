@@ -25,7 +25,7 @@ from mlir import ir
 from mlir.dialects import bufferization, func
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.transform import indexing_maps
+from polyblocks_jax.passes.transform import defined_functions, indexing_maps
 
 ALIASED_OUTPUT = "polyblocks.aliased_output"    # on a main argument: the result that may reuse its buffer
 OUTPUT_ALIASES = "polyblocks.output_aliases"    # on the module: per result, the argument holding it, or -1
@@ -34,7 +34,7 @@ _WRITABLE = "bufferization.writable"
 
 def prepare_results(module: ir.Module, options: Options) -> None:
     """Before bufferization: distinct results, donated ones tied to their arguments."""
-    for fn in _functions(module):
+    for fn in defined_functions(module):
         ret = _terminator(fn)
         donors = _donors(fn)
         _copy_repeated_results(ret, donors)
@@ -43,7 +43,7 @@ def prepare_results(module: ir.Module, options: Options) -> None:
 
 def drop_aliased_results(module: ir.Module, options: Options) -> None:
     """Remove the results that are their donated argument's buffer; record them on the module."""
-    for fn in _functions(module):
+    for fn in defined_functions(module):
         donors = _donors(fn)
         if not donors:
             continue
@@ -78,7 +78,7 @@ def output_aliases(module: ir.Module) -> list[int] | None:
 
 def mark_donated_arguments(module: ir.Module, aliases: dict[int, int]) -> None:
     """Set ``ALIASED_OUTPUT`` on ``main``'s arguments: input index -> result index."""
-    fn = next(f for f in _functions(module) if f.name.value == "main")
+    fn = next(f for f in defined_functions(module) if f.name.value == "main")
     attrs = [ir.DictAttr(d) for d in fn.arg_attrs] if "arg_attrs" in fn.attributes else \
         [ir.DictAttr.get({})] * len(fn.entry_block.arguments)
     i64 = ir.IntegerType.get_signless(64)
@@ -91,10 +91,6 @@ def mark_donated_arguments(module: ir.Module, aliases: dict[int, int]) -> None:
 
 def _without(attrs: ir.DictAttr, name: str) -> ir.DictAttr:
     return ir.DictAttr.get({a.name: a.attr for a in attrs if a.name != name})
-
-
-def _functions(module: ir.Module) -> list[func.FuncOp]:
-    return [op for op in module.body.operations if isinstance(op, func.FuncOp) and not op.is_external]
 
 
 def _terminator(fn: func.FuncOp) -> ir.Operation:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from mlir import ir
+from mlir.dialects import func
 from mlir.dialects.transform import interpreter
 
 from polyblocks_jax import llvm_options
@@ -18,6 +19,11 @@ def walk(op: ir.Operation) -> list[ir.Operation]:
 
     op.walk(visit, ir.WalkOrder.PRE_ORDER)
     return nested[1:]  # not op itself
+
+
+def defined_functions(module: ir.Module) -> list[func.FuncOp]:
+    """The functions ``module`` defines (not those it only declares)."""
+    return [op for op in module.body.operations if isinstance(op, func.FuncOp) and not op.is_external]
 
 
 def indexing_maps(op: ir.Operation) -> list[ir.AffineMap]:
