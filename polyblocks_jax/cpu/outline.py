@@ -23,7 +23,7 @@ from mlir import ir, passmanager
 from mlir.dialects import arith, func, memref
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.copies import contiguous
+from polyblocks_jax.passes.arena import identity_layout
 from polyblocks_jax.passes.shared_layers import PREFIX as LAYER_PREFIX
 from polyblocks_jax.passes.transform import apply_script, defined_functions
 
@@ -194,7 +194,7 @@ def bare_pointer(type_: ir.Type) -> bool:
     if not isinstance(type_, ir.MemRefType):
         return True
     memref_type = ir.MemRefType(type_)
-    return memref_type.has_static_shape and 0 not in memref_type.shape and contiguous(type_)
+    return memref_type.has_static_shape and 0 not in memref_type.shape and identity_layout(memref_type)
 
 
 def _rebuilt(view: ir.Value, call: ir.Operation, callee: func.FuncOp, body_start: ir.InsertionPoint,

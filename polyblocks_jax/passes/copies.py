@@ -13,24 +13,14 @@ from mlir import ir
 from mlir.dialects import linalg
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.arena import identity_layout
 from polyblocks_jax.passes.transform import walk
 
 
 def strided_copies_to_linalg(module: ir.Module, options: Options) -> None:
-    copies = [op for op in walk(module.operation)
-              if op.name == "memref.copy" and not all(contiguous(v.type) for v in op.operands)]
+    copies = [op for op in walk(module.operation) if op.name == "memref.copy" and not all(
+        isinstance(v.type, ir.MemRefType) and identity_layout(ir.MemRefType(v.type)) for v in op.operands)]
     for copy in copies:
         with ir.InsertionPoint(copy), copy.location:
             linalg.copy(copy.operands[0], outs=[copy.operands[1]])
         copy.erase()
-
-
-def contiguous(type_: ir.Type) -> bool:
-    """Whether ``type_`` is a memref with the identity layout (row-major, no offset)."""
-    if not isinstance(type_, ir.MemRefType):
-        return False
-    layout = ir.MemRefType(type_).layout
-    if not isinstance(layout, ir.AffineMapAttr):
-        return False
-    layout_map = ir.AffineMapAttr(layout).value
-    return layout_map == ir.AffineMap.get_identity(layout_map.n_dims)
