@@ -16,11 +16,10 @@ from mlir import ir
 
 import polyblocks_jax as pb
 import support
-from polyblocks_jax import compiler, cpu, passes
+from polyblocks_jax import compiler, cpu
 from polyblocks_jax.cpu import codegen, ir_parts
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.passes.transform import walk
-from polyblocks_jax.stablehlo_import import import_program, reader
 
 
 def _layers(x, w1, w2, w3):
@@ -77,13 +76,11 @@ class CodegenTest(parameterized.TestCase):
         # ResNet-18 overflowed an OpenMP worker's stack once LLVM stopped unrolling them away).
         options = pb.Options.from_flags("no-vectorize")
         x = np.ones((256, 256), np.float32)
-        with ir.Context() as context, ir.Location.unknown():
-            imported = import_program(reader.program_source(
-                jax.jit(jnp.matmul).trace(x, x).lower(lowering_platforms=("cpu",))), context)
-            stages = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
-            passes.run_stages(imported.module, stages[:[s.name for s in stages].index("to-llvm")], options)
+        module = support.module_after("vector-transfers", jnp.matmul, x, x, hardware=cpu.host().hardware(),
+                                      options=options)
+        with module.context:
             ranks = [ir.VectorType(op.results[0].type if op.name == "vector.transfer_read" else op.operands[0].type).rank
-                     for op in walk(imported.module.operation)
+                     for op in walk(module.operation)
                      if op.name in ("vector.transfer_read", "vector.transfer_write")]
         self.assertNotEmpty(ranks)
         self.assertEqual(max(ranks), 1)  # each lowers to one vector load or store
@@ -94,12 +91,10 @@ class CodegenTest(parameterized.TestCase):
     def test_main_passes_kernels_pointers_without_descriptors(self):
         # The lowering builds a memref descriptor for each view main hands a kernel and takes
         # one pointer out of it; folded before LLVM (ViT-Tiny: most of the module's text).
-        args, options = _arguments(), pb.Options()
-        with ir.Context() as context, ir.Location.unknown():
-            imported = import_program(reader.program_source(_lowered(args)), context)
-            stages = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
-            passes.run_stages(imported.module, stages[:[s.name for s in stages].index("to-llvm") + 1], options)
-            (main,) = [op for op in imported.module.body.operations
+        args = _arguments()
+        module = support.module_after("to-llvm", _layers, *args, hardware=cpu.host().hardware())
+        with module.context:
+            (main,) = [op for op in module.body.operations
                        if op.operation.name == "llvm.func" and op.attributes["sym_name"].value == "main"]
             names = [op.name for op in walk(main.operation)]
         self.assertGreater(names.count("llvm.call"), 3)  # kernels called
