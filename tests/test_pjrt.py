@@ -1,6 +1,7 @@
 """The PJRT plugin through public JAX API: platform "polyblocks" against XLA CPU."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import resource
@@ -346,6 +347,42 @@ class ProcessTest(absltest.TestCase):
         """, env={"JAX_PLATFORMS": "polyblocks"})
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         self.assertIn("[[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]", done.stdout)
+
+    def test_without_native_functions_python_callbacks_take_their_place(self):
+        done = run_child("""
+            import jax, numpy as np
+            from polyblocks_jax.pjrt import api, native
+            native.load = lambda: None  # as without a C compiler
+            table = api.build_table()
+            assert table.PJRT_Executable_NumReplicas != table.PJRT_Buffer_Destroy
+            x = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+            f = lambda a: a * 2 + 1
+            got = jax.jit(f)(jax.device_put(x, jax.devices("polyblocks")[0]))
+            want = jax.jit(f)(jax.device_put(x, jax.devices("cpu")[0]))
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # exact: one rounding each
+            print("ok")
+        """)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertIn("ok", done.stdout)
+
+
+class NativeFunctionsTest(absltest.TestCase):
+    def test_constant_counts_are_answered_in_c(self):
+        from pypjrt._abi import pjrt_0_114 as abi
+        from polyblocks_jax.pjrt import api, native
+        natives = native.load()
+        self.assertIsNotNone(natives, "cc builds native.c on this machine")
+        table = api.build_table()
+        for name, args_type, field in (("PJRT_Executable_NumReplicas", abi.PJRT_Executable_NumReplicas_Args,
+                                        "num_replicas"),
+                                       ("PJRT_Executable_NumPartitions", abi.PJRT_Executable_NumPartitions_Args,
+                                        "num_partitions")):
+            self.assertEqual(getattr(table, name), natives.one_address, name)
+            args = args_type(struct_size=ctypes.sizeof(args_type))
+            setattr(args, field, 7)
+            error = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(natives.one_address)(ctypes.addressof(args))
+            self.assertIsNone(error, name)
+            self.assertEqual(getattr(args, field), 1, name)
 
 
 if __name__ == "__main__":

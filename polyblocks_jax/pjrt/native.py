@@ -1,7 +1,8 @@
-"""Native Destroy functions (native_destroy.c), built once with ``cc`` and cached.
+"""Native PJRT functions (native.c), built once with ``cc`` and cached: the Destroy
+functions and the constant answers of the per-call path.
 
-Without a C compiler the plugin falls back to Python Destroy callbacks, which work
-except when jaxlib destroys an array while an exception propagates.
+Without a C compiler the plugin falls back to Python callbacks, which work (a little
+slower) except when jaxlib destroys an array while an exception propagates.
 """
 from __future__ import annotations
 
@@ -15,16 +16,18 @@ import tempfile
 from polyblocks_jax.pjrt import handles
 
 logger = logging.getLogger(__name__)
-_SOURCE = os.path.join(os.path.dirname(__file__), "native_destroy.c")
+_SOURCE = os.path.join(os.path.dirname(__file__), "native.c")
 _BATCH = 256
 
 
-class DeferredDestroy:
-    """The queue of handles jaxlib destroyed; ``drain`` releases them from Python."""
+class Native:
+    """The native functions' addresses, and the queue of handles jaxlib destroyed
+    (``drain`` releases them from Python)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._library = library
-        self.function_address = ctypes.cast(library.pb_defer_destroy, ctypes.c_void_p).value
+        self.destroy_address = ctypes.cast(library.pb_defer_destroy, ctypes.c_void_p).value
+        self.one_address = ctypes.cast(library.pb_one, ctypes.c_void_p).value  # sets a count to 1
         self.pending = ctypes.c_size_t.in_dll(library, "pb_pending")
         self._take = library.pb_take
         self._take.restype, self._take.argtypes = ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]
@@ -44,11 +47,11 @@ class DeferredDestroy:
                     delete()
 
 
-def load() -> DeferredDestroy | None:
+def load() -> Native | None:
     try:
-        return DeferredDestroy(ctypes.CDLL(_build()))
+        return Native(ctypes.CDLL(_build()))
     except (OSError, subprocess.SubprocessError) as e:
-        logger.warning("polyblocks PJRT: native destroy unavailable (%s); using Python callbacks", e)
+        logger.warning("polyblocks PJRT: native functions unavailable (%s); using Python callbacks", e)
         return None
 
 
@@ -56,7 +59,7 @@ def _build() -> str:
     with open(_SOURCE, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:16]
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "polyblocks_jax")
-    library = os.path.join(cache, f"native_destroy-{digest}.so")
+    library = os.path.join(cache, f"native-{digest}.so")
     if os.path.exists(library):
         return library
     os.makedirs(cache, exist_ok=True)
