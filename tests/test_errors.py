@@ -87,5 +87,18 @@ class ArgumentCheckTest(absltest.TestCase):
         np.testing.assert_array_equal(self.exe(np.ones((2, 3), np.float32))[0], np.full((2, 3), 2.0))
 
 
+class MissingToolTest(absltest.TestCase):
+    def test_missing_linker_is_a_compilation_error_and_nothing_is_cached(self):
+        from unittest import mock
+        from polyblocks_jax.cpu import codegen
+        f = lambda x: jnp.tanh(x) * 3.0
+        x = np.linspace(-2, 2, 37, dtype=np.float32)
+        lowered = jax.jit(f).lower(x)
+        with mock.patch.object(codegen, "_LINKER", "/nonexistent/cc"):
+            with self.assertRaisesRegex(pb.CompilationError, "cannot run /nonexistent/cc"):
+                pb.compile(lowered)
+        got = pb.compile(lowered)(x)[0]  # compiled afresh once the linker is back
+        np.testing.assert_allclose(got, jax.jit(f)(x), rtol=2e-6, atol=1e-6)
+
 if __name__ == "__main__":
     absltest.main()

@@ -78,7 +78,10 @@ def _object_file(module: str, opt_level: int) -> str:
 
 
 def _run(command: list[str], stage: str) -> None:
-    done = subprocess.run(command, capture_output=True, text=True)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+    except OSError as e:  # no such tool (a CC naming no compiler), or not executable
+        raise CompilationError(stage, f"cannot run {command[0]}: {e}") from None
     if done.returncode != 0:
         raise CompilationError(stage, f"{os.path.basename(command[0])} failed: {done.stderr.strip()[-2000:]}")
 
