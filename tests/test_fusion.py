@@ -238,6 +238,15 @@ class TileFusionTest(parameterized.TestCase):
         self.assertIn([1, 1, 8, 128], empties)
         self.assertTrue(all(shape[-2] <= 8 for shape in empties), empties)
 
+    def test_member_sharing_the_roots_empty_tensor_gets_a_tile_of_its_own(self):
+        # Softmax over a middle axis: the exponentials and the division had one empty tensor
+        # (CSE), so the exponentials went into the output's slice, which the division then
+        # wrote over while reading them: bufferization copied the slice first, every tile.
+        x = np.zeros((4, 32, 64), np.float32)
+        module = _after("bufferize", lambda a: jax.nn.softmax(a, axis=1), x)
+        copied_into = [str(o.operands[1].type) for o in walk(module.operation) if o.name == "memref.copy"]
+        self.assertNotIn("memref<1x32x64xf32>", copied_into)  # a tile-sized temporary
+
     def test_prime_row_count_takes_whole_heads_by_rows(self):
         # 37 rows divide only by 1: one-row tiles would be too little work each. A tile is a
         # whole head, stepped through 8 rows at a time (4 steps and a peeled remainder of 5).

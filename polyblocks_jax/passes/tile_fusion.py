@@ -27,6 +27,7 @@ from mlir import ir, passmanager
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.isolated_functions import isolate
+from polyblocks_jax.passes.results import is_empty_tensor
 from polyblocks_jax.passes.templates import inline_call
 from polyblocks_jax.passes.tiling import Hardware
 from polyblocks_jax.passes.transform import apply_script, has_reversed_index, indexing_maps, reduction_loops, walk
@@ -314,6 +315,8 @@ def tile_and_fuse(module: ir.Module, options: Options, hw: Hardware) -> None:
             position.update((op.operation, i) for i, op in enumerate(func_op.regions[0].blocks[0].operations))
     # In block order, before marking: an ir.Operation's hash changes with its attributes.
     group_ops = [sorted([group.root, *group.members], key=position.__getitem__) for group in groups]
+    for ops in group_ops:
+        _own_empty_inits(ops)
     for ident, group in enumerate(groups):
         group.root.attributes[ROOT_ATTR] = ir.IntegerAttr.get(i64, ident)
         for member in group.members:
@@ -329,6 +332,24 @@ def tile_and_fuse(module: ir.Module, options: Options, hw: Hardware) -> None:
         for call, function in isolated:
             inline_call(call, function)
         passmanager.PassManager.parse("builtin.module(canonicalize, cse)", module.context).run(module.operation)
+
+
+def _own_empty_inits(ops: list[ir.Operation]) -> None:
+    """Each op of a group computed into an empty tensor gets one of its own. CSE merges equal
+    empty tensors: a member sharing the root's would be computed into the slice of the
+    group's output, which the root then writes over while reading the member (a softmax's
+    division over its exponentials), and bufferization copies the slice into a temporary
+    before each tile (softmax over a middle axis: 1.03 -> 0.74 ms). With an empty tensor
+    of its own, the member's tile is a tile-sized buffer."""
+    seen = set()
+    for op in ops:
+        for index in range(len(op.operands) - len(op.results), len(op.operands)):
+            init = op.operands[index]
+            if not is_empty_tensor(init):
+                continue
+            if init in seen:
+                op.operands[index] = init.owner.operation.clone(ir.InsertionPoint(op)).result
+            seen.add(op.operands[index])
 
 
 def _row_members(group: Group) -> list[ir.Operation]:
