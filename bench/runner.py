@@ -73,13 +73,20 @@ def _wait(outputs: Any) -> list:
 # After a parallel region, the OpenMP runtime's threads spin for its block time (200 ms by
 # default) before they sleep: measured within it, XLA would share the cores with them.
 _SETTLE_S = 0.3
+# The first calls of a new executable run slower, on either side, for some milliseconds
+# (pages of new buffers faulted in, threads woken and placed): a 0.2 ms pooling timed after
+# two calls read 0.36 ms, after 0.1 s of calls 0.17-0.23 ms.
+_WARMUP_S = 0.1
 
 
 def median_latency(compiled: Compiled, repeat: int, warmup: int = 2) -> float:
-    """Median seconds per call after ``warmup`` calls, once the other runtime's threads are idle."""
+    """Median seconds per call after at least ``warmup`` calls and ``_WARMUP_S`` of them,
+    once the other runtime's threads are idle."""
     time.sleep(_SETTLE_S)
-    for _ in range(warmup):
+    calls, start = 0, time.perf_counter()
+    while calls < warmup or time.perf_counter() - start < _WARMUP_S:
         compiled.call()
+        calls += 1
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
