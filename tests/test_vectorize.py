@@ -127,6 +127,19 @@ class StageTest(absltest.TestCase):
         self.assertNotIn("linalg.transpose", text)
         self.assertIn("vector.shuffle", text)
 
+    def test_reversed_outer_dims_run_on_vectors(self):
+        # A flip of rows: an scf.forall over the reversed loop, each iteration copying rows
+        # of vectors read at c - i (upstream tiling asserts on the map's c - d itself).
+        text = _staged(lambda x: jax.lax.rev(x, (0, 1)) + 1.0, np.zeros((3, 4, 32), np.float32))
+        self.assertIn("scf.forall", text)
+        self.assertRegex(text, r"vector\.transfer_read .* vector<\d+xf32>")
+        self.assertNotIn("-d1 + 3", text)
+
+    def test_reversed_rows_stay_scalar(self):
+        # Reversed along the innermost dim: no vector reads it (that would need a shuffle).
+        text = _staged(lambda x: jax.lax.rev(x, (1,)) + 1.0, np.zeros((3, 32), np.float32))
+        self.assertNotIn("vector.transfer_read", text)
+
     def test_softmax_runs_on_vectors(self):
         text = _staged(lambda x: jax.nn.softmax(jnp.exp(x), axis=-1), np.zeros((4, 64), np.float32))
         self.assertIn("vector.reduction <add>", text)
@@ -310,13 +323,17 @@ class ResultsTest(parameterized.TestCase):
         y = support.random_array(rng, (48,), np.float32)
         self._check(lambda a, b: (jnp.maximum(a, b) * 2 - jnp.where(a > b, a, -b), jnp.abs(a) + b), x, y)
 
-    def test_reversed_operands_stay_scalar(self):
+    def test_reversed_operands(self):
         # A reversal's indexing map (n - 1 - d) made upstream tiling abort the process
-        # (tests/fuzz/regressions/process-046e04f7e0.json); alone, fused and under a reduction.
+        # (tests/fuzz/regressions/process-046e04f7e0.json); alone, fused and under a reduction,
+        # along the innermost dim (scalar) and outer ones (a forall of vectorized rows).
         rng = np.random.default_rng(4)
         x = rng.standard_normal((4, 64), np.float32)
-        self._check(lambda a: (jax.lax.rev(a, (1,)), jax.lax.rev(a, (0, 1)) * 2 + a,
-                               (jax.lax.rev(a, (1,)) * a).sum(-1)), x, **ACCUMULATE)
+        y = rng.standard_normal((3, 5, 2, 64), np.float32)
+        self._check(lambda a, b: (jax.lax.rev(a, (1,)), jax.lax.rev(a, (0, 1)) * 2 + a,
+                                  (jax.lax.rev(a, (1,)) * a).sum(-1), jax.lax.rev(a, (0,)) * a,
+                                  jax.lax.rev(b, (0, 2)) - b, (jax.lax.rev(b, (1,)) * b).sum(-1),
+                                  jnp.flip(b, 1)[:, 1:4]), x, y, **ACCUMULATE)
 
     def test_indivisible_shapes(self):
         rng = np.random.default_rng(2)

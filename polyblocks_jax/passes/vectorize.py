@@ -26,6 +26,7 @@ from mlir import ir, passmanager
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import conv_tiling, signed_zeros, vector_math
+from polyblocks_jax.passes.reversals import unreverse_loops
 from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, register_tile
 from polyblocks_jax.passes.transform import (apply_script, has_reversed_index, indexing_maps, lower_vectors_and_hoist,
                                              reduction_loops, walk)
@@ -109,6 +110,7 @@ def _with(tiles: list[int], dim: int, size: int | None) -> tuple[int, ...] | Non
 
 def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
     """Annotate each op a plan exists for with its tiles, then tile and vectorize them."""
+    unreverse_loops(module)
     choices: dict[tuple[str, tuple[int, ...], frozenset[int], frozenset[int], bool], int] = {}
     planned = []
     for op in walk(module.operation):
