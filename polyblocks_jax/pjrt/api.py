@@ -78,9 +78,11 @@ def build_table() -> abi.PJRT_Api:
     api.pjrt_api_version.major_version = abi.PJRT_API_MAJOR
     api.pjrt_api_version.minor_version = abi.PJRT_API_MINOR
     natives = native.load()
+    addresses = {} if natives is None else {**dict.fromkeys(NATIVE_DESTROY, natives.destroy_address),
+                                            **dict.fromkeys(NATIVE_ONE, natives.one_address)}
     for name in abi.FUNCTIONS:
-        if natives is not None and name in NATIVE_DESTROY + NATIVE_ONE:
-            setattr(api, name, natives.destroy_address if name in NATIVE_DESTROY else natives.one_address)
+        if name in addresses:
+            setattr(api, name, addresses[name])
             continue
         if name in IMPLEMENTATIONS:
             callback = _wrap(name, *IMPLEMENTATIONS[name], natives)
