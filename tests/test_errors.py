@@ -100,5 +100,31 @@ class MissingToolTest(absltest.TestCase):
         got = pb.compile(lowered)(x)[0]  # compiled afresh once the linker is back
         np.testing.assert_allclose(got, jax.jit(f)(x), rtol=2e-6, atol=1e-6)
 
+
+class InvalidIrTest(absltest.TestCase):
+    """Upstream pipelines run without the verifier after each pass; the IR our own stages
+    build is verified as each ends, before a later stage can trip over it."""
+
+    def test_stage_leaving_invalid_ir_is_a_compilation_error_naming_it(self):
+        from mlir import ir
+        from polyblocks_jax.options import Options
+        from polyblocks_jax.passes import Stage, run_stages
+
+        def break_result_type(module, options):
+            function = module.body.operations[0]
+            function.attributes["function_type"] = ir.TypeAttr.get(
+                ir.FunctionType.get([], [ir.IntegerType.get_signless(32)]))
+        later = []
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse("func.func @f() -> f32 {\n  %c = arith.constant 1.0 : f32\n"
+                                     "  return %c : f32\n}")
+            stages = [Stage("canonicalize", "canonicalize"), Stage("breaks-types", break_result_type),
+                      Stage("later", lambda m, o: later.append(True))]
+            with self.assertRaisesRegex(pb.CompilationError, "(?s)'breaks-types' failed: .*doesn't match") as raised:
+                run_stages(module, stages, Options())
+        self.assertEqual(raised.exception.stage, "breaks-types")
+        self.assertEqual(later, [])
+
+
 if __name__ == "__main__":
     absltest.main()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 
-from mlir import ir, passmanager
+from mlir import ir
 from mlir.dialects import func
 
 from polyblocks_jax.cpu.bf16 import bits_for_bf16_moves, define_truncsfbf2
@@ -17,6 +17,7 @@ from polyblocks_jax.passes.arena import plan_arena
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
 from polyblocks_jax.passes.iteration_buffers import hoist_iteration_buffers
 from polyblocks_jax.passes.parallel import parallelize_loops
+from polyblocks_jax.passes.pipeline import pass_manager
 
 
 def cpu_stages(options: Options) -> list[Stage]:
@@ -88,12 +89,12 @@ def lower_to_llvm(module: ir.Module, options: Options) -> None:
     functions = [op for op in module.body.operations if isinstance(op, func.FuncOp)]
     bare = all(bare_pointer(t) for f in functions for t in [*f.type.inputs, *f.type.results])
     pipeline = _TO_LLVM + (_BARE_FUNCTIONS if bare else _DESCRIPTOR_FUNCTIONS) + _REST
-    passmanager.PassManager.parse(f"builtin.module({pipeline})", module.context).run(module.operation)
+    pass_manager(f"builtin.module({pipeline})", module.context).run(module.operation)
     # The lowering builds a memref descriptor for every view main passes to a kernel, then
     # takes one pointer out of it: folded here, not by LLVM (ViT-Tiny's main 7.7K -> 1K
     # lines of IR, a third of the module's text; compile 1.76 -> 1.62 s). The kernels hold
     # few such chains; canonicalizing them too cost more than LLVM saved.
-    cleanup = passmanager.PassManager.parse("llvm.func(canonicalize)", module.context)
+    cleanup = pass_manager("llvm.func(canonicalize)", module.context)
     for function in module.body.operations:
         if function.operation.name == "llvm.func" and OUTLINED not in function.attributes:
             cleanup.run(function.operation)

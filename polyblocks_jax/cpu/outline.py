@@ -19,11 +19,12 @@ import io
 import itertools
 from typing import Iterator
 
-from mlir import ir, passmanager
+from mlir import ir
 from mlir.dialects import arith, func, memref
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.arena import identity_layout
+from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.shared_layers import PREFIX as LAYER_PREFIX
 from polyblocks_jax.passes.transform import apply_script, defined_functions
 
@@ -90,7 +91,7 @@ def _outline(module: ir.Module, functions: list[func.FuncOp]) -> None:
     # Kernels are compared as bytecode (a third of the text's time), which holds locations:
     # a repeated layer's kernels differ in theirs only (their call sites). Nothing after
     # this stage reports one.
-    passmanager.PassManager.parse("builtin.module(strip-debuginfo)", module.context).run(module.operation)
+    pass_manager("builtin.module(strip-debuginfo)", module.context).run(module.operation)
     _share_identical_kernels(functions, outlined)
 
 

@@ -12,11 +12,12 @@ gets a copy per use first: shared, it would be a whole tensor alive across every
 """
 from __future__ import annotations
 
-from mlir import ir, passmanager
+from mlir import ir
 from mlir.dialects import func
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.deferred_normalization import divide_after_contractions
+from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.scaled_extrema import reduce_before_scaling
 from polyblocks_jax.passes.transform import apply_script, indexing_maps, walk
 
@@ -40,14 +41,13 @@ def fuse_elementwise(module: ir.Module, options: Options) -> None:
     if reduce_before_scaling(module):  # each scaling it moved has one consumer left to fuse into
         _fuse_without_recomputing(module)
     divide_after_contractions(module)
-    passmanager.PassManager.parse("builtin.module(canonicalize, cse)", module.context).run(module.operation)
+    pass_manager("builtin.module(canonicalize, cse)", module.context).run(module.operation)
 
 
 def _fuse_without_recomputing(module: ir.Module) -> None:
     """Upstream's fusion, each producer it would recompute kept by a temporary use."""
     keepers = _keep_recomputing_producers(module)
-    passmanager.PassManager.parse("builtin.module(func.func(linalg-fuse-elementwise-ops))",
-                                  module.context).run(module.operation)
+    pass_manager("builtin.module(func.func(linalg-fuse-elementwise-ops))", module.context).run(module.operation)
     for op in keepers:
         op.erase()
 

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from mlir import ir, passmanager
+from mlir import ir
 
 from polyblocks_jax.errors import PolyblocksError
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import templates
 from polyblocks_jax.passes.matrix_units import (Contraction, MatrixMapping, MatrixUnit, choose_matrix_mapping,
                                                 unit_operand_types)
+from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.transform import walk
 from polyblocks_jax.passes.zero_start import zero_filled
 
@@ -79,7 +80,7 @@ def map_matrix_units(module: ir.Module, options: Options, unit: MatrixUnit | Non
         elif unit_operand_types(c, options.precision) != (c.lhs, c.rhs):
             _round_operands(op, "bf16")
     if mapped:  # drops the replaced accumulators' fills, folds the template's constants
-        passmanager.PassManager.parse("builtin.module(canonicalize, cse)", module.context).run(module.operation)
+        pass_manager("builtin.module(canonicalize, cse)", module.context).run(module.operation)
 
 
 def inline_matrix_units(module: ir.Module, options: Options) -> None:

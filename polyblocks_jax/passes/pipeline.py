@@ -3,6 +3,11 @@
 A stage is an upstream pass-pipeline string (or a Python function for the few
 rewrites upstream lacks). ``POLYBLOCKS_DUMP=dir`` writes the module after every stage
 as ``NN-<stage>.mlir`` and the times as ``timings.txt``.
+
+The module is verified after each stage written in Python (the IR it builds by hand), not
+after every upstream pass: the pass manager's verifier took 14% of a model's compile time
+(ResNet-18: to-llvm 180 -> 115 ms, out-params 77 -> 38 ms), and upstream passes given
+valid IR leave valid IR.
 """
 from __future__ import annotations
 
@@ -38,15 +43,23 @@ def run_stages(module: ir.Module, stages: Sequence[Stage], options: Options,
     return timings
 
 
+def pass_manager(pipeline: str, context: ir.Context) -> passmanager.PassManager:
+    """The upstream ``pipeline`` (text anchored on its op, e.g. ``builtin.module(cse)``),
+    with no verification after each pass (see the module's docstring)."""
+    pm = passmanager.PassManager.parse(pipeline, context)
+    pm.enable_verifier(False)
+    return pm
+
+
 def _run_stage(stage: Stage, module: ir.Module, options: Options) -> None:
     before = None
     try:
         if callable(stage.passes):
             stage.passes(module, options)
+            module.operation.verify()
         else:
             before = str(module) if options.dump_dir else None
-            pm = passmanager.PassManager.parse(f"builtin.module({stage.passes})", module.context)
-            pm.run(module.operation)
+            pass_manager(f"builtin.module({stage.passes})", module.context).run(module.operation)
     except PolyblocksError:  # ours already: a stage may reject what it cannot do (or afford)
         raise
     except Exception as e:  # MLIRError and friends: report which stage and how to reproduce

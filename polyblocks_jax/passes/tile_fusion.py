@@ -23,10 +23,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from mlir import ir, passmanager
+from mlir import ir
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.isolated_functions import isolate
+from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.results import is_empty_tensor
 from polyblocks_jax.passes.templates import inline_call
 from polyblocks_jax.passes.tiling import Hardware
@@ -331,7 +332,7 @@ def tile_and_fuse(module: ir.Module, options: Options, hw: Hardware) -> None:
                      f"{blocks}    transform.yield\n  }}\n}}")
         for call, function in isolated:
             inline_call(call, function)
-        passmanager.PassManager.parse("builtin.module(canonicalize, cse)", module.context).run(module.operation)
+        pass_manager("builtin.module(canonicalize, cse)", module.context).run(module.operation)
 
 
 def _own_empty_inits(ops: list[ir.Operation]) -> None:

@@ -35,10 +35,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from mlir import ir, passmanager
+from mlir import ir
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.matrix_units import MatrixUnit
+from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.transform import apply_script, lower_vectors_and_hoist, walk
 from polyblocks_jax.passes.zero_start import K_TILES_ATTR, NEST_ATTR, start_accumulators_at_zero
 
@@ -233,9 +234,8 @@ def tile_contractions(module: ir.Module, options: Options, hw: Hardware) -> None
         apply_script(module, _script(plans, options))
         # Folds the slices tiling left behind so that bufferization finds them in place (and
         # reshapes of a fill into fills of the reshaped result).
-        passmanager.PassManager.parse(
-            "builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
-            module.context).run(module.operation)
+        pass_manager("builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
+                     module.context).run(module.operation)
         start_accumulators_at_zero(module.operation)
 
 

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from mlir import ir, passmanager
+from mlir import ir
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import conv_tiling, signed_zeros, vector_math
+from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.reversals import unreverse_loops
 from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, register_tile
 from polyblocks_jax.passes.transform import (apply_script, has_reversed_index, indexing_maps, lower_vectors_and_hoist,
@@ -131,9 +132,8 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
         _reassociate_reductions(module)
         vector_math.expand_vector_math(module, hw.scales_by_exponent)
         _contract_multiply_adds(module)
-        passmanager.PassManager.parse(
-            "builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
-            module.context).run(module.operation)
+        pass_manager("builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
+                     module.context).run(module.operation)
         if any(_is_conv(name) for name, *_ in choices):  # the nests marked for it
             start_accumulators_at_zero(module.operation)
         signed_zeros.extrema_as_trees(module)
