@@ -75,6 +75,16 @@ class CostModelTest(parameterized.TestCase):
         self.assertEqual(register_tile(1022, 4, AVX512), (14, 32))
         self.assertEqual(register_tile(8, 4, AVX512), (8, 32))
 
+    def test_four_vectors_where_they_divide_the_columns(self):
+        # Of tiles as fast by the model, the fewest loads per FMA: 4 x 4 vectors load 8
+        # operands per 16 FMAs, 8 x 2 load 10; 5 x 4 fewer still where 5 rows leave no edge.
+        self.assertEqual(register_tile(2048, 4, AVX512, 2048), (4, 64))
+        self.assertEqual(register_tile(2000, 4, AVX512, 2048), (5, 64))
+        self.assertEqual(register_tile(2048, 4, AVX512, 1000), (8, 32))  # 1000 columns: not 64s
+        self.assertEqual(register_tile(2048, 4, AVX512), (8, 32))  # columns unknown
+        self.assertEqual(register_tile(1022, 4, AVX512, 1024), (14, 32))  # 4 rows: an edge of 2
+        self.assertEqual(register_tile(512, 4, AVX2, 512), (6, 16))  # no registers for 4 x 4 on AVX2
+
     def test_edges_get_their_own_register_tiles(self):
         plan = plan_matmul(197, 197, 64, 4, AVX2)
         self.assertEqual(plan.split, (192, 192))
@@ -102,10 +112,10 @@ class CostModelTest(parameterized.TestCase):
         self.assertGreater((mc + mr) * kc * 4, AVX2.l2_bytes // 2 * 0.5)  # not needlessly small
 
     def test_k_tile_amortizes_the_c_reload(self):
-        # AVX-512's 8 x 32 tile: B panels of 128 rows would fit L1, but reloading the C tile
-        # per k tile would then cost an eighth of its FMAs; 512 rows make it a sixteenth.
+        # AVX-512's 4 x 64 tile: B panels of 96 rows would fit half of L1, but reloading the C
+        # tile per k tile would then cost a sixth of its FMAs; 512 rows make it a sixteenth.
         part = plan_matmul(1024, 2048, 2048, 4, AVX512).parts[0]
-        self.assertEqual((part.tiles.register, part.tiles.cache[1]), ((8, 32, 1), 512))
+        self.assertEqual((part.tiles.register, part.tiles.cache[1]), ((4, 64, 1), 512))
         part = plan_matmul(1024, 2048, 2048, 4, AVX2).parts[0]
         self.assertEqual((part.tiles.register, part.tiles.cache[1]), ((6, 16, 1), 256))  # 6 x 16: a panel in half of L1 does both
 
@@ -182,7 +192,8 @@ _SHAPES = [(1, 1, 1), (7, 7, 7), (5, 16, 3), (24, 48, 17), (64, 64, 64), (197, 1
            (894, 32, 300),  # 149 register rows: blocks of 50 and a peeled one of 49
            (390, 32, 512),  # 65 register rows: one block of 33, then a peeled one of 32
            (64, 64, 3000), (200, 96, 1500),  # k tiles, the first reading zeros for the fill
-           (37, 50, 3001)]  # four parts, the last k tile of each peeled
+           (37, 50, 3001),  # four parts, the last k tile of each peeled
+           (103, 128, 700)]  # AVX-512: 5 x 4 vectors, then a 3-row edge part of 3 x 4
 
 
 class TiledMatmulTest(parameterized.TestCase):
