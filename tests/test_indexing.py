@@ -6,6 +6,7 @@ from absl.testing import absltest
 from jax import lax
 
 import support
+from polyblocks_jax import cpu
 
 CLIP = lax.GatherScatterMode.CLIP
 IN_BOUNDS = lax.GatherScatterMode.PROMISE_IN_BOUNDS  # plain stablehlo op: XLA's own rules apply
@@ -89,6 +90,41 @@ class ScatterTest(absltest.TestCase):
         idx = np.array([[0, 4, 0], [2, 2, 9], [1, 3, 1]], np.int32)
         upd = _table((3, 3, 2), seed=5)
         support.check_against_xla(self, jax.vmap(lambda t, i, u: t.at[i].add(u)), x, idx, upd)
+
+    def test_row_windows_combine_as_slices(self):
+        # Windows of 40 contiguous elements (at least MIN_SLICED_WINDOW): each is one
+        # elementwise op on slices; duplicates still combine in index order.
+        x = _table((12, 40))
+        idx = np.array([3, 11, 3, 12, -1, 0, 3, -13], np.int32)  # 12 and -13 are dropped
+        upd = _table((8, 40), seed=6)
+
+        def updates(x, i, u):
+            return (x.at[i].add(u), x.at[i].set(u), x.at[i].max(u), x.at[i].mul(u), x.at[i].apply(jnp.sin))
+        support.check_against_xla(self, updates, x, idx, upd)
+
+    def test_sliced_windows_of_integers_batches_and_two_dims(self):
+        dn = lax.ScatterDimensionNumbers(update_window_dims=(1, 2), inserted_window_dims=(),
+                                         scatter_dims_to_operand_dims=(0, 1))
+        x = _table((6, 40))
+        idx = np.array([[4, 0], [3, 20], [0, 3], [3, 21], [-1, 0]], np.int32)  # [3, 21] and [-1, 0] are dropped
+        upd = _table((5, 2, 20), seed=7)
+        support.check_against_xla(self, lambda x, i, u: lax.scatter_add(x, i, u, dn, mode=IN_BOUNDS), x, idx, upd)
+        ints, rows = _table((5, 32), np.int32), np.array([4, 0, 4, 2], np.int32)
+        support.check_against_xla(self, lambda x, i, u: x.at[i].add(u), ints, rows, _table((4, 32), np.int32, seed=8))
+        batched = jax.vmap(lambda t, i, u: t.at[i].add(u))
+        support.check_against_xla(self, batched, _table((3, 5, 24)), np.array([[0, 4], [2, 2], [1, 9]], np.int32),
+                                  _table((3, 2, 24), seed=9))
+
+    def test_only_contiguous_long_windows_are_sliced(self):
+        def combines(fn, *args) -> int:
+            module = support.module_after("vectorize", fn, *args, hardware=cpu.host().hardware())
+            return str(module).count("vector.transfer_write")
+        x, idx = _table((8, 32)), np.array([1, 5, 1], np.int32)
+        self.assertGreater(combines(lambda x, i, u: x.at[i].add(u), x, idx, _table((3, 32), seed=1)), 0)
+        # a column of 8 (the last dim inserted) and rows of 4: element by element
+        self.assertEqual(combines(lambda x, i, u: x.at[:, i].add(u), x, idx, _table((8, 3), seed=2)), 0)
+        self.assertEqual(combines(lambda x, i, u: x.at[i].add(u), x[:, :4], idx, _table((3, 4), seed=3)), 0)
+        support.check_against_xla(self, lambda x, i, u: x.at[:, i].add(u), x, idx, _table((8, 3), seed=2))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.stablehlo_import import builders, reader, slices
 from polyblocks_jax.stablehlo_import.registry import converts
 
+_DYNAMIC = [ir.ShapedType.get_dynamic_stride_or_offset()]
+
 
 def _start_indices(indices: ir.Value, spec: TensorSpec, batch: Sequence[ir.Value],
                    index_vector_dim: int, count: int) -> list[ir.Value]:
@@ -74,10 +76,16 @@ def gather(cx, op):
     return [builders.parallel_generic([], builders.empty(out), [], element)]
 
 
+# A window whose innermost dim is contiguous in both tensors, at least this long, is combined
+# as one elementwise op on slices (vectorized like any other); shorter ones element by element.
+MIN_SLICED_WINDOW = 16
+
+
 @converts("stablehlo.scatter")
 def scatter(cx, op):
     """Sequential on purpose: update windows are applied one after the other, in the order
-    of the scatter indices, so duplicates combine exactly as in XLA's loop."""
+    of the scatter indices, so duplicates combine exactly as in XLA's loop. (The elements
+    of one window are distinct positions: combining them at once changes nothing.)"""
     n = (len(op.operands) - 1) // 2
     inputs, indices, updates = op.operands[:n], op.operands[n], op.operands[n + 1:]
     in_spec, indices_spec, upd_spec = op.operand_specs[0], op.operand_specs[n], op.operand_specs[n + 1]
@@ -92,7 +100,27 @@ def scatter(cx, op):
     ivd, unsigned = dn.index_vector_dim, indices_spec.dtype.is_unsigned
     body = op.op.regions[0].blocks[0]
 
+    sliced = (bool(update_window_dims) and update_window_dims[-1] == upd_spec.rank - 1
+              and window_operand_dims[-1] == in_spec.rank - 1 and upd_spec.shape[-1] >= MIN_SLICED_WINDOW
+              and 0 not in upd_spec.shape)
+
+    def combine_slices(batch, results, base):
+        """The window as slices: the operands' windows combined with the updates' by one
+        elementwise op writing into the operands' slices (in place)."""
+        new = _update_windows(updates, upd_spec, update_window_dims, scatter_dims, batch)
+        window = builders.shape_of(new[0])
+        current = [_window_slice(v, base, window_size, window) for v in results]
+        identity = ir.AffineMap.get_identity(len(window))
+        combined = builders.generic(
+            new, current, [identity] * (2 * n), ["parallel"] * len(window),
+            lambda *args: cx.import_block(body, [*args[n:], *args[:n]], scalar=True))
+        return [tensor.InsertSliceOp(c, v, base, [], [], _DYNAMIC * len(base), window_size,
+                                     [1] * len(base)).result for c, v in zip(combined, results)]
+
     def apply_window(batch, results, base):
+        if sliced:
+            return combine_slices(batch, results, base)
+
         def element(window, values):
             upd_pos = [None] * upd_spec.rank
             for d, iv in zip(scatter_dims, batch):
@@ -120,6 +148,25 @@ def scatter(cx, op):
         return _if_else(valid, results, lambda: apply_window(batch, results, base))
 
     return builders.loop_nest([upd_spec.shape[d] for d in scatter_dims], inputs, window_at)
+
+
+def _update_windows(updates: Sequence[ir.Value], spec: TensorSpec, window_dims: Sequence[int],
+                    scatter_dims: Sequence[int], batch: Sequence[ir.Value]) -> list[ir.Value]:
+    """Each update's window at scatter position ``batch``, without its scatter dims."""
+    offsets, sizes = [builders.index_constant(0)] * spec.rank, [1] * spec.rank
+    for d, iv in zip(scatter_dims, batch):
+        offsets[d] = iv
+    for d in window_dims:
+        sizes[d] = spec.shape[d]
+    return [_window_slice(u, offsets, sizes, [spec.shape[d] for d in window_dims]) for u in updates]
+
+
+def _window_slice(x: ir.Value, offsets: list[ir.Value], sizes: list[int], window: list[int]) -> ir.Value:
+    """The ``sizes`` slice of ``x`` at ``offsets``, without its unit dims outside the window
+    (shape ``window``)."""
+    result = ir.RankedTensorType.get(window, builders.elem_type_of(x))
+    return tensor.ExtractSliceOp(result, x, offsets, [], [], _DYNAMIC * len(offsets), sizes,
+                                 [1] * len(offsets)).result
 
 
 def _if_else(cond: ir.Value, unchanged: list[ir.Value], then) -> list[ir.Value]:
