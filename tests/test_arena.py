@@ -238,6 +238,19 @@ class ArenaTest(absltest.TestCase):
         self.assertNotIn(x.nbytes, allocs)
         support.check_against_xla(self, fn, x, skip, w, rtol=1e-5, atol=1e-5)
 
+    def test_concatenated_parts_are_computed_into_their_slices(self):
+        # Each part computed into its slice of the result (upstream's empty-tensor elimination):
+        # no buffer holds 2x or sin(y); one loop nest writes each part.
+        rng = np.random.default_rng(6)
+        x, y = (rng.standard_normal((4, 8, 64), np.float32) for _ in range(2))
+
+        def fn(x, y):
+            return jnp.concatenate([x, x * 2.0, jnp.sin(y)], axis=-1)
+        names = [name for name, _ in top_level_before_arena(fn, x, y)]
+        self.assertNotIn("memref.alloc", names)
+        self.assertEqual(names.count("scf.for") + names.count("scf.parallel"), 3, names)
+        support.check_against_xla(self, fn, x, y)
+
     def test_packing_buffers_are_slots_allocated_before_their_parallel_loop(self):
         # The cores each pack B panels and A blocks (rows 4 KiB apart) of hundreds of KiB.
         x, y = np.ones((512, 1024), np.float32), np.ones((1024, 512), np.float32)

@@ -13,6 +13,11 @@ Likewise a padded copy (a fill, then the value inserted into its interior: the i
 3x3 convolution or a max pooling) gets the fill made first and the value's producer
 computing into its interior: the slice, computed and inserted back, bufferizes in place,
 and the unpadded value has no buffer of its own (ResNet-18's stem: 6.4 MB).
+
+A concatenation (slices inserted one after another into a fresh tensor) gets upstream's
+empty-tensor elimination: each part's producer computes into its slice of the result (the
+concatenation of x and 2x: 1.96 -> 0.61 ms, a temporary and two copies fewer). The pass runs
+one-shot analysis over the whole module (25-40 ms on the models), hence only where one is.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from mlir import ir
 from mlir.dialects import func, tensor
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.results import forall_into, generic_into, is_empty_tensor
 
 _RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")
@@ -39,6 +45,7 @@ def compute_in_place(module: ir.Module, options: Options) -> None:
     interior (with ``options.arena``: the switch of buffer reuse)."""
     if not options.arena:
         return
+    concatenated = False
     for fn in module.body.operations:
         if not isinstance(fn, func.FuncOp) or fn.is_external:
             continue
@@ -52,8 +59,12 @@ def compute_in_place(module: ir.Module, options: Options) -> None:
                     if value.type == op.results[0].type and _computed(value, fn) and into(op, 0, value):
                         break
             # The last insert first: a concatenation into a padded copy, then its parts into it.
-            for op in reversed([op for op in ops if op.name == "tensor.insert_slice"]):
+            inserts = [op for op in ops if op.name == "tensor.insert_slice"]
+            for op in reversed(inserts):
                 _produce_into_padding(op)
+            concatenated = concatenated or any(_is_insert(op.operands[1]) for op in inserts)
+    if concatenated:
+        pass_manager("builtin.module(eliminate-empty-tensors)", module.context).run(module.operation)
 
 
 def _blocks(block: ir.Block) -> list[ir.Block]:
@@ -136,6 +147,10 @@ def _empty_root(value: ir.Value) -> tuple[ir.Operation, ir.Operation] | None:
         else:
             return None
     return None
+
+
+def _is_insert(value: ir.Value) -> bool:
+    return not isinstance(value.owner, ir.Block) and value.owner.name == "tensor.insert_slice"
 
 
 def _returned(value: ir.Value) -> bool:
