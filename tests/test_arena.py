@@ -125,7 +125,7 @@ class ArenaTest(absltest.TestCase):
 
     def test_chain_reuses_arena_space(self):
         support.check_against_xla(self, chain, self.x, self.w)
-        exe = pb.compile(lowered(chain, self.x, self.w))
+        exe = pb.compile(lowered(chain, self.x, self.w), pb.Options())  # the arena on, whatever the flags
         self.assertGreater(exe.arena_bytes, 0)
         self.assertLess(exe.arena_bytes, intermediate_bytes(chain, self.x, self.w) / 2)
 
@@ -322,7 +322,7 @@ class ArenaMemoryTest(absltest.TestCase):
     def test_arena_larger_than_memory_rejected_before_running(self):
         # Compiled here (no limit), run in the child: the runtime's allocation of the arena fails.
         x = np.ones((1 << 15,), np.float32)
-        exe = pb.compile(lowered(eval(self.PROGRAM, {"jnp": jnp}), x))
+        exe = pb.compile(lowered(eval(self.PROGRAM, {"jnp": jnp}), x), pb.Options())  # the arena on
         self.assertGreater(exe.arena_bytes, 6 << 30)
         with tempfile.NamedTemporaryFile(suffix=".pbx", delete=False) as f:
             f.write(exe.serialize())
