@@ -106,19 +106,21 @@ def _structure(op: ir.Operation, local: dict[ir.Value, int], outside: dict[ir.Va
     """``op`` without value names: its operands are numbered in order of definition inside
     it (``local``) or of first use from outside (``-n``, recorded in ``outside``). Attributes
     and types are compared as MLIR uniques them (by identity)."""
-    operands = tuple(local[v] if v in local else -1 - outside.setdefault(v, len(outside)) for v in op.operands)
-    for result in op.results:
+    number = local.get  # (one lookup per operand: the walk crosses the bindings for every value)
+    operands = tuple(-1 - outside.setdefault(v, len(outside)) if (n := number(v)) is None else n
+                     for v in op.operands)
+    results = op.results
+    for result in results:
         local[result] = len(local)
     regions = []
     for region in op.regions:
         for block in region.blocks:
-            for argument in block.arguments:
+            arguments = block.arguments
+            for argument in arguments:
                 local[argument] = len(local)
-            regions.append((tuple(a.type for a in block.arguments),
+            regions.append((tuple(a.type for a in arguments),
                             tuple(_structure(o.operation, local, outside) for o in block.operations)))
-    named = [op.attributes[i] for i in range(len(op.attributes))]
-    return (op.name, operands, tuple((a.name, a.attr) for a in named),
-            tuple(r.type for r in op.results), tuple(regions))
+    return (op.name, operands, tuple(op.attributes.items()), tuple(r.type for r in results), tuple(regions))
 
 
 def _repeats(seq: _Sequence) -> list[_Repeat]:
