@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from typing import Callable, Sequence
+from unittest import mock
 
 # The reference rounds every value to its type, as StableHLO says: by default XLA CPU keeps
 # bf16/f16 intermediates in f32 ("excess precision"), which no per-dtype tolerance can absorb.
@@ -15,6 +16,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_allow_exces
 import jax  # noqa: E402
 import ml_dtypes
 import numpy as np
+from absl.testing import absltest
 from mlir import ir
 
 import polyblocks_jax as pb
@@ -105,3 +107,11 @@ def module_after(stage: str, fn: Callable, *args, hardware: passes.Hardware,
         module = import_program(lowered, context).module
         passes.run_stages(module, stages[:[s.name for s in stages].index(stage) + 1], options)
     return module
+
+
+def without_flags(test: absltest.TestCase) -> None:
+    """``POLYBLOCKS_FLAGS`` unset until ``test`` ends: for tests of what the default pipeline
+    does through jax.jit (a donated buffer reused), which a run of the suite with an
+    optimization switched off would change."""
+    test.enter_context(mock.patch.dict(os.environ))
+    os.environ.pop(pb.options.FLAGS_ENV, None)

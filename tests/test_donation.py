@@ -95,7 +95,7 @@ class CompileDonationTest(parameterized.TestCase):
         def fn(p, g):
             return p - 0.1 * g
         plain = jax.jit(fn).trace(M, N).lower(lowering_platforms=("cpu",))
-        exe = pb.compile(plain, donate_argnums=(1,))  # g becomes the donor: same type as the result
+        exe = pb.compile(plain, pb.Options(), donate_argnums=(1,))  # g becomes the donor: same type as the result
         self.assertEqual((exe.donated, exe.aliases), (frozenset({1}), (1,)))
         g = np.array(N, copy=True)
         got = exe(np.array(M, copy=True), g)

@@ -28,6 +28,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from bench import flax_models  # noqa: E402
 
 CHIPS = ("sm_80", "sm_90")
+# Explicit defaults where a test checks what the default pipeline makes (fused kernels, a
+# rejected loop): a run of the suite with an optimization off (POLYBLOCKS_FLAGS) changes it.
+DEFAULT = Options()
 TARGETS = {"sm_80": SM80, "sm_90": SM90, "sm_90a": SM90A}
 f32, f16, bf16 = np.float32, np.float16, ml_dtypes.bfloat16
 
@@ -98,7 +101,7 @@ def check_executable(test, exe: GpuExecutable) -> None:
 class PtxTest(parameterized.TestCase):
     @parameterized.product(name=sorted(PROGRAMS), chip=CHIPS)
     def test_program(self, name, chip):
-        exe = gpu_compile.compile_gpu(_lowered(PROGRAMS[name][0], *_args(name)), chip)
+        exe = gpu_compile.compile_gpu(_lowered(PROGRAMS[name][0], *_args(name)), chip, DEFAULT)
         self.assertNotEmpty(exe.plan.launches)
         check_executable(self, exe)
 
@@ -107,7 +110,7 @@ class PtxTest(parameterized.TestCase):
         case = flax_models.make(name, small=True)
         lowered = _lowered(case.apply, case.params, case.input)
         for chip in CHIPS:
-            check_executable(self, gpu_compile.compile_gpu(lowered, chip))
+            check_executable(self, gpu_compile.compile_gpu(lowered, chip, DEFAULT))
 
     def test_small_model_on_tensor_cores(self):
         """With tf32, ResNet's convolutions run as mma.sync kernels. (Under this suite's x64 mode the
@@ -169,7 +172,7 @@ class PlanAndTargetTest(absltest.TestCase):
     def test_control_flow_around_kernels_is_unsupported(self):
         lowered = _lowered(lambda x: jax.lax.fori_loop(0, 3, lambda i, v: v * 2 + 1, x), np.ones(8, f32))
         with self.assertRaisesRegex(PolyblocksError, "scf.while"):
-            gpu_compile.compile_gpu(lowered, "sm_90")
+            gpu_compile.compile_gpu(lowered, "sm_90", DEFAULT)
 
 
 # name -> (function, argument shapes and dtypes, option flags, mma operand type): products that
@@ -604,7 +607,7 @@ class EpilogueFusionTest(parameterized.TestCase):
 
     @parameterized.product(name=sorted(FUSED_PROGRAMS), chip=CHIPS + ("sm_90a",))
     def test_one_kernel_in_ptx(self, name, chip):
-        exe = gpu_compile.compile_gpu(_lowered(FUSED_PROGRAMS[name][0], *_fused_args(name)), chip)
+        exe = gpu_compile.compile_gpu(_lowered(FUSED_PROGRAMS[name][0], *_fused_args(name)), chip, DEFAULT)
         check_executable(self, exe)
         # no separate kernel reads the product back
         self.assertLen(exe.plan.launches, 1 + OTHER_KERNELS.get(name, 0))

@@ -218,6 +218,9 @@ def owned_by_device(a: np.ndarray) -> jax.Array:
 
 
 class DonationTest(absltest.TestCase):
+    def setUp(self):
+        support.without_flags(self)  # reuse as the default pipeline makes it
+
     def test_donated_buffer_holds_the_output(self):
         p, g = support.random_array(np.random.default_rng(3), (64, 256), np.float32, edge=False), \
             np.full((64, 256), 0.5, np.float32)
