@@ -86,6 +86,17 @@ class FloatTest(parameterized.TestCase):
             lax.exp(a), lax.expm1(a), lax.log(a), lax.log1p(a), lax.tanh(a), lax.logistic(a),
             lax.sqrt(a), lax.rsqrt(a), lax.cbrt(a), lax.sin(a), lax.cos(a), lax.tan(a)), x)
 
+    def test_log1p_and_expm1_keep_small_arguments(self):
+        # log(1 + x) and e^x - 1 lose x where 1 + x or e^x rounds (1e-10 gave 0): a scalar, a
+        # short row and a vectorized one, with vectorization and without, f32 and f64.
+        small = np.array([1e-10, -3e-8, 1e-5, -1e-5, 0.0, -0.0, 2e-3, -0.7, 3.0, -1.0, np.inf, -np.inf, np.nan],
+                         np.float32)
+        fn = lambda a: (lax.log1p(a), lax.expm1(a))  # noqa: E731
+        for x in (small[0], small, np.tile(small, 5)):
+            for options in (pb.Options(), pb.Options(vectorize=False)):
+                support.check_against_xla(self, fn, x, rtol=4e-7, atol=0, options=options)
+        support.check_against_xla(self, fn, small.astype(np.float64), rtol=1e-14, atol=0)
+
     @parameterized.named_parameters(_params(FLOATS))
     def test_exact(self, dtype):
         x = support.random_array(_rng("float_exact", _name(dtype)), SHAPE, dtype) * 3
