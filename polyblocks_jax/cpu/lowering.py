@@ -18,7 +18,6 @@ from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
 from polyblocks_jax.passes.iteration_buffers import hoist_iteration_buffers
 from polyblocks_jax.passes.parallel import parallelize_loops
 from polyblocks_jax.passes.pipeline import pass_manager
-from polyblocks_jax.passes.vector_math import rewrite_log1p_expm1
 
 
 def cpu_stages(options: Options) -> list[Stage]:
@@ -87,7 +86,6 @@ def lower_to_llvm(module: ir.Module, options: Options) -> None:
     function's buffers allow it (cpu/outline.py's ``bare_pointer``), memref descriptors
     otherwise: a call and its callee must agree (cpu/executable.py reads which from the
     library)."""
-    rewrite_log1p_expm1(module)  # those left scalar (or all of them, without vectorization)
     functions = [op for op in module.body.operations if isinstance(op, func.FuncOp)]
     bare = all(bare_pointer(t) for f in functions for t in [*f.type.inputs, *f.type.results])
     pipeline = _TO_LLVM + (_BARE_FUNCTIONS if bare else _DESCRIPTOR_FUNCTIONS) + _REST

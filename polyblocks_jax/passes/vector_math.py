@@ -1,6 +1,6 @@
-"""Polynomial math on f32 vectors, in arith ops: exp, tanh and log; log1p and expm1 through them.
+"""Polynomial math on f32 vectors, in arith ops: exp, tanh and log.
 
-LLVM lowers a vector ``math.exp``, ``tanh``, ``log`` or ``log1p`` to one libm call per lane
+LLVM lowers a vector ``math.exp``, ``tanh`` or ``log`` to one libm call per lane
 (tanh: 23 times XLA's time on 2M elements); this build of MLIR has no
 ``math-polynomial-approximation`` pass. So vectorized code gets:
 
@@ -22,14 +22,7 @@ LLVM lowers a vector ``math.exp``, ``tanh``, ``log`` or ``log1p`` to one libm ca
   arithmetic), e ln2 added in two parts: 1.2 ulps; log(0) = -inf, log(+inf) = +inf, NaN
   below zero.
 
-log1p and expm1 of any type, scalars too, go through log and exp first
-(``rewrite_log1p_expm1``), in identities that cancel the rounding of 1 + x and of e^x:
-MLIR's LLVM lowering computes log(1 + x) and e^x - 1, which lose x wherever those round
-(log1p(1e-10) and expm1(1e-10) gave 0; log1p(1e-5) was 0.1% off):
-- log1p(x) = log(u) x / (u - 1) with u = 1 + x (x itself where u rounds to 1, -0 included);
-- expm1(x) = (u - 1) x / log(u) with u = e^x (Kahan's; x where u rounds to 1, -1 where u - 1
-  does).
-
+log1p and expm1 arrive as identities on log and exp (stablehlo_import/elementwise.py).
 Scalar math (loops left scalar) keeps libm.
 """
 from __future__ import annotations
@@ -59,9 +52,8 @@ _TANH_R = (-0.33333330802491895, 0.13333205979590335, -0.05394675763889241, 0.02
 
 
 def expand_vector_math(module: ir.Module, scales_by_exponent: bool = False) -> None:
-    """Replace every ``math.exp``, ``tanh``, ``log``, ``log1p`` and ``expm1`` on an f32 vector
-    with its polynomial (exp's 2^n by VSCALEFPS where ``scales_by_exponent``)."""
-    rewrite_log1p_expm1(module)
+    """Replace every ``math.exp``, ``tanh`` and ``log`` on an f32 vector with its polynomial
+    (exp's 2^n by VSCALEFPS where ``scales_by_exponent``)."""
     expansions = {"math.exp": _exp, "math.tanh": _tanh, "math.log": _log}
     for op in [o for o in walk(module.operation) if o.name in expansions]:
         vtype = op.results[0].type
@@ -79,14 +71,10 @@ _SMALLEST_NORMAL = 1.17549435e-38
 _SUBNORMAL_SCALE = 23  # bits: a subnormal times 2^23 is normal
 
 
-def _splat(t: ir.Type) -> Callable[[float], ir.Value]:
-    """A function making constants of the float type or float vector type ``t``."""
-    vector = isinstance(t, ir.VectorType)
-    element = t.element_type if vector else t
-
+def _splat(vtype: ir.VectorType) -> Callable[[float], ir.Value]:
+    """A function making f32 constants of ``vtype``."""
     def const(v: float) -> ir.Value:
-        value = ir.FloatAttr.get(element, v)
-        return arith.constant(t, ir.DenseElementsAttr.get_splat(t, value) if vector else value)
+        return arith.constant(vtype, ir.DenseElementsAttr.get_splat(vtype, ir.FloatAttr.get_f32(v)))
     return const
 
 
@@ -120,36 +108,6 @@ def _log(x: ir.Value, vtype: ir.VectorType, _scales_by_exponent: bool = False) -
     y = arith.select(arith.cmpf(F.OEQ, x, const(float("inf"))), x, y)
     y = arith.select(arith.cmpf(F.OEQ, x, const(0.0)), const(float("-inf")), y)
     return arith.select(arith.cmpf(F.ULT, x, const(0.0)), const(float("nan")), y)
-
-
-def rewrite_log1p_expm1(module: ir.Module) -> None:
-    """Every ``math.log1p`` and ``math.expm1``, of any float type, through ``math.log`` and
-    ``math.exp`` (see the module's docstring)."""
-    identities = {"math.log1p": _log1p, "math.expm1": _expm1}
-    for op in [o for o in walk(module.operation) if o.name in identities]:
-        with ir.InsertionPoint(op), op.location:
-            value = identities[op.name](op.operands[0], _splat(op.results[0].type))
-        op.results[0].replace_all_uses_with(value)
-        op.erase()
-
-
-def _log1p(x: ir.Value, const: Callable[[float], ir.Value]) -> ir.Value:
-    F = arith.CmpFPredicate
-    u = arith.addf(const(1.0), x)
-    d = arith.subf(u, const(1.0))
-    y = arith.mulf(math.log(u), arith.divf(x, d))
-    y = arith.select(arith.cmpf(F.OEQ, d, const(0.0)), x, y)
-    return arith.select(arith.cmpf(F.OEQ, u, const(float("inf"))), u, y)
-
-
-def _expm1(x: ir.Value, const: Callable[[float], ir.Value]) -> ir.Value:
-    F = arith.CmpFPredicate
-    u = math.exp(x)
-    d = arith.subf(u, const(1.0))
-    y = arith.mulf(d, arith.divf(x, math.log(u)))
-    y = arith.select(arith.cmpf(F.OEQ, u, const(1.0)), x, y)
-    y = arith.select(arith.cmpf(F.OEQ, d, const(-1.0)), d, y)
-    return arith.select(arith.cmpf(F.OEQ, u, const(float("inf"))), u, y)
 
 
 def _exp(x: ir.Value, vtype: ir.VectorType, scales_by_exponent: bool) -> ir.Value:
