@@ -16,8 +16,6 @@ from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.stablehlo_import import builders, reader, slices
 from polyblocks_jax.stablehlo_import.registry import converts
 
-_DYNAMIC = [ir.ShapedType.get_dynamic_stride_or_offset()]
-
 
 def _start_indices(indices: ir.Value, spec: TensorSpec, batch: Sequence[ir.Value],
                    index_vector_dim: int, count: int) -> list[ir.Value]:
@@ -109,13 +107,12 @@ def scatter(cx, op):
         elementwise op writing into the operands' slices (in place)."""
         new = _update_windows(updates, upd_spec, update_window_dims, scatter_dims, batch)
         window = builders.shape_of(new[0])
-        current = [_window_slice(v, base, window_size, window) for v in results]
+        current = [slices.extract_slice(v, window_size, base, shape=window) for v in results]
         identity = ir.AffineMap.get_identity(len(window))
         combined = builders.generic(
             new, current, [identity] * (2 * n), ["parallel"] * len(window),
             lambda *args: cx.import_block(body, [*args[n:], *args[:n]], scalar=True))
-        return [tensor.InsertSliceOp(c, v, base, [], [], _DYNAMIC * len(base), window_size,
-                                     [1] * len(base)).result for c, v in zip(combined, results)]
+        return [slices.insert_slice(c, v, base, sizes=window_size) for c, v in zip(combined, results)]
 
     def apply_window(batch, results, base):
         if sliced:
@@ -153,20 +150,14 @@ def scatter(cx, op):
 def _update_windows(updates: Sequence[ir.Value], spec: TensorSpec, window_dims: Sequence[int],
                     scatter_dims: Sequence[int], batch: Sequence[ir.Value]) -> list[ir.Value]:
     """Each update's window at scatter position ``batch``, without its scatter dims."""
-    offsets, sizes = [builders.index_constant(0)] * spec.rank, [1] * spec.rank
+    offsets: list[slices.Offset] = [0] * spec.rank
+    sizes = [1] * spec.rank
     for d, iv in zip(scatter_dims, batch):
         offsets[d] = iv
     for d in window_dims:
         sizes[d] = spec.shape[d]
-    return [_window_slice(u, offsets, sizes, [spec.shape[d] for d in window_dims]) for u in updates]
-
-
-def _window_slice(x: ir.Value, offsets: list[ir.Value], sizes: list[int], window: list[int]) -> ir.Value:
-    """The ``sizes`` slice of ``x`` at ``offsets``, without its unit dims outside the window
-    (shape ``window``)."""
-    result = ir.RankedTensorType.get(window, builders.elem_type_of(x))
-    return tensor.ExtractSliceOp(result, x, offsets, [], [], _DYNAMIC * len(offsets), sizes,
-                                 [1] * len(offsets)).result
+    window = [spec.shape[d] for d in window_dims]
+    return [slices.extract_slice(u, sizes, offsets, shape=window) for u in updates]
 
 
 def _if_else(cond: ir.Value, unchanged: list[ir.Value], then) -> list[ir.Value]:

@@ -16,21 +16,24 @@ Offset = int | ir.Value  # a static offset, or an index value computed at run ti
 
 
 def extract_slice(x: ir.Value, sizes: Sequence[int], offsets: Sequence[Offset],
-                  strides: Sequence[int] | None = None) -> ir.Value:
-    """The ``sizes`` slice of ``x`` at ``offsets`` (stride 1 unless given)."""
+                  strides: Sequence[int] | None = None, shape: Sequence[int] | None = None) -> ir.Value:
+    """The ``sizes`` slice of ``x`` at ``offsets`` (stride 1 unless given), of ``shape`` when
+    given (``sizes`` without some of its unit dims)."""
     elem = builders.elem_type_of(x)
+    shape = list(sizes if shape is None else shape)
     if 0 in sizes:
-        return tensor.EmptyOp(list(sizes), elem).result  # the verifier rejects offsets into a zero-size dim
+        return tensor.EmptyOp(shape, elem).result  # the verifier rejects offsets into a zero-size dim
     dynamic, static = _split_offsets(offsets)
     strides = list(strides) if strides is not None else [1] * len(sizes)
-    return tensor.ExtractSliceOp(ir.RankedTensorType.get(list(sizes), elem), x, dynamic, [], [],
+    return tensor.ExtractSliceOp(ir.RankedTensorType.get(shape, elem), x, dynamic, [], [],
                                  static, list(sizes), strides).result
 
 
 def insert_slice(x: ir.Value, dest: ir.Value, offsets: Sequence[Offset],
-                 strides: Sequence[int] | None = None) -> ir.Value:
-    """``dest`` with all of ``x`` written at ``offsets`` (stride 1 unless given)."""
-    sizes = builders.shape_of(x)
+                 strides: Sequence[int] | None = None, sizes: Sequence[int] | None = None) -> ir.Value:
+    """``dest`` with all of ``x`` written at ``offsets`` (stride 1 unless given), as the
+    ``sizes`` slice (when given: ``x``'s shape with unit dims added)."""
+    sizes = list(sizes) if sizes is not None else builders.shape_of(x)
     dynamic, static = _split_offsets(offsets)
     strides = list(strides) if strides is not None else [1] * len(sizes)
     return tensor.InsertSliceOp(x, dest, dynamic, [], [], static, sizes, strides).result
