@@ -135,6 +135,12 @@ class StageTest(absltest.TestCase):
         self.assertRegex(text, r"vector\.transfer_read .* vector<\d+xf32>")
         self.assertNotIn("-d1 + 3", text)
 
+    def test_reversed_middle_dim_walks_the_result_in_order(self):
+        # The forall takes the outer dim too, first: each iteration copies one row, in the
+        # order of memory (not every row of one reversed index, rows far apart).
+        text = _staged(lambda x: jax.lax.rev(x, (1,)) + 1.0, np.zeros((3, 4, 32), np.float32))
+        self.assertRegex(text, r"scf\.forall \(%\w+, %\w+\) in \(3, 4\)")
+
     def test_reversed_rows_stay_scalar(self):
         # Reversed along the innermost dim: no vector reads it (that would need a shuffle).
         text = _staged(lambda x: jax.lax.rev(x, (1,)) + 1.0, np.zeros((3, 32), np.float32))
@@ -334,6 +340,15 @@ class ResultsTest(parameterized.TestCase):
                                   (jax.lax.rev(a, (1,)) * a).sum(-1), jax.lax.rev(a, (0,)) * a,
                                   jax.lax.rev(b, (0, 2)) - b, (jax.lax.rev(b, (1,)) * b).sum(-1),
                                   jnp.flip(b, 1)[:, 1:4]), x, y, **ACCUMULATE)
+
+    def test_reversed_middle_dim_with_other_operands(self):
+        # The forall over the outer and the reversed dim slices a transposed operand too,
+        # and leaves a broadcast one (no outer dim) whole.
+        rng = np.random.default_rng(5)
+        z = rng.standard_normal((2, 3, 16, 16), np.float32)
+        w = rng.standard_normal((3, 16, 16), np.float32)
+        self._check(lambda a, b: (jax.lax.rev(a, (1,)) + jnp.swapaxes(a, 2, 3) * 2,
+                                  jax.lax.rev(a, (1, 2)) * b, jnp.flip(b, 0) - b), z, w)
 
     def test_indivisible_shapes(self):
         rng = np.random.default_rng(2)
