@@ -157,6 +157,18 @@ class ReduceTest(parameterized.TestCase):
         support.check_against_xla(self, lambda x, y: lax.reduce(
             (x, y), (np.float32(1), np.int32(2)), lambda p, q: (p[0] + q[0], p[1] + q[1]), (1,)), x, y)
 
+    def test_dims_of_one_element(self):
+        # Each result is the one element, as XLA gives it (the init values, identities by
+        # contract, not applied): plain, variadic, max of -0.0 and NaN, jnp.take's mask.
+        rng = np.random.default_rng(10)
+        x = support.random_array(rng, (4, 1, 6, 1), np.float32)  # NaN, inf, -0.0
+        y = support.random_array(rng, (4, 1, 6, 1), np.int32)
+        b = rng.random((4, 1)) < 0.5
+        support.check_against_xla(self, lambda x, y, b: (
+            lax.reduce(x, np.float32(3), lax.add, (1, 3)), lax.reduce_max(x, (3,)), lax.reduce_min(x, (1,)),
+            lax.reduce((x, y), (np.float32(1), np.int32(2)), lambda p, q: (p[0] - q[0], p[1] * q[1]), (1,)),
+            lax.argmax(x, 3, np.int32), lax.reduce_and(b, (1,)), lax.reduce_or(b, (0, 1))), x, y, b)
+
 
 if __name__ == "__main__":
     absltest.main()

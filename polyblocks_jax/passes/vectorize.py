@@ -36,7 +36,7 @@ from polyblocks_jax.passes.zero_start import NEST_ATTR, start_accumulators_at_ze
 VECTOR_ATTR = "polyblocks.vector"
 _VECTORIZED_OPS = ("linalg.generic", "linalg.reduce")
 # Body ops the linalg vectorizer turns into vector ops one for one.
-_BODY_DIALECTS = ("arith.", "math.", "linalg.index", "affine.apply")
+_BODY_DIALECTS = ("arith.", "math.", "linalg.index", "affine.apply", "tensor.extract")
 _COMBINERS = frozenset({
     "arith.addf", "arith.mulf", "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf",
     "arith.addi", "arith.muli", "arith.andi", "arith.ori", "arith.xori",
@@ -183,9 +183,9 @@ def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], fr
 
 
 def _vectorizable(op: ir.Operation) -> bool:
-    """32-bit elements throughout, operands indexed by loops or constants (not an im2col's
-    sums of loops), a body of arith/math ops, and one recognizable combiner per reduced
-    result (the linalg vectorizer rejects anything else)."""
+    """32-bit elements throughout (gathered ones too), operands indexed by loops or constants
+    (not an im2col's sums of loops), a body of arith/math ops and gathers, and one
+    recognizable combiner per reduced result (the linalg vectorizer rejects anything else)."""
     if op.name == "linalg.generic" and not all(isinstance(e, (ir.AffineDimExpr, ir.AffineConstantExpr))
                                                for m in indexing_maps(op) for e in m.results):
         return False
@@ -198,6 +198,9 @@ def _vectorizable(op: ir.Operation) -> bool:
     body = list(block.operations)
     if not all(b.operation.name.startswith(_BODY_DIALECTS) for b in body[:-1]):
         return False
+    if not all(_is_32_bit(ir.RankedTensorType(b.operands[0].type).element_type)
+               for b in body if b.operation.name == "tensor.extract"):
+        return False  # a gather's vector of i1 (bool) would reach LLVM as is
     if op.name == "linalg.generic" and "reduction" not in str(op.attributes["iterator_types"]):
         return True
     outputs = list(block.arguments)[len(block.arguments) - len(op.results):]
@@ -298,7 +301,9 @@ def _vectorizing(c: Choice) -> str:
         lines += (f"    %d{c.ident} = transform.structured.decompose {target}"
                   " : (!transform.any_op) -> !transform.any_op\n")
         target = f"%d{c.ident}"
-    lines += f"    transform.structured.vectorize {target} : !transform.any_op\n"
+    # vectorize_nd_extract: a gather's tensor.extract becomes a vector load where its
+    # innermost index follows the innermost loop (rows of jnp.take), else a vector.gather.
+    lines += f"    transform.structured.vectorize {target} {{vectorize_nd_extract}} : !transform.any_op\n"
     if c.op_name == "linalg.transpose":
         # The read in the input's order, then a transpose in registers: a 16 x 16 one as
         # AVX-512 shuffles (the generic lowering moves one element at a time). Applied to the

@@ -18,7 +18,7 @@ from jaxlib.mlir import ir as jir
 from mlir import ir
 from mlir.dialects import arith, linalg
 
-from polyblocks_jax.stablehlo_import import builders, reader
+from polyblocks_jax.stablehlo_import import builders, layout, reader
 from polyblocks_jax.stablehlo_import.registry import computes_composite, converts
 from polyblocks_jax.stablehlo_import.types import element_type
 
@@ -30,6 +30,11 @@ def reduce(cx, op):
     dims = sorted(reader.i64_list(op.attr("dimensions")))  # linalg.reduce wants them ascending
     if not dims:  # XLA returns the operands unchanged: the init values are not applied
         return inputs
+    if all(op.operand_specs[0].shape[d] == 1 for d in dims):
+        # As XLA: a reshape (the init values, identities by contract, not applied), which
+        # fuses where a reduction cannot (jnp.take's in-bounds mask: an ``all`` over the
+        # index vector's dim of 1 kept a buffer of i1 the gather read, and it stayed scalar).
+        return [layout.reshape(x, spec.shape) for x, spec in zip(inputs, op.result_specs)]
     accs = [linalg.fill(builders.to_scalar(init), outs=[builders.empty(spec)])
             for init, spec in zip(inits, op.result_specs)]
     reduce_op = linalg.ReduceOp([a.type for a in accs], inputs, accs, dims)
