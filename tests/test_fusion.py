@@ -96,6 +96,46 @@ class ElementwiseFusionTest(absltest.TestCase):
                 self.assertEmpty([o for o in walk(op) if o.name == "linalg.generic"])
         support.check_against_xla(self, take, x)
 
+    def test_gathered_producer_is_computed_at_the_gathered_elements(self):
+        # A cross-entropy picks one log-probability per row: no log-softmax (nor x - max)
+        # of the whole input; the log runs in the gather's body, once per row.
+        def cross_entropy(x, y):
+            return -jnp.take_along_axis(jax.nn.log_softmax(x, -1), y[:, None], 1).mean()
+        rng = np.random.default_rng(3)
+        x, y = rng.standard_normal((16, 64), np.float32), rng.integers(0, 64, 16).astype(np.int32)
+        module = _after("fusion", cross_entropy, x, y)
+        generics = [op for op in walk(module.operation) if op.name == "linalg.generic"]
+        self.assertNotIn("tensor<16x64xf32>", [str(r.type) for op in generics for r in op.results])
+        gather = [op for op in generics if "tensor.extract" in str(op) and "math.log" in str(op)]
+        self.assertLen(gather, 1)
+        support.check_against_xla(self, cross_entropy, x, y, **ACCUMULATE)
+
+    def test_gathers_of_broadcasts_iotas_and_several_producers(self):
+        # Producers whose bodies read loop indices, broadcast operands and other producers'
+        # results, gathered along either dim, out-of-range indices clamped or filled.
+        rng = np.random.default_rng(4)
+        x, b = rng.standard_normal((16, 64), np.float32), rng.standard_normal((64,), np.float32)
+        rows, cols = rng.integers(-20, 20, (4, 64)).astype(np.int32), rng.integers(-70, 70, (16, 3)).astype(np.int32)
+
+        def gathers(x, b, rows, cols):
+            y = jnp.tanh(jax.lax.broadcasted_iota(jnp.float32, x.shape, 1) * x + b)
+            z = jnp.exp(y) - x
+            return (jnp.take_along_axis(z, rows, 0, mode="clip"), jnp.take_along_axis(y * 2, cols, 1),
+                    jnp.take(z, jnp.array([3, 1, 15]), axis=0))
+        support.check_against_xla(self, gathers, x, b, rows, cols, **ACCUMULATE)
+
+    def test_gathers_reading_elements_many_times_keep_the_producer(self):
+        # An embedding lookup of more rows than the table holds: each gathered element
+        # would compute exp again; the table is computed once, whole.
+        def lookup(table, ids):
+            return jnp.take(jnp.exp(table), ids, axis=0)
+        table, ids = np.random.default_rng(5).standard_normal((8, 32), np.float32), np.arange(64, dtype=np.int32) % 8
+        module = _after("fusion", lookup, table, ids)
+        exps = [op for op in walk(module.operation) if op.name == "linalg.generic" and "math.exp" in str(op)]
+        self.assertLen(exps, 1)
+        self.assertNotIn("tensor.extract", str(exps[0]))
+        support.check_against_xla(self, lookup, table, ids)
+
     def test_producers_fuse_into_reductions(self):
         module = _after("fusion", lambda x: (jnp.exp(x) * 2).sum(-1), np.zeros((4, 16), np.float32))
         (reduction,) = _reducing_generics(module.operation)

@@ -17,6 +17,7 @@ from mlir.dialects import func
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.deferred_normalization import divide_after_contractions
+from polyblocks_jax.passes.gather_fusion import fuse_into_gathers
 from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.scaled_extrema import reduce_before_scaling
 from polyblocks_jax.passes.transform import apply_script, indexing_maps, walk
@@ -34,11 +35,15 @@ _KEEP = "polyblocks_fusion_keep"  # prefix of the callees of the temporary uses
 
 
 def fuse_elementwise(module: ir.Module, options: Options) -> None:
-    """Generalize reductions, then fuse elementwise producers wherever no work is repeated."""
+    """Generalize reductions, then fuse elementwise producers wherever no work is repeated,
+    into their consumers' operands and into the gathers that read them."""
     apply_script(module, _GENERALIZE_REDUCTIONS)
     _copy_shared_constant_broadcasts(module)
     _fuse_without_recomputing(module)
     if reduce_before_scaling(module):  # each scaling it moved has one consumer left to fuse into
+        _fuse_without_recomputing(module)
+    if fuse_into_gathers(module):  # a producer the gathers read no more may have one use left
+        pass_manager("builtin.module(canonicalize)", module.context).run(module.operation)
         _fuse_without_recomputing(module)
     divide_after_contractions(module)
     pass_manager("builtin.module(canonicalize, cse)", module.context).run(module.operation)
