@@ -130,6 +130,18 @@ class SliceConcatenateTest(parameterized.TestCase):
         ])
 
     @parameterized.named_parameters(*DTYPE_PARAMS)
+    def test_slices_strided_along_rows(self, dtype):
+        # Rows of a vector or more read as contiguous spans (32-bit types): strides 2 to 4,
+        # rows not a whole number of vectors (the span's end masked), at an offset, in 1-D.
+        _check_cases(self, dtype, [
+            ((3, 64), lambda x: lax.slice(x, (0, 1), (3, 64), (1, 2))),
+            ((2, 4, 101), lambda x: lax.slice(x, (0, 1, 0), (2, 4, 101), (1, 2, 3))),
+            ((130,), lambda x: lax.slice(x, (3,), (130,), (4,))),
+            ((2, 90), lambda x: lax.slice(x, (1, 2), (2, 90), (1, 5))),  # stride 5: element by element
+            ((5, 40), lambda x: lax.slice(x, (0, 0), (5, 40), (2, 2)) * 1),
+        ], seed=3)
+
+    @parameterized.named_parameters(*DTYPE_PARAMS)
     def test_concatenate(self, dtype):
         _check_cases(self, dtype, [
             ((5,), lambda x: lax.concatenate([x, lax.slice_in_dim(x, 0, 2), x], 0)),

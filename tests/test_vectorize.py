@@ -127,6 +127,13 @@ class StageTest(absltest.TestCase):
         self.assertNotIn("linalg.transpose", text)
         self.assertIn("vector.shuffle", text)
 
+    def test_rows_of_a_take_run_on_vectors(self):
+        # jnp.take (fill mode): each gathered row a vector read at its clamped index, the
+        # in-bounds mask computed in the gather's body (it was a bool tensor, read scalar).
+        text = _staged(lambda x: jnp.take(x, jnp.arange(0, 64, 3), axis=0), np.zeros((64, 32), np.float32))
+        self.assertRegex(text, r"vector\.transfer_read %arg0\[.*vector<\d+xf32>")
+        self.assertNotRegex(text, r"tensor<\d+(x\d+)*xi1>")
+
     def test_reversed_outer_dims_run_on_vectors(self):
         # A flip of rows: an scf.forall over the reversed loop, each iteration copying rows
         # of vectors read at c - i (upstream tiling asserts on the map's c - d itself).
@@ -140,6 +147,16 @@ class StageTest(absltest.TestCase):
         # order of memory (not every row of one reversed index, rows far apart).
         text = _staged(lambda x: jax.lax.rev(x, (1,)) + 1.0, np.zeros((3, 4, 32), np.float32))
         self.assertRegex(text, r"scf\.forall \(%\w+, %\w+\) in \(3, 4\)")
+
+    def test_rows_strided_by_two_are_read_as_spans(self):
+        # a[:, 1::2]: each vector of the result read as one span of twice its length (masked
+        # at the row's end), every second element kept by a shuffle; not element by element.
+        module = support.module_after("strided-copies-vectors", lambda x: x[:, 1::2], np.zeros((4, 70), np.float32),
+                                      hardware=AVX512)
+        text = str(module)
+        self.assertNotIn("linalg.copy", text)
+        self.assertRegex(text, r"vector\.transfer_read .* vector<\d+xf32>")
+        self.assertRegex(text, r"vector\.shuffle %\w+, %\w+ \[0, 2, 4, ")
 
     def test_reversed_rows_stay_scalar(self):
         # Reversed along the innermost dim: no vector reads it (that would need a shuffle).
@@ -340,6 +357,20 @@ class ResultsTest(parameterized.TestCase):
                                   (jax.lax.rev(a, (1,)) * a).sum(-1), jax.lax.rev(a, (0,)) * a,
                                   jax.lax.rev(b, (0, 2)) - b, (jax.lax.rev(b, (1,)) * b).sum(-1),
                                   jnp.flip(b, 1)[:, 1:4]), x, y, **ACCUMULATE)
+
+    def test_gathers(self):
+        # Rows (a vector read per row), elements along the innermost dim (vector.gather),
+        # indices out of range (clamped or filled), tables of bools and bytes (left scalar).
+        rng = np.random.default_rng(6)
+        x = rng.standard_normal((40, 48), np.float32)
+        rows = rng.integers(-50, 50, (7,)).astype(np.int32)
+        cols = rng.integers(-60, 60, (40, 20)).astype(np.int32)
+        flags, small = x > 0, (x * 10).astype(np.int8)
+        self._check(lambda x, rows, cols, flags, small: (
+            jnp.take(x, rows, axis=0), jnp.take(x, rows, axis=0, mode="clip") * 2,
+            jnp.take_along_axis(x, cols, 1, mode="fill", fill_value=-1.0), jnp.take_along_axis(x, cols % 48, 1),
+            jnp.take(flags, rows, axis=0, mode="clip"), jnp.take(small, rows % 40, axis=0).astype(np.float32) + x[:7]),
+            x, rows, cols, flags, small)
 
     def test_reversed_middle_dim_with_other_operands(self):
         # The forall over the outer and the reversed dim slices a transposed operand too,

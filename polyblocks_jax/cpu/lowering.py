@@ -15,15 +15,18 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes import INLINE_LAYERS, VECTOR_TRANSFERS, Stage
 from polyblocks_jax.passes.arena import plan_arena
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
+from polyblocks_jax.passes.copies import vectorize_strided_copies
 from polyblocks_jax.passes.iteration_buffers import hoist_iteration_buffers
 from polyblocks_jax.passes.parallel import parallelize_loops
 from polyblocks_jax.passes.pipeline import pass_manager
 
 
 def cpu_stages(options: Options) -> list[Stage]:
+    vectors = [Stage("strided-copies-vectors", _vectorize_strided_copies)] if options.vectorize else []
     return [
         # Packed contractions marked for a matrix unit become AMX / VDPBF16PS kernels.
         Stage("unit-kernels", lower_matrix_units),
+        *vectors,
         # Parallel iterators become scf.parallel, reduction dims scf.for; the matmul's
         # cache tiles (scf.forall) become scf.parallel too.
         Stage("loops", "func.func(convert-linalg-to-parallel-loops, scf-forall-to-parallel), canonicalize"),
@@ -51,6 +54,10 @@ def cpu_stages(options: Options) -> list[Stage]:
         Stage("to-llvm", lower_to_llvm),
         Stage("bf16-rounding", define_truncsfbf2),
     ]
+
+
+def _vectorize_strided_copies(module: ir.Module, options: Options) -> None:
+    vectorize_strided_copies(module, lanes=host().vector_bits // 32)
 
 
 _TO_LLVM = (
