@@ -104,17 +104,19 @@ def measure_call(name: str, fn: Callable, args: list, repeat: int, flops: float 
     """XLA and polyblocks on ``fn(*args)``: latencies, the error, the ratio (GFLOP/s with ``flops``)."""
     xla = runner.compile_xla(fn, *args)
     expected = runner.flat_numpy(xla.call())
-    row = Row(name, 1e3 * runner.median_latency(xla, repeat))
-    row.xla_gflops = flops and flops / row.xla_ms / 1e6
+    row = Row(name, math.nan)
     try:
         pbc = runner.compile_polyblocks(fn, *args)
         row.pb_compile_s = pbc.compile_s
         row.max_rel_error = runner.max_relative_error(runner.flat_numpy(pbc.call()), expected)
-        row.pb_ms = 1e3 * runner.median_latency(pbc, repeat)
+        xla_s, pb_s = runner.paired_latency(xla, pbc, repeat)
+        row.xla_ms, row.pb_ms = 1e3 * xla_s, 1e3 * pb_s
         row.pb_gflops = flops and flops / row.pb_ms / 1e6
         row.ratio = row.xla_ms / row.pb_ms
     except Exception as e:  # noqa: BLE001 (a failing op is a row of the table, not a crash)
         row.error = " ".join(runner.failure(e))
+        row.xla_ms = 1e3 * runner.median_latency(xla, repeat)
+    row.xla_gflops = flops and flops / row.xla_ms / 1e6
     return row
 
 
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(measure(name, known[name], args.repeat))
         print(format_table(rows[-1:]).splitlines()[-1], flush=True)
     print(f"\n{models.machine_slug()} ({models.cpu_name()}, {models.cores()} cores), "
-          f"median of {args.repeat}, flags {os.environ.get('POLYBLOCKS_FLAGS', '') or '(default)'}")
+          f"best of {runner.ROUNDS} medians of {args.repeat}, flags {os.environ.get('POLYBLOCKS_FLAGS', '') or '(default)'}")
     print(format_table(rows))
     if not args.no_save:
         print(f"wrote {write_results(rows, args)}")

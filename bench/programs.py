@@ -26,7 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
-from bench import chart, models, ops  # noqa: E402
+from bench import chart, models, ops, runner  # noqa: E402
 
 _NHWC = ("NHWC", "HWIO", "NHWC")
 
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(ops.measure_call(name, fn, arguments, args.repeat))
         print(ops.format_table(rows[-1:]).splitlines()[-1], flush=True)
     ratios = [r.ratio for r in rows if r.ratio]
-    print(f"\n{models.machine_slug()} ({models.cpu_name()}, {models.cores()} cores), median of {args.repeat}: "
+    print(f"\n{models.machine_slug()} ({models.cpu_name()}, {models.cores()} cores), best of {runner.ROUNDS} medians of {args.repeat}: "
           f"{len(ratios)}/{len(rows)} ran, geomean {np.exp(np.mean(np.log(ratios))):.2f}x, "
           f"{sum(r < 1 for r in ratios)} below 1")
     print(ops.format_table(rows))

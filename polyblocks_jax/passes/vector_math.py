@@ -13,10 +13,12 @@ LLVM lowers a vector ``math.exp``, ``tanh`` or ``log`` to one libm call per lane
   (which flushes subnormals): the clamp keeps every lane normal, since an instruction
   with a subnormal result takes a microcode assist of some 150 cycles (a causal mask's
   -1e9 made a masked softmax 3.5 times as slow as an unmasked one).
-- tanh, by |x|: below 0.625, x + x^3 R(x^2) with R a degree-5 least-squares fit (1.6e-10
-  from tanh in exact arithmetic, under an ulp in f32); above, 1 - 2 / (1 + e^(2|x|)) with
-  the exp above (about 2 ulps; e^(2|x|) = inf gives 1); the sign copied from x (-0 stays
-  -0, NaN propagates).
+- tanh(|x|) = e / (e + 2) with e = e^(2|x|) - 1, from exp's reduction and polynomial without
+  its 1 (so small |x| loses nothing) and 2^n (e^r - 1) + (2^n - 1) in one multiply-add; |x|
+  clamped at 10, past which tanh rounds to 1; the sign copied from x (-0 stays -0, NaN
+  propagates). 2.2 ulps at most (XLA's: 4.3). A polynomial below 0.625 and 1 - 2 / (1 +
+  e^(2|x|)) above, both computed and one selected, had 1.3 ulps at 1.75 times the time (2M
+  elements: 0.55 -> 0.31 ms, XLA 0.39; tanh-GELU 0.69 -> 0.46 ms).
 - log: x = m 2^e with m in [sqrt(1/2), sqrt(2)) (subnormals scaled by 2^23 first), f = m - 1,
   log m = f - f^2/2 + f^3 P(f) with P a degree-7 least-squares fit (6e-9 in exact
   arithmetic), e ln2 added in two parts: 1.2 ulps; log(0) = -inf, log(+inf) = +inf, NaN
@@ -46,9 +48,8 @@ _SCALEF_LANES = 16
 _CURRENT_ROUNDING = 4  # _MM_FROUND_CUR_DIRECTION: the rounding mode in MXCSR
 
 
-_TANH_SMALL = 0.625
-_TANH_R = (-0.33333330802491895, 0.13333205979590335, -0.05394675763889241, 0.021700666901446706,
-           -0.008177297762206758, 0.002142863675748184)
+# tanh(x) rounds to 1 in f32 from x = 9.01 on: the clamp keeps e^2x finite.
+_TANH_ONE = 10.0
 
 
 def expand_vector_math(module: ir.Module, scales_by_exponent: bool = False) -> None:
@@ -78,15 +79,23 @@ def _splat(vtype: ir.VectorType) -> Callable[[float], ir.Value]:
     return const
 
 
-def _tanh(x: ir.Value, vtype: ir.VectorType, scales_by_exponent: bool) -> ir.Value:
+def _tanh(x: ir.Value, vtype: ir.VectorType, _scales_by_exponent: bool = False) -> ir.Value:
     const = _splat(vtype)
-    z = math.absf(x)
-    t = arith.mulf(z, z)
-    small = arith.addf(z, arith.mulf(z, arith.mulf(t, estrin(t, _TANH_R, const))))
-    e = _exp(arith.addf(z, z), vtype, scales_by_exponent)
-    large = arith.subf(const(1.0), arith.divf(const(2.0), arith.addf(const(1.0), e)))
-    is_small = arith.cmpf(arith.CmpFPredicate.OLT, z, const(_TANH_SMALL))
-    return math.copysign(arith.select(is_small, small, large), x)
+    z = arith.minimumf(math.absf(x), const(_TANH_ONE))
+    e = _expm1_of_nonnegative(arith.addf(z, z), vtype)
+    return math.copysign(arith.divf(e, arith.addf(e, const(2.0))), x)
+
+
+def _expm1_of_nonnegative(y: ir.Value, vtype: ir.VectorType) -> ir.Value:
+    """e^y - 1 for y in [0, 2 _TANH_ONE]: 2^n (e^r - 1) + (2^n - 1), the polynomial's
+    e^r - 1 without its 1 (no cancellation for small y), one rounding in the multiply-add."""
+    const = _splat(vtype)
+    itype = ir.VectorType.get(vtype.shape, ir.IntegerType.get_signless(32))
+    n = math.floor(arith.addf(arith.mulf(y, const(_LOG2E)), const(0.5)))
+    r = arith.subf(arith.subf(y, arith.mulf(n, const(_LN2_HI))), arith.mulf(n, const(_LN2_LO)))
+    er_minus_1 = arith.addf(arith.mulf(estrin(r, _POLY[::-1], const), arith.mulf(r, r)), r)
+    scale = _pow2(arith.fptosi(itype, n), vtype, itype)
+    return arith.addf(arith.mulf(scale, er_minus_1), arith.subf(scale, const(1.0)))
 
 
 def _log(x: ir.Value, vtype: ir.VectorType, _scales_by_exponent: bool = False) -> ir.Value:
