@@ -268,6 +268,25 @@ class TileFusionTest(parameterized.TestCase):
         names = [m.name for m in group.members]
         self.assertEqual(names.count("linalg.generic"), 5)  # q.k, max, exp (scaling scores and max), sum, p.v
 
+    def test_flax_attention_with_transposed_probabilities_is_grouped(self):
+        # Flax's einsums: jax computes the second contraction as V^T P^T. Where the scores
+        # outgrow L2 (here 1 MiB against AVX2's 512 KiB), it becomes P V, transposed after,
+        # and groups like any attention; no copy of P transposed.
+        def attention(q, k, v):
+            p = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q / 4.0, k), axis=-1)
+            return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+        q = np.random.default_rng(6).standard_normal((2, 256, 2, 16), np.float32)
+        module = _after("fusion", attention, q, q, q)
+        body = module.body.operations[0].regions[0].blocks[0]
+        with module.context:
+            (group,) = tile_fusion.fusion_groups(body, AVX2)
+        # members q.k, max, exp, sum; p.v (divided by the sums) the root
+        self.assertEqual([m.name for m in group.members].count("linalg.generic"), 4)
+        self.assertIn("reduction", str(group.root.attributes["iterator_types"]))
+        transposed = [op for op in walk(module.operation) if op.name == "linalg.transpose"]
+        self.assertNotIn("256x256", " ".join(str(op.results[0].type) for op in transposed))
+        support.check_against_xla(self, attention, q, q * 0.5, q + 1.0, **ACCUMULATE)
+
     def test_group_intermediates_are_tile_sized(self):
         # Each tile's scores live in a buffer of the tile's size (in cache), not in a slice of
         # a whole (batch, heads, queries, keys) tensor.
