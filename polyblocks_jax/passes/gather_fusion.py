@@ -53,7 +53,7 @@ def _fusible(extract: ir.Operation, producer: ir.Operation) -> bool:
     if len(producer.results) != 1 or "reduction" in str(producer.attributes["iterator_types"]):
         return False
     maps = indexing_maps(producer)
-    if not maps[-1].is_permutation or any(i != e.position for i, e in enumerate(maps[-1].results)):
+    if maps[-1] != ir.AffineMap.get_identity(maps[-1].n_dims):
         return False
     if not all(isinstance(e, (ir.AffineDimExpr, ir.AffineConstantExpr)) for m in maps[:-1] for e in m.results):
         return False
