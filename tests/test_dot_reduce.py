@@ -3,6 +3,7 @@
 Layout tests use small integer-valued floats, whose sums are exact in any order, so
 they check the indexing exactly; accuracy tests use random floats.
 """
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from absl.testing import absltest, parameterized
@@ -10,6 +11,9 @@ from jax import lax
 
 import polyblocks_jax as pb
 import support
+from polyblocks_jax.passes.tiling import Hardware
+
+AVX512 = Hardware(vector_bits=512, vector_registers=32, l1_bytes=48 << 10, l2_bytes=2 << 20)
 
 # (lhs shape, rhs shape, ((lhs contracting, rhs contracting), (lhs batch, rhs batch)))
 DOT_LAYOUTS = [
@@ -52,6 +56,25 @@ class DotTest(parameterized.TestCase):
         c, d = support.random_array(rng, (2, 3, 8), dtype), support.random_array(rng, (2, 8, 4), dtype)
         support.check_against_xla(self, lambda a, b, c, d: (
             a @ b, lax.dot_general(c, d, (((2,), (1,)), ((0,), (0,))))), a, b, c, d)
+
+    def test_matrix_vector_products(self):
+        # Row dot products (a reduction along each row, not a matmul of one column): rows
+        # not a whole number of vectors, a transposed matrix, batches, f64, bf16 (a matmul).
+        rng = np.random.default_rng(11)
+        m, v = rng.standard_normal((37, 300), np.float32), rng.standard_normal((300,), np.float32)
+        b, w = rng.standard_normal((3, 5, 64), np.float32), rng.standard_normal((3, 64), np.float32)
+        support.check_against_xla(self, lambda m, v, b, w: (
+            m @ v, v[:37] @ m[:, :37], jnp.einsum("bmk,bk->bm", b, w), m.T[:40] @ v[:37],
+            m.astype(np.float64) @ v.astype(np.float64)), m, v, b, w, rtol=1e-5, atol=1e-5)
+        half = m.astype(ml_dtypes.bfloat16), v.astype(ml_dtypes.bfloat16)
+        support.check_against_xla(self, lambda m, v: m @ v, *half)
+
+    def test_matrix_vector_product_is_a_row_reduction(self):
+        module = support.module_after("vectorize", lambda m, v: m @ v, np.zeros((64, 256), np.float32),
+                                      np.zeros((256,), np.float32), hardware=AVX512)
+        text = str(module)
+        self.assertNotIn("linalg.matmul", text)
+        self.assertRegex(text, r"vector\.reduction <add>, %\w+, %\w+ .*: vector<\d+xf32> into f32")
 
     def test_f16_accumulates_in_f32(self):
         # A long contraction: XLA CPU sums half-precision products in f32, and so do we.

@@ -6,7 +6,8 @@ the lhs is transposed to (batch..., free..., contracting...) and the rhs to
 one linalg.matmul (no batch dims) or linalg.batch_matmul multiplies them into a
 zero-filled accumulator; the (batch, M, N) result is expanded back to StableHLO's
 result order (batch..., lhs free..., rhs free...). Transposes and reshapes that
-would be identities are not emitted.
+would be identities are not emitted. A product with one result column (a matrix times a
+vector) is a row reduction instead, which the vectorizer reads along the rows.
 
 precision_config is ignored: on the host every dot runs at the full precision of
 its accumulator type.
@@ -18,7 +19,7 @@ from typing import Sequence
 
 from jaxlib.mlir.dialects import stablehlo
 from mlir import ir
-from mlir.dialects import linalg
+from mlir.dialects import arith, linalg
 
 from polyblocks_jax.dtypes import DTYPES, DType
 from polyblocks_jax.stablehlo_import import builders, layout
@@ -59,12 +60,31 @@ def _contract(op, lhs_batch: list[int], rhs_batch: list[int],
     rhs_groups = [rhs_batch] * batched + [rhs_contract, rhs_free]
     lhs, rhs = _canonical(lhs, lhs_groups), _canonical(rhs, rhs_groups)
     sizes = [_prod(lhs_spec.shape, g) for g in lhs_groups[:-1]] + [_prod(rhs_spec.shape, rhs_free)]
-    init = builders.filled(builders.splat(0, element_type(acc)), sizes)
-    result = (linalg.batch_matmul if batched else linalg.matmul)(lhs, rhs, outs=[init], cast=cast)
+    if sizes[-1] == 1 and acc.is_float and lhs_spec.dtype == rhs_spec.dtype == acc:
+        result = _row_dots(lhs, rhs, sizes, acc)
+    else:
+        init = builders.filled(builders.splat(0, element_type(acc)), sizes)
+        result = (linalg.batch_matmul if batched else linalg.matmul)(lhs, rhs, outs=[init], cast=cast)
     nb, nm = len(lhs_batch), len(lhs_free)
     out_groups = [list(range(nb))] * batched + [list(range(nb, nb + nm)), list(range(nb + nm, out.rank))]
     result = _from_groups(result, out_groups, out.shape)
     return convert_value(result, acc, out.dtype)
+
+
+def _row_dots(lhs: ir.Value, rhs: ir.Value, sizes: list[int], acc: DType) -> ir.Value:
+    """A matrix times a vector ((batch,) M x K times K x 1): each result element the dot
+    product of a row, a reduction the vectorizer reads along the row. As a matmul, its
+    register tile of 8 x 1 read one element of each of 8 rows per step (1024 x 1024:
+    0.21 ms, XLA 0.15)."""
+    rank = len(sizes)  # the loops: (batch,) row, k
+    unit_last = [[d] for d in range(rank - 2)] + [[rank - 2, rank - 1]]  # (batch,) n, 1 <-> (batch,) n
+    vector = layout.collapse(rhs, unit_last, builders.shape_of(rhs)[:-1])
+    dims = [ir.AffineDimExpr.get(d) for d in range(rank)]
+    maps = [ir.AffineMap.get(rank, 0, d) for d in (dims, [*dims[:-2], dims[-1]], dims[:-1])]
+    init = builders.filled(builders.splat(0, element_type(acc)), sizes[:-1])
+    (dots,) = builders.generic([lhs, vector], [init], maps, ["parallel"] * (rank - 1) + ["reduction"],
+                               lambda a, x, total: [arith.addf(total, arith.mulf(a, x))])
+    return layout.expand(dots, unit_last, sizes)
 
 
 def _accumulator(out: DType) -> DType:
