@@ -18,6 +18,7 @@ from mlir.dialects import arith, linalg, memref, scf, ub, vector
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.arena import identity_layout
 from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.vectorize import is_32_bit
 
 
 def strided_copies_to_linalg(module: ir.Module, options: Options) -> None:
@@ -56,8 +57,7 @@ def _row_stride(copy: ir.Operation, lanes: int) -> int | None:
     source, target = ir.MemRefType(source), ir.MemRefType(target)
     if not (source.has_static_shape and source.rank and source.shape[-1] >= lanes):
         return None
-    element = source.element_type
-    if not (isinstance(element, ir.F32Type) or isinstance(element, ir.IntegerType) and element.width == 32):
+    if not is_32_bit(source.element_type):
         return None
     stride = source.get_strides_and_offset()[0][-1]
     if not 2 <= stride <= _MAX_STRIDE or target.get_strides_and_offset()[0][-1] != 1:

@@ -91,11 +91,16 @@ def _expm1_of_nonnegative(y: ir.Value, vtype: ir.VectorType) -> ir.Value:
     e^r - 1 without its 1 (no cancellation for small y), one rounding in the multiply-add."""
     const = _splat(vtype)
     itype = ir.VectorType.get(vtype.shape, ir.IntegerType.get_signless(32))
-    n = math.floor(arith.addf(arith.mulf(y, const(_LOG2E)), const(0.5)))
-    r = arith.subf(arith.subf(y, arith.mulf(n, const(_LN2_HI))), arith.mulf(n, const(_LN2_LO)))
-    er_minus_1 = arith.addf(arith.mulf(estrin(r, _POLY[::-1], const), arith.mulf(r, r)), r)
+    n, er_minus_1 = _reduced(y, const)
     scale = _pow2(arith.fptosi(itype, n), vtype, itype)
     return arith.addf(arith.mulf(scale, er_minus_1), arith.subf(scale, const(1.0)))
+
+
+def _reduced(x: ir.Value, const: Callable[[float], ir.Value]) -> tuple[ir.Value, ir.Value]:
+    """(n, e^r - 1) with x = n ln2 + r, |r| <= ln2/2 (x finite, in exp's range)."""
+    n = math.floor(arith.addf(arith.mulf(x, const(_LOG2E)), const(0.5)))
+    r = arith.subf(arith.subf(x, arith.mulf(n, const(_LN2_HI))), arith.mulf(n, const(_LN2_LO)))
+    return n, arith.addf(arith.mulf(estrin(r, _POLY[::-1], const), arith.mulf(r, r)), r)
 
 
 def _log(x: ir.Value, vtype: ir.VectorType, _scales_by_exponent: bool = False) -> ir.Value:
@@ -122,11 +127,8 @@ def _log(x: ir.Value, vtype: ir.VectorType, _scales_by_exponent: bool = False) -
 def _exp(x: ir.Value, vtype: ir.VectorType, scales_by_exponent: bool) -> ir.Value:
     const = _splat(vtype)
     itype = ir.VectorType.get(vtype.shape, ir.IntegerType.get_signless(32))
-    clamped = arith.minimumf(arith.maximumf(x, const(_MIN)), const(_MAX))
-    n = math.floor(arith.addf(arith.mulf(clamped, const(_LOG2E)), const(0.5)))
-    r = arith.subf(arith.subf(clamped, arith.mulf(n, const(_LN2_HI))), arith.mulf(n, const(_LN2_LO)))
-    poly = estrin(r, _POLY[::-1], const)
-    y = arith.addf(arith.addf(arith.mulf(poly, arith.mulf(r, r)), r), const(1.0))
+    n, er_minus_1 = _reduced(arith.minimumf(arith.maximumf(x, const(_MIN)), const(_MAX)), const)
+    y = arith.addf(er_minus_1, const(1.0))
     if scales_by_exponent and vtype.rank == 1 and vtype.shape[0] % _SCALEF_LANES == 0:
         y = _scalef(y, n)
     else:

@@ -172,7 +172,7 @@ def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], fr
     lanes = hw.vector_bits // 32
     rank = len(permutation)
     if (rank < 2 or permutation[-1] == rank - 1 or not result.has_static_shape
-            or not _is_32_bit(result.element_type)):
+            or not is_32_bit(result.element_type)):
         return None
     rows = permutation.index(rank - 1)  # the result dim along the input's rows
     if result.shape[-1] % lanes or result.shape[rows] % lanes:
@@ -192,13 +192,13 @@ def _vectorizable(op: ir.Operation) -> bool:
     for value in [*op.operands, *op.results]:
         if not isinstance(value.type, ir.RankedTensorType):
             return False
-        if not _is_32_bit(value.type.element_type):
+        if not is_32_bit(value.type.element_type):
             return False
     block = op.regions[0].blocks[0]
     body = list(block.operations)
     if not all(b.operation.name.startswith(_BODY_DIALECTS) for b in body[:-1]):
         return False
-    if not all(_is_32_bit(ir.RankedTensorType(b.operands[0].type).element_type)
+    if not all(is_32_bit(ir.RankedTensorType(b.operands[0].type).element_type)
                for b in body if b.operation.name == "tensor.extract"):
         return False  # a gather's vector of i1 (bool) would reach LLVM as is
     if op.name == "linalg.generic" and "reduction" not in str(op.attributes["iterator_types"]):
@@ -215,7 +215,8 @@ def _vectorizable(op: ir.Operation) -> bool:
     return True
 
 
-def _is_32_bit(elem: ir.Type) -> bool:
+def is_32_bit(elem: ir.Type) -> bool:
+    """f32 or a 32-bit integer: the element types the vector plans are sized for."""
     return isinstance(elem, ir.F32Type) or isinstance(elem, ir.IntegerType) and elem.width == 32
 
 
