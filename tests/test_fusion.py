@@ -396,6 +396,19 @@ class TileFusionTest(parameterized.TestCase):
             (group,) = tile_fusion.fusion_groups(body, AVX512)
         self.assertEqual(group.tiles[-1], 0)  # every channel in a tile
 
+    def test_softmax_gradient_is_one_pass_over_rows(self):
+        # The gradient of -log_softmax(x)[..., 0]: softmax(x) - one_hot(0). Its one-hot row is
+        # a pad of a unit dim, and a division of the (rows, 1) sums is reshaped on both
+        # sides: with unit dims left in, upstream fusion propagated the reshapes into a 4-D
+        # consumer and the exponentials became a whole tensor read back by a second nest.
+        def grad(x):
+            return jax.grad(lambda a: -jax.nn.log_softmax(a, -1)[..., 0].sum())(x)
+        x = np.random.default_rng(7).standard_normal((2, 16, 64), np.float32)
+        module = _after("tile-fusion", grad, x)
+        self.assertEqual([n for n in _top_level(module) if n.startswith(("linalg.", "scf.", "tensor.insert"))],
+                         ["scf.forall"])
+        support.check_against_xla(self, grad, x, **ACCUMULATE)
+
     def test_producer_used_outside_the_group_stays_whole(self):
         # exp(x) is also a result: computing it per tile and again whole would repeat it.
         def fn(x):

@@ -10,8 +10,10 @@ from absl.testing import absltest, parameterized
 from jax import lax
 
 import support
+from polyblocks_jax.passes.tiling import Hardware
 
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.int32, np.bool_, np.uint8]
+AVX2 = Hardware(vector_bits=256, vector_registers=16, l1_bytes=32 << 10, l2_bytes=512 << 10)
 DTYPE_PARAMS = [(np.dtype(d).name, d) for d in DTYPES]
 
 
@@ -169,6 +171,24 @@ class PadTest(parameterized.TestCase):
             ((0, 2), lambda x: lax.pad(x, value, [(1, 2, 3), (1, 0, 0)])),     # zero-size operand
             ((), lambda x: lax.pad(x, value, [])),
         ])
+
+    @parameterized.named_parameters(*DTYPE_PARAMS)
+    def test_pad_of_unit_dims(self, dtype):
+        # Every padded dim holds one element (a one-hot row, as the gradient of x[..., i]):
+        # a select on the indices; the last case pads a dim of 2, the general path.
+        value = np.array(1, dtype)
+        _check_cases(self, dtype, [
+            ((2, 1, 3), lambda x: lax.pad(x, value, [(0, 0, 0), (2, 5, 0), (0, 0, 0)])),
+            ((1,), lambda x: lax.pad(x, value, [(0, 7, 0)])),
+            ((1, 1, 4), lambda x: lax.pad(x, value, [(1, 0, 0), (0, 3, 0), (0, 0, 0)])),
+            ((1, 2), lambda x: lax.pad(x, value, [(1, 1, 0), (1, 0, 0)])),
+        ])
+
+    def test_pad_of_unit_dims_is_elementwise(self):
+        module = support.module_after("elementwise-to-linalg", lambda x: lax.pad(x, np.float32(0), [(0, 0, 0), (3, 4, 0)]),
+                                      np.zeros((4, 1), np.float32), hardware=AVX2)
+        self.assertNotIn("tensor.insert_slice", str(module))
+        self.assertIn("linalg.index 1", str(module))
 
     def test_pad_value_is_an_argument(self):
         x = support.random_array(np.random.default_rng(2), (3, 4), np.float32)

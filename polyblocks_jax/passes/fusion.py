@@ -21,6 +21,7 @@ from polyblocks_jax.passes.gather_fusion import fuse_into_gathers
 from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.scaled_extrema import reduce_before_scaling
 from polyblocks_jax.passes.transform import apply_script, indexing_maps, walk
+from polyblocks_jax.passes.unit_dims import fold_collapsed_unit_dims
 
 _GENERALIZE_REDUCTIONS = """
 module attributes {transform.with_named_sequence} {
@@ -38,6 +39,7 @@ def fuse_elementwise(module: ir.Module, options: Options) -> None:
     """Generalize reductions, then fuse elementwise producers wherever no work is repeated,
     into their consumers' operands and into the gathers that read them."""
     apply_script(module, _GENERALIZE_REDUCTIONS)
+    fold_collapsed_unit_dims(module)
     _copy_shared_constant_broadcasts(module)
     _fuse_without_recomputing(module)
     if reduce_before_scaling(module):  # each scaling it moved has one consumer left to fuse into

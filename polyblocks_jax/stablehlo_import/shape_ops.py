@@ -73,6 +73,10 @@ def pad(cx, op):
     x, value = op.operands
     low, high = reader.i64_list(op.attr("edge_padding_low")), reader.i64_list(op.attr("edge_padding_high"))
     interior = reader.i64_list(op.attr("interior_padding"))
+    if not any(interior) and any([*low, *high]):
+        selected = slices.pad_unit_dims(x, value, low, high)
+        if selected is not None:
+            return [selected]
     return [slices.pad(x, value, low, high, interior)]
 
 

@@ -5,10 +5,11 @@ strides are static. Slices inserted into a fresh destination bufferize in place.
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 from mlir import ir
-from mlir.dialects import arith, tensor
+from mlir.dialects import arith, linalg, tensor
 
 from polyblocks_jax.stablehlo_import import builders
 
@@ -80,6 +81,31 @@ def pad(x: ir.Value, value: ir.Value | float, low: Sequence[int], high: Sequence
         x = extract_slice(x, counts, firsts)
     offsets = [lo + first * s for lo, first, s in zip(low, firsts, steps)]
     return insert_slice(x, filled, offsets, steps)
+
+
+def pad_unit_dims(x: ir.Value, value: ir.Value, low: Sequence[int], high: Sequence[int]) -> ir.Value | None:
+    """``pad`` of ``x`` where each padded dim holds one element of ``x`` (no interior or
+    negative padding), as one elementwise op selecting on the indices; None for other pads.
+
+    The gradient of ``x[..., i]`` pads its cotangent so (a one-hot row): fusion folds the
+    select into the consumers, where a filled tensor with ``x`` inserted was a buffer the
+    size of the result, written twice and read back.
+    """
+    src = builders.shape_of(x)
+    padded = [d for d, (lo, hi) in enumerate(zip(low, high)) if lo or hi]
+    if min([*low, *high]) < 0 or any(src[d] != 1 for d in padded):
+        return None
+    shape = [n + lo + hi for n, lo, hi in zip(src, low, high)]
+    reads = ir.AffineMap.get(len(shape), 0, [ir.AffineConstantExpr.get(0) if d in padded else ir.AffineDimExpr.get(d)
+                                             for d in range(len(shape))])
+    fill = builders.to_scalar(value)
+
+    def body(element: ir.Value, _out: ir.Value) -> ir.Value:
+        inside = [arith.cmpi(arith.CmpIPredicate.eq, linalg.IndexOp(d).result, builders.index_constant(low[d]))
+                  for d in padded]
+        return arith.select(functools.reduce(arith.andi, inside), element, fill)
+
+    return builders.parallel_generic([x], tensor.EmptyOp(shape, fill.type).result, [reads], body)
 
 
 def to_index(value: ir.Value, unsigned: bool) -> ir.Value:
