@@ -31,7 +31,7 @@ class Options:
     vectorize: bool = True       # register tiles + vectors for convolutions, elementwise ops, reductions
     share_layers: bool = True    # a repeated layer's ops go through the tensor stages once (compile time)
     arena: bool = True           # host intermediates share one arena laid out by liveness (passes/arena.py)
-    opt_level: int = 2           # LLVM level; 3 costs 10-20x compile time on models for no speed
+    opt_level: int = 2           # LLVM: 0 unoptimized; else our passes (cpu/codegen.py), codegen at this level
     matrix_unit: str = "auto"    # host matmul path: auto | amx | avx512bf16 | fma (forcing an absent one fails)
     precision: str = "fp32"      # f32 matmuls/convs: fp32 (exact) | tf32 (GPU tensor cores; exact on the host)
                                  # | mixed_bf16_fp32 (bf16 operands, f32 sums)
