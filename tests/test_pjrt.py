@@ -390,6 +390,61 @@ class NativeFunctionsTest(absltest.TestCase):
             self.assertIsNone(error, name)
             self.assertEqual(getattr(args, field), 1, name)
 
+    def test_per_call_getters_read_the_handle_blocks(self):
+        from pypjrt._abi import pjrt_0_114 as abi
+        from polyblocks_jax.pjrt import api, handles, native
+        from polyblocks_jax.pjrt.buffer import Buffer
+        from polyblocks_jax.pjrt.client import Client
+        from polyblocks_jax.pjrt.events import READY, PendingEvent
+        natives = native.load()
+        self.assertIsNotNone(natives, "cc builds native.c on this machine")
+        table = api.build_table()
+        for name in native.GETTERS:
+            self.assertEqual(getattr(table, name), natives.getter_addresses[name], name)
+        self.assertEqual(table.PJRT_Event_Error, natives.no_error_address)
+        device = Client().devices[0]
+        buffer = Buffer(np.zeros(4, np.float32), device)
+
+        def ask(name, **fields):
+            args_type = getattr(abi, f"{name}_Args")
+            args = args_type(struct_size=ctypes.sizeof(args_type), **fields)
+            error = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(getattr(table, name))(ctypes.addressof(args))
+            return args, error
+
+        self.assertEqual(ask("PJRT_Buffer_Device", buffer=buffer.handle)[0].device, device.handle)
+        self.assertEqual(ask("PJRT_Buffer_Memory", buffer=buffer.handle)[0].memory, device.memory.handle)
+        self.assertEqual(ask("PJRT_Buffer_ReadyEvent", buffer=buffer.handle)[0].event, READY)
+        self.assertFalse(ask("PJRT_Buffer_IsDeleted", buffer=buffer.handle)[0].is_deleted)
+        buffer.delete()
+        self.assertTrue(ask("PJRT_Buffer_IsDeleted", buffer=buffer.handle)[0].is_deleted)
+        kind = ask("PJRT_Memory_Kind", memory=device.memory.handle)[0]
+        self.assertEqual(ctypes.string_at(kind.kind, kind.kind_size), b"device")
+        self.assertEqual(ask("PJRT_Executable_NumOutputs", executable=handles.register(None, handles.EXECUTABLE, 3))[0]
+                         .num_outputs, 3)
+        self.assertTrue(ask("PJRT_Event_IsReady", event=READY)[0].is_ready)
+        called = []
+        on_ready = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(lambda error, arg: called.append((error, arg)))
+        ask("PJRT_Event_OnReady", event=READY, callback=ctypes.cast(on_ready, ctypes.c_void_p).value, user_arg=42)
+        self.assertEqual(called, [(None, 42)])
+        # Handles without a tag: the Python callbacks answer (or report the bad handle).
+        self.assertFalse(ask("PJRT_Event_IsReady", event=handles.register(PendingEvent()))[0].is_ready)
+        self.assertIsNotNone(ask("PJRT_Buffer_Device", buffer=None)[1])
+
+    def test_a_call_enters_python_once(self):
+        done = run_child("""
+            import sys, jax, numpy as np
+            x = jax.device_put(np.ones(4, np.float32), jax.devices("polyblocks")[0])
+            f = jax.jit(lambda a, b: a + b)
+            f(x, x).block_until_ready()
+            print("call", file=sys.stderr, flush=True)
+            f(x, x).block_until_ready()
+            print("done", file=sys.stderr, flush=True)
+        """, env={"POLYBLOCKS_PJRT_TRACE": "1"})
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        call = done.stderr.split("call\n")[1].split("done\n")[0]
+        self.assertEqual([line for line in call.splitlines() if line.startswith("pjrt:")],
+                         ["pjrt: PJRT_LoadedExecutable_Execute"])
+
 
 if __name__ == "__main__":
     absltest.main()

@@ -30,6 +30,8 @@ NATIVE_DESTROY = ("PJRT_Buffer_Destroy", "PJRT_Event_Destroy", "PJRT_Error_Destr
                   "PJRT_Executable_Destroy", "PJRT_LoadedExecutable_Destroy")
 # Counts that are always 1, asked on every call: native too (a Python callback costs ~0.3 us).
 NATIVE_ONE = ("PJRT_Executable_NumReplicas", "PJRT_Executable_NumPartitions")
+# The per-call getters (native.GETTERS) are native where a handle's block answers them;
+# Event_Error always is (events never carry errors).
 
 
 def _wrap(name: str, args_type: type[ctypes.Structure], fn, natives: native.Native | None):
@@ -79,7 +81,8 @@ def build_table() -> abi.PJRT_Api:
     api.pjrt_api_version.minor_version = abi.PJRT_API_MINOR
     natives = native.load()
     addresses = {} if natives is None else {**dict.fromkeys(NATIVE_DESTROY, natives.destroy_address),
-                                            **dict.fromkeys(NATIVE_ONE, natives.one_address)}
+                                            **dict.fromkeys(NATIVE_ONE, natives.one_address),
+                                            "PJRT_Event_Error": natives.no_error_address}
     for name in abi.FUNCTIONS:
         if name in addresses:
             setattr(api, name, addresses[name])
@@ -89,7 +92,10 @@ def build_table() -> abi.PJRT_Api:
         else:
             callback = _unimplemented(name)
         _keep.append(callback)
-        setattr(api, name, ctypes.cast(callback, ctypes.c_void_p).value)
+        address = ctypes.cast(callback, ctypes.c_void_p).value
+        if natives is not None and name in native.GETTERS:
+            address = natives.getter(name, address)
+        setattr(api, name, address)
     _keep.extend([api, natives])
     atexit.register(_native_teardown, api)
     return api

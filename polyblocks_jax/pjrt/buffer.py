@@ -60,7 +60,7 @@ class Buffer:
         self.device = device
         self.memory = device.memory
         self.on_release = on_release  # fires the "done with host buffer" event of a zero-copy wrap
-        self.handle = handles.register(self)
+        self.handle = handles.register(self, handles.BUFFER, device.handle, device.memory.handle, 0, READY)
 
     def data(self) -> np.ndarray:
         array = self.array
@@ -90,6 +90,7 @@ class Buffer:
 
     def delete(self) -> None:
         self.array = None
+        handles.set_word(self.handle, handles.DELETED_WORD, 1)
         if self.on_release is not None:
             self.on_release()
             self.on_release = None
@@ -98,6 +99,7 @@ class Buffer:
         """Donation: a new buffer on ``device`` owns this one's memory (and its release); this one is deleted."""
         array, on_release = self.data(), self.on_release
         self.array, self.on_release = None, None
+        handles.set_word(self.handle, handles.DELETED_WORD, 1)
         return Buffer(array, device, on_release, self.address)
 
 

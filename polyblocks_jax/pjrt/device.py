@@ -57,7 +57,7 @@ class Memory:
         self.to_string = Text(f"PolyblocksMemory(id={memory_id}, kind={MEMORY_KIND})")
         self.device = None  # the device this memory belongs to
         self.devices = HandleArray([])
-        self.handle = handles.register(self)
+        self.handle = handles.register(self, handles.MEMORY, self.kind.address, self.kind.size)
 
 
 class Device:

@@ -100,7 +100,7 @@ class CudaEvent:
 
 
 READY_EVENT = ReadyEvent()
-READY = handles.register(READY_EVENT)
+READY = handles.register(READY_EVENT, handles.READY_EVENT)
 
 
 def handle_of(event) -> int:

@@ -33,7 +33,7 @@ class GpuBuffer:
         self.device, self.memory = device, device.memory
         self.address: int | None = device.gpu.alloc(self.nbytes)
         self.ready: CudaEvent | None = None  # set by whoever enqueues the work that fills the buffer
-        self.handle = handles.register(self)
+        self.handle = handles.register(self, handles.BUFFER, device.handle, device.memory.handle, 0, 0)
 
     @classmethod
     def upload(cls, array: np.ndarray, device) -> "GpuBuffer":
@@ -61,6 +61,7 @@ class GpuBuffer:
         if self.address is not None:
             self.device.gpu.free(self.address)
             self.address = None
+            handles.set_word(self.handle, handles.DELETED_WORD, 1)
 
     def ready_event(self) -> int:
         """A new PJRT_Event handle (owned by jaxlib) for the buffer's readiness."""

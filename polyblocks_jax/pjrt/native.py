@@ -1,5 +1,5 @@
 """Native PJRT functions (native.c), built once with ``cc`` and cached: the Destroy
-functions and the constant answers of the per-call path.
+functions, the constant answers and the getters of the per-call path.
 
 Without a C compiler the plugin falls back to Python callbacks, which work (a little
 slower) except when jaxlib destroys an array while an exception propagates.
@@ -18,6 +18,14 @@ from polyblocks_jax.pjrt import handles
 logger = logging.getLogger(__name__)
 _SOURCE = os.path.join(os.path.dirname(__file__), "native.c")
 _BATCH = 256
+# Getters answered from handle blocks (see handles.py), in the order of native.c's enum;
+# a handle without the tag goes to the Python callback of the same PJRT function.
+GETTERS = {
+    "PJRT_Buffer_Device": "pb_buffer_device", "PJRT_Buffer_Memory": "pb_buffer_memory",
+    "PJRT_Buffer_IsDeleted": "pb_buffer_is_deleted", "PJRT_Buffer_ReadyEvent": "pb_buffer_ready_event",
+    "PJRT_Event_IsReady": "pb_event_is_ready", "PJRT_Event_OnReady": "pb_event_on_ready",
+    "PJRT_Executable_NumOutputs": "pb_executable_num_outputs", "PJRT_Memory_Kind": "pb_memory_kind",
+}
 
 
 class Native:
@@ -28,9 +36,19 @@ class Native:
         self._library = library
         self.destroy_address = ctypes.cast(library.pb_defer_destroy, ctypes.c_void_p).value
         self.one_address = ctypes.cast(library.pb_one, ctypes.c_void_p).value  # sets a count to 1
+        self.no_error_address = ctypes.cast(library.pb_no_error, ctypes.c_void_p).value  # Event_Error
+        self.getter_addresses = {name: ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value
+                                 for name, symbol in GETTERS.items()}
+        self._python = (ctypes.c_void_p * len(GETTERS)).in_dll(library, "pb_python")
         self.pending = ctypes.c_size_t.in_dll(library, "pb_pending")
         self._take = library.pb_take
         self._take.restype, self._take.argtypes = ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]
+
+    def getter(self, name: str, python_callback: int) -> int:
+        """The native getter for PJRT function ``name``, asking ``python_callback`` (an
+        address) about handles it cannot answer."""
+        self._python[list(GETTERS).index(name)] = python_callback
+        return self.getter_addresses[name]
 
     def drain(self) -> None:
         while self.pending.value:

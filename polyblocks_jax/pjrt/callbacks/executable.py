@@ -58,7 +58,8 @@ def loaded_destroy(args, _release=handles.release):
 
 @implements("PJRT_LoadedExecutable_GetExecutable")
 def loaded_get_executable(args):
-    args.executable = handles.register(ExecutableRef(handles.lookup(args.loaded_executable).executable))
+    executable = handles.lookup(args.loaded_executable).executable
+    args.executable = handles.register(ExecutableRef(executable), handles.EXECUTABLE, executable.num_outputs)
 
 
 @implements("PJRT_LoadedExecutable_AddressableDevices")
