@@ -98,8 +98,8 @@ class Buffer:
     def give_up(self, device) -> "Buffer":
         """Donation: a new buffer on ``device`` owns this one's memory (and its release); this one is deleted."""
         array, on_release = self.data(), self.on_release
-        self.array, self.on_release = None, None
-        handles.set_word(self.handle, handles.DELETED_WORD, 1)
+        self.on_release = None  # the new buffer's now
+        self.delete()
         return Buffer(array, device, on_release, self.address)
 
 
