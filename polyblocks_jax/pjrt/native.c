@@ -45,12 +45,18 @@ size_t pb_take(void** out, size_t max) {
   return n;
 }
 
-/* PJRT_Executable_NumReplicas_Args and _NumPartitions_Args:
- * {size_t struct_size; void* extension_start; void* executable; size_t count}. */
-typedef struct { size_t struct_size; void* extension_start; void* executable; size_t count; } CountArgs;
+/* Every PJRT_*_Args below begins {size_t struct_size; void* extension_start; void* object},
+ * then the answer's fields. */
+typedef struct { size_t struct_size; void* extension_start; void** object; void* answer; } PointerArgs;
+typedef struct { size_t struct_size; void* extension_start; void** object; _Bool answer; } FlagArgs;
+typedef struct { size_t struct_size; void* extension_start; void** object; size_t answer; } SizeArgs;
+typedef struct { size_t struct_size; void* extension_start; void** object; void* kind; size_t kind_size; } KindArgs;
+typedef struct { size_t struct_size; void* extension_start; void** object;
+                 void (*callback)(void* error, void* user_arg); void* user_arg; } OnReadyArgs;
 
-void* pb_one(CountArgs* args) {
-  args->count = 1;
+/* PJRT_Executable_NumReplicas and _NumPartitions. */
+void* pb_one(SizeArgs* args) {
+  args->answer = 1;
   return NULL;
 }
 
@@ -65,14 +71,6 @@ enum { BUFFER_DEVICE, BUFFER_MEMORY, BUFFER_IS_DELETED, BUFFER_READY_EVENT, EVEN
 
 typedef void* (*Callback)(void* args);
 Callback pb_python[GETTERS];  /* set by the plugin */
-
-/* Every PJRT_*_Args of these begins {size_t struct_size; void* extension_start; void* object}. */
-typedef struct { size_t struct_size; void* extension_start; void** object; void* answer; } PointerArgs;
-typedef struct { size_t struct_size; void* extension_start; void** object; _Bool answer; } FlagArgs;
-typedef struct { size_t struct_size; void* extension_start; void** object; size_t answer; } SizeArgs;
-typedef struct { size_t struct_size; void* extension_start; void** object; void* kind; size_t kind_size; } KindArgs;
-typedef struct { size_t struct_size; void* extension_start; void** object;
-                 void (*callback)(void* error, void* user_arg); void* user_arg; } OnReadyArgs;
 
 #define TAGGED(args, tag) ((args)->object && (size_t)(args)->object[1] == (tag))
 #define OR_PYTHON(args, tag, getter) if (!TAGGED(args, tag)) return pb_python[getter](args)
