@@ -3,15 +3,19 @@
 Layout tests use small integer-valued floats, whose sums are exact in any order, so
 they check the indexing exactly; accuracy tests use random floats.
 """
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from absl.testing import absltest, parameterized
 from jax import lax
+from mlir import ir
 
 import polyblocks_jax as pb
 import support
 from polyblocks_jax.passes.tiling import Hardware
+from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.stablehlo_import import import_program
 
 AVX512 = Hardware(vector_bits=512, vector_registers=32, l1_bytes=48 << 10, l2_bytes=2 << 20)
 
@@ -179,6 +183,34 @@ class ReduceTest(parameterized.TestCase):
         x, y = small_ints(rng, (3, 4, 5), np.float32), support.random_array(rng, (3, 4, 5), np.int32)
         support.check_against_xla(self, lambda x, y: lax.reduce(
             (x, y), (np.float32(1), np.int32(2)), lambda p, q: (p[0] + q[0], p[1] + q[1]), (1,)), x, y)
+
+    def test_jax_argmax_is_two_plain_reductions(self):
+        # A program lowered for the CPU carries jnp.argmax/argmin as JAX's variadic reduce of
+        # values and an iota: imported as the extremum then its first index (no two-input
+        # reduce), ties, NaN, -0.0 and int limits as XLA.
+        rng = np.random.default_rng(11)
+        x = support.random_array(rng, (5, 7, 6), np.float32)
+        x[1, :, 2] = 3.0  # a tie along the middle axis
+        i = support.random_array(rng, (5, 7, 6), np.int16)
+        fn = lambda x, i: (jnp.argmax(x, -1), jnp.argmin(x, 1), jnp.argmax(i, 0), jnp.argmin(i, -1))
+        with ir.Context(), ir.Location.unknown():
+            module = import_program(jax.jit(fn).lower(x, i), ir.Context.current).module
+            reduces = [op for op in walk(module.operation) if op.name == "linalg.reduce"]
+            self.assertLen(reduces, 4)
+            self.assertEqual([len(op.operands) for op in reduces], [2] * 4)  # one input, one init each
+        support.check_against_xla(self, fn, x, i)
+
+    def test_variadic_argmax_with_its_values(self):
+        # JAX's argmax reducer where the values are used too: the reducer itself, op by op.
+        rng = np.random.default_rng(12)
+        x = support.random_array(rng, (4, 9), np.float32)
+
+        def reducer(a, b):
+            pick = (a[0] > b[0]) | (a[0] != a[0])
+            pick_index = pick | ((a[0] == b[0]) & (a[1] < b[1]))
+            return lax.select(pick, a[0], b[0]), lax.select(pick_index, a[1], b[1])
+        support.check_against_xla(self, lambda x: lax.reduce(
+            (x, lax.broadcasted_iota(np.int32, x.shape, 1)), (np.float32(-np.inf), np.int32(0)), reducer, (1,)), x)
 
     def test_dims_of_one_element(self):
         # Each result is the one element, as XLA gives it (the init values, identities by

@@ -169,3 +169,17 @@ def _parse_dense_text(text: str, spec: TensorSpec) -> np.ndarray:
         else:
             out[i] = float(tok) if spec.dtype.is_float else int(tok, 0)
     return out
+
+
+def scalar_constant(value: jir.Value) -> np.ndarray | None:
+    """The element of a rank-0 stablehlo.constant, seen through JAX's scalar broadcast_in_dim."""
+    while isinstance(value, jir.OpResult):
+        owner = jir.OpResult(value).owner.operation
+        if owner.name == "stablehlo.broadcast_in_dim":
+            value = owner.operands[0]
+        elif owner.name == "stablehlo.constant":
+            spec = tensor_spec(value.type, owner.name, location(owner))
+            return dense_values(owner.attributes["value"], spec).reshape(-1)[0]
+        else:
+            return None
+    return None

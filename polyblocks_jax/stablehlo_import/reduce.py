@@ -4,10 +4,11 @@ Variadic reduces (argmax/argmin reduce values and indices together) map to one
 linalg.reduce with several inputs and inits. The accumulators start from the init
 values, so a reduction over zero-size dimensions yields the init value.
 
-jnp.argmax and argmin reach us as composites (pjrt/lowering_rules.py) and become two plain
-reductions that vectorize: the extremum (NaN wins), then the first index holding it (a NaN
-where the extremum is one), where the variadic reduce of values and indices stayed scalar
-(argmax over rows of 256: 5.2 ms, XLA 3.1).
+jnp.argmax and argmin become two plain reductions that vectorize: the extremum (NaN wins),
+then the first index holding it (a NaN where the extremum is one), where the variadic
+reduce of values and indices stays scalar (argmax over rows of 256: 5.2 ms, XLA 3.1). They
+reach us as composites through PJRT (pjrt/lowering_rules.py), and as JAX's variadic reduce
+(values and an iota, its comparator) in a program lowered for the CPU, recognized here.
 """
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ def reduce(cx, op):
         # fuses where a reduction cannot (jnp.take's in-bounds mask: an ``all`` over the
         # index vector's dim of 1 kept a buffer of i1 the gather read, and it stayed scalar).
         return [layout.reshape(x, spec.shape) for x, spec in zip(inputs, op.result_specs)]
+    if (largest := _jax_arg_extremum(op, dims)) is not None:
+        spec, index_spec = op.operand_specs[0], op.result_specs[1]
+        # the values' result is unused: only its sign of zero could differ from the reducer's
+        return [builders.empty(op.result_specs[0]),
+                *_first_extremum_index(op.operands[0], dims[0], largest, spec, index_spec)]
     accs = [linalg.fill(builders.to_scalar(init), outs=[builders.empty(spec)])
             for init, spec in zip(inits, op.result_specs)]
     reduce_op = linalg.ReduceOp([a.type for a in accs], inputs, accs, dims)
@@ -57,7 +63,11 @@ def argmax_argmin(cx, op) -> Sequence[ir.Value] | None:
         return None
     largest = jir.StringAttr(op.attr("name")).value == "polyblocks.argmax"
     axis = jir.IntegerAttr(jir.DictAttr(op.attr("composite_attributes"))["axis"]).value
-    x = op.operands[0]
+    return _first_extremum_index(op.operands[0], axis, largest, spec, index_spec)
+
+
+def _first_extremum_index(x: ir.Value, axis: int, largest: bool, spec, index_spec) -> list[ir.Value]:
+    """The first index along ``axis`` of the largest (smallest) element of ``x``."""
     extremum = _extremum(x, axis, largest, spec.dtype)
     rank = spec.rank
     identity = ir.AffineMap.get_identity(rank)
@@ -95,3 +105,61 @@ def _extremum(x: ir.Value, axis: int, largest: bool, dtype) -> ir.Value:
     with ir.InsertionPoint(block):
         linalg.YieldOp([combine(block.arguments[1], block.arguments[0])])
     return reduce_op.results[0]
+
+
+# JAX's argmax/argmin reducer over (value, index) pairs, block arguments (lhs value, lhs
+# index, rhs value, rhs index): ops as (name, comparison, operands), an operand an argument
+# ("v0", "i0", "v1", "i1") or an earlier op's position; "GT" is argmin's "LT".
+_ARG_EXTREMUM_BODY = (
+    ("stablehlo.compare", "GT", ("v0", "v1")), ("stablehlo.compare", "NE", ("v0", "v0")),
+    ("stablehlo.or", None, (0, 1)), ("stablehlo.compare", "EQ", ("v0", "v1")),
+    ("stablehlo.compare", "LT", ("i0", "i1")), ("stablehlo.and", None, (3, 4)),
+    ("stablehlo.or", None, (2, 5)), ("stablehlo.select", None, (2, "v0", "v1")),
+    ("stablehlo.select", None, (6, "i0", "i1")), ("stablehlo.return", None, (7, 8)))
+_ARGUMENTS = ("v0", "i0", "v1", "i1")
+
+
+def _jax_arg_extremum(op, dims: list[int]) -> bool | None:
+    """True (argmax) or False (argmin) where ``op`` is the variadic reduce JAX lowers
+    argmax/argmin to, with its values' result unused; None for any other reduce."""
+    jop = op.op
+    if len(op.operands) != 4 or len(dims) != 1 or list(jop.results[0].uses):
+        return None
+    spec, index_spec = op.operand_specs[0], op.result_specs[1]
+    if spec.dtype.is_bool or index_spec.dtype.kind != "sint" or spec.shape[dims[0]] == 0:
+        return None
+    iota = jop.operands[1].owner if isinstance(jop.operands[1], jir.OpResult) else None
+    if iota is None or iota.name != "stablehlo.iota" or reader.i64(iota.attributes["iota_dimension"]) != dims[0]:
+        return None
+    for largest in (True, False):
+        if _reducer_matches(jop.regions[0].blocks[0], "GT" if largest else "LT") and \
+                _starts_at(jop.operands[2], spec.dtype, largest) and reader.scalar_constant(jop.operands[3]) == 0:
+            return largest
+    return None
+
+
+def _reducer_matches(block: jir.Block, order: str) -> bool:
+    ops = list(block.operations)
+    if len(block.arguments) != 4 or len(ops) != len(_ARG_EXTREMUM_BODY):
+        return False
+    values = {name: arg for name, arg in zip(_ARGUMENTS, block.arguments)}
+    for position, (o, (name, direction, operands)) in enumerate(zip(ops, _ARG_EXTREMUM_BODY)):
+        o = o.operation
+        expected = [values[r] if isinstance(r, str) else ops[r].result for r in operands]
+        if o.name != name or list(o.operands) != expected:
+            return False
+        if direction is not None and reader.enum_name(o.attributes["comparison_direction"]) != \
+                (order if position == 0 else direction):
+            return False
+    return True
+
+
+def _starts_at(init: jir.Value, dtype, largest: bool) -> bool:
+    """Whether ``init`` is the identity of max (``largest``) or min on ``dtype``."""
+    value = reader.scalar_constant(init)
+    if value is None:
+        return False
+    if dtype.is_float:
+        return value == (-np.inf if largest else np.inf)
+    info = np.iinfo(dtype.numpy)
+    return value == (info.min if largest else info.max)

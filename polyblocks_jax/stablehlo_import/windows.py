@@ -145,7 +145,7 @@ def _cumulative_axis(win: _Window, spec: TensorSpec) -> tuple[int, bool] | None:
 def _is_identity(init: jir.Value, body_op: str | None, spec: TensorSpec) -> bool:
     """Whether ``init`` is a constant neutral for ``body_op``: padding may then hold copies
     of it, which folding leaves the result unchanged, as XLA's skipping padding does."""
-    value = _constant(init)
+    value = reader.scalar_constant(init)
     if value is None or body_op is None:
         return False
     dt = spec.dtype
@@ -159,20 +159,6 @@ def _is_identity(init: jir.Value, body_op: str | None, spec: TensorSpec) -> bool
                "stablehlo.maximum": low, "stablehlo.minimum": high,
                "stablehlo.and": True if dt.is_bool else np.array(-1).astype(dt.numpy)}
     return body_op in neutral and value == np.array(neutral[body_op]).astype(value.dtype)
-
-
-def _constant(value: jir.Value) -> np.ndarray | None:
-    """The element of a rank-0 stablehlo.constant, seen through JAX's scalar broadcast_in_dim."""
-    while isinstance(value, jir.OpResult):
-        owner = jir.OpResult(value).owner.operation
-        if owner.name == "stablehlo.broadcast_in_dim":
-            value = owner.operands[0]
-        elif owner.name == "stablehlo.constant":
-            spec = reader.tensor_spec(value.type, owner.name, reader.location(owner))
-            return reader.dense_values(owner.attributes["value"], spec).reshape(-1)[0]
-        else:
-            return None
-    return None
 
 
 _LINE_BYTES = 64  # a cache line
