@@ -20,7 +20,7 @@ from polyblocks_jax.passes.deferred_normalization import divide_after_contractio
 from polyblocks_jax.passes.gather_fusion import fuse_into_gathers
 from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.scaled_extrema import reduce_before_scaling
-from polyblocks_jax.passes.transform import apply_script, indexing_maps, walk
+from polyblocks_jax.passes.transform import apply_script, indexing_maps, is_elementwise_generic, walk
 from polyblocks_jax.passes.unit_dims import fold_collapsed_unit_dims
 
 _GENERALIZE_REDUCTIONS = """
@@ -95,7 +95,7 @@ def _copy_shared_constant_broadcasts(module: ir.Module) -> None:
 
 def _of_constants(op: ir.Operation) -> bool:
     """Whether ``op`` is an elementwise generic of constants, or of such generics."""
-    if op.name != "linalg.generic" or len(op.results) != 1 or "reduction" in str(op.attributes["iterator_types"]):
+    if not is_elementwise_generic(op):
         return False
     inputs = op.operands[:len(op.operands) - 1]
     return all(isinstance(v.owner, ir.OpView)
@@ -108,7 +108,7 @@ def _keep_recomputing_producers(module: ir.Module) -> list[ir.Operation]:
     keepers: list[ir.Operation] = []
     declared: dict[str, ir.Operation] = {}
     for op in list(walk(module.operation)):
-        if op.name != "linalg.generic" or len(op.results) != 1 or "reduction" in str(op.attributes["iterator_types"]):
+        if not is_elementwise_generic(op):
             continue
         use = _final_use(op.results[0])
         if use is not None and recomputes(op, *use):

@@ -19,7 +19,7 @@ import math
 from mlir import ir
 from mlir.dialects import arith, tensor
 
-from polyblocks_jax.passes.transform import indexing_maps, walk
+from polyblocks_jax.passes.transform import indexing_maps, is_elementwise_generic, walk
 
 
 def fuse_into_gathers(module: ir.Module) -> bool:
@@ -50,7 +50,7 @@ def _fusible(extract: ir.Operation, producer: ir.Operation) -> bool:
     """An elementwise producer (every loop parallel, identity result map, a body of plain
     ops that ignores the result's old value, inputs indexed by loops or constants) whose
     gathering consumer runs no more iterations than it has elements."""
-    if len(producer.results) != 1 or "reduction" in str(producer.attributes["iterator_types"]):
+    if not is_elementwise_generic(producer):
         return False
     maps = indexing_maps(producer)
     if maps[-1] != ir.AffineMap.get_identity(maps[-1].n_dims):

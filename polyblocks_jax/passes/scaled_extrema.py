@@ -16,7 +16,7 @@ from mlir import ir
 from mlir.dialects import tensor
 
 from polyblocks_jax.passes import signed_zeros
-from polyblocks_jax.passes.transform import float_constant, indexing_maps, walk
+from polyblocks_jax.passes.transform import float_constant, indexing_maps, is_elementwise_generic, walk
 from polyblocks_jax.stablehlo_import.builders import parallel_generic
 
 _EXTREMA = ("arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf")
@@ -58,7 +58,7 @@ def _is_extremum(op: ir.Operation) -> bool:
 
 def _is_scaling(op: ir.Operation) -> bool:
     """A one-input generic, identity maps, computing ``in / c``, ``in * c`` or ``c * in``."""
-    if op.name != "linalg.generic" or len(op.operands) != 2 or "reduction" in str(op.attributes["iterator_types"]):
+    if not is_elementwise_generic(op) or len(op.operands) != 2:
         return False
     if not all(_is_identity(m) for m in indexing_maps(op)):
         return False

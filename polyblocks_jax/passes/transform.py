@@ -36,6 +36,12 @@ def reduction_loops(op: ir.Operation) -> frozenset[int]:
     return frozenset(i for i, it in enumerate(str(op.attributes["iterator_types"]).split(",")) if "reduction" in it)
 
 
+def is_elementwise_generic(op: ir.Operation) -> bool:
+    """Whether ``op`` is a linalg.generic of one result whose loops are all parallel."""
+    return op.name == "linalg.generic" and len(op.results) == 1 and \
+        "reduction" not in str(op.attributes["iterator_types"])
+
+
 def float_constant(value: ir.Value) -> float | None:
     """The value of ``value`` where an ``arith.constant`` float defines it, else None."""
     owner = value.owner

@@ -17,6 +17,7 @@ from mlir import ir
 from polyblocks_jax.passes.isolated_functions import isolate
 from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.templates import inline_call
+from polyblocks_jax.passes.transform import is_elementwise_generic
 
 # Each round folds the producers that the previous round left collapsed: chains of
 # elementwise ops between two reshapes are short. (The bound also stops an op that the
@@ -46,15 +47,11 @@ def _collapsed_everywhere(op: ir.Operation) -> bool:
     """Whether ``op`` is elementwise and each use of its result is a collapse_shape dropping
     its unit dims for elementwise consumers (a contraction's operands stay as tiling and
     fusion expect them)."""
-    if not _elementwise(op) or len(op.results) != 1:
+    if not is_elementwise_generic(op):
         return False
     shape = ir.RankedTensorType(op.results[0].type).shape
     kept = [n for n in shape if n != 1]
     uses = list(op.results[0].uses)
     return len(kept) < len(shape) and bool(uses) and all(
         u.owner.name == "tensor.collapse_shape" and ir.RankedTensorType(u.owner.results[0].type).shape == kept
-        and all(_elementwise(c.owner.operation) for c in u.owner.results[0].uses) for u in uses)
-
-
-def _elementwise(op: ir.Operation) -> bool:
-    return op.name == "linalg.generic" and "reduction" not in str(op.attributes["iterator_types"])
+        and all(is_elementwise_generic(c.owner.operation) for c in u.owner.results[0].uses) for u in uses)
