@@ -378,5 +378,45 @@ class SplitEmptyTensorsTest(absltest.TestCase):
             module.operation.verify()
 
 
+
+class PaddedProducerTest(absltest.TestCase):
+    # A loop body inserts an elementwise result into a zero fill made before the loop (as in
+    # the QDWH eigensolver): the fill cannot move into the body (its constant has other uses).
+    PROGRAM = """
+    func.func @main(%x: tensor<32x16xf32>) -> (tensor<32x16xf32>, f32) {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c3 = arith.constant 3 : index
+      %zero = arith.constant 0.0 : f32
+      %empty = tensor.empty() : tensor<32x16xf32>
+      %fill = linalg.fill ins(%zero : f32) outs(%empty : tensor<32x16xf32>) -> tensor<32x16xf32>
+      %r = scf.for %i = %c0 to %c3 step %c1 iter_args(%c = %x) -> (tensor<32x16xf32>) {
+        %row = tensor.extract_slice %c[0, 0] [1, 16] [1, 1] : tensor<32x16xf32> to tensor<16xf32>
+        %out = tensor.empty() : tensor<16x16xf32>
+        %twice = linalg.generic {indexing_maps = [affine_map<(i, j) -> (j)>, affine_map<(i, j) -> (i, j)>],
+                                 iterator_types = ["parallel", "parallel"]}
+            ins(%row : tensor<16xf32>) outs(%out : tensor<16x16xf32>) {
+          ^bb0(%a: f32, %b: f32):
+            %t = arith.addf %a, %a : f32
+            linalg.yield %t : f32
+        } -> tensor<16x16xf32>
+        %padded = tensor.insert_slice %twice into %fill[0, 0] [16, 16] [1, 1] : tensor<16x16xf32> into tensor<32x16xf32>
+        scf.yield %padded : tensor<32x16xf32>
+      }
+      return %r, %zero : tensor<32x16xf32>, f32
+    }"""
+
+    def test_fill_before_a_loop_stays(self):
+        # (compute_in_place once moved the fill's ops before the generic in the loop body:
+        # MLIR aborted the process comparing positions of ops in different blocks.)
+        from polyblocks_jax.passes.in_place import compute_in_place
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(self.PROGRAM)
+            compute_in_place(module, pb.Options())
+            self.assertTrue(module.operation.verify())
+            fills = [op for op in walk(module.operation) if op.name == "linalg.fill"]
+            self.assertEqual([op.parent.name for op in fills], ["func.func"])
+
+
 if __name__ == "__main__":
     absltest.main()

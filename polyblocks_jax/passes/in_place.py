@@ -101,6 +101,8 @@ def _produce_into_padding(insert: ir.Operation) -> None:
     if fresh is None or root is None:
         return
     empty, user = root
+    if user is None or any(op.block != insert.block for op in (*fresh, user)):
+        return  # the fresh tensor would have to move across blocks (into a loop's body)
     for op in fresh:  # pure ops, moved up to where the interior is needed
         if not op.is_before_in_block(user):
             op.move_before(user)
