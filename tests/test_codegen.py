@@ -3,6 +3,7 @@ optimized and compiled in a process of its own, linked into one library; against
 
 The matmuls accumulate in another order than XLA: rtol/atol 1e-5, as in test_fusion.py.
 """
+import ctypes
 import os
 import subprocess
 import sys
@@ -126,6 +127,45 @@ class CodegenTest(parameterized.TestCase):
         self.assertTrue(exe.serialize().endswith(exe._exe.library))
         loaded = pb.deserialize(exe.serialize())
         support.assert_close(self, list(loaded(*args)), support.xla_cpu(_layers, *args), rtol=1e-5, atol=1e-5)
+
+
+class StridedGatherTest(absltest.TestCase):
+    # A gather from a column view (what bufferization left in JAX's QDWH eigensolver):
+    # LLVM's gather lowering takes unit-stride sources only.
+    KERNEL = """
+    func.func @gather_column(%m: memref<8x8xf32>, %out: memref<4xf32>) {
+      %c1 = arith.constant 1 : index
+      %c0 = arith.constant 0 : index
+      %column = memref.subview %m[0, 3] [8, 1] [1, 1] : memref<8x8xf32> to memref<8xf32, strided<[8], offset: 3>>
+      %idx = arith.constant dense<[0, 2, 5, 6]> : vector<4xindex>
+      %mask = arith.constant dense<true> : vector<4xi1>
+      %pass = arith.constant dense<0.0> : vector<4xf32>
+      %g = vector.gather %column[%c1] [%idx], %mask, %pass
+        : memref<8xf32, strided<[8], offset: 3>>, vector<4xindex>, vector<4xi1>, vector<4xf32> into vector<4xf32>
+      vector.store %g, %out[%c0] : memref<4xf32>, vector<4xf32>
+      return
+    }"""
+    LOWERING = ("builtin.module(expand-strided-metadata, finalize-memref-to-llvm, convert-vector-to-llvm, "
+                "convert-arith-to-llvm, convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, "
+                "reconcile-unrealized-casts)")
+
+    def test_reads_the_columns_elements(self):
+        from mlir import execution_engine
+        from polyblocks_jax.passes.pipeline import pass_manager
+        from polyblocks_jax.passes.strided_gathers import lower_strided_gathers
+        m = np.arange(64, dtype=np.float32).reshape(8, 8) / 7
+        out = np.zeros(4, np.float32)
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(self.KERNEL)
+            lower_strided_gathers(module, pb.Options())
+            sources = [op.operands[0].type for op in walk(module.operation) if op.name == "vector.gather"]
+            self.assertEqual([str(t) for t in sources], ["memref<57xf32, strided<[1], offset: ?>>"])
+            pass_manager(self.LOWERING, module.context).run(module.operation)
+            engine = execution_engine.ExecutionEngine(module, opt_level=2)
+            args = [ctypes.c_void_p(m.ctypes.data), ctypes.c_void_p(out.ctypes.data)]
+            packed = (ctypes.c_void_p * 2)(*[ctypes.addressof(a) for a in args])
+            ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup("gather_column"))(packed)
+        support.assert_close(self, [out], support.xla_cpu(lambda m: m[1 + np.array([0, 2, 5, 6]), 3], m))
 
 
 class LargeConstantTest(absltest.TestCase):
