@@ -7,22 +7,24 @@ from absl.testing import absltest
 import polyblocks_jax as pb
 from polyblocks_jax.stablehlo_import import reader
 
-CHOLESKY = """
+# An op JAX never emits (Flax computes batch norm in elementwise ops) and we do not convert.
+BATCH_NORM = """
 module @m {
-  func.func public @main(%arg0: tensor<4x4xf32>) -> tensor<4x4xf32> {
-    %0 = "stablehlo.cholesky"(%arg0) {lower = true} : (tensor<4x4xf32>) -> tensor<4x4xf32> loc(#loc1)
-    return %0 : tensor<4x4xf32>
+  func.func public @main(%x: tensor<2x4xf32>, %p: tensor<4xf32>) -> tensor<2x4xf32> {
+    %0 = "stablehlo.batch_norm_inference"(%x, %p, %p, %p, %p) {epsilon = 1.0e-5 : f32, feature_index = 1 : i64}
+      : (tensor<2x4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<2x4xf32> loc(#loc1)
+    return %0 : tensor<2x4xf32>
   }
 }
-#loc1 = loc("jit(f)/cholesky"("model.py":12:7))
+#loc1 = loc("jit(f)/batch_norm"("model.py":12:7))
 """
 
 
 class UnsupportedInputTest(absltest.TestCase):
     def test_op_without_converter_names_op_and_location(self):
         with self.assertRaises(pb.UnsupportedError) as cm:
-            pb.compile(CHOLESKY)
-        self.assertEqual(cm.exception.op, "stablehlo.cholesky")
+            pb.compile(BATCH_NORM)
+        self.assertEqual(cm.exception.op, "stablehlo.batch_norm_inference")
         self.assertIn("model.py:12:7", str(cm.exception))
 
     def test_unsupported_dtype_names_dtype(self):

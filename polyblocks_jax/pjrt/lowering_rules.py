@@ -1,12 +1,16 @@
 """What JAX's lowering needs to know about platform "polyblocks".
 
 Lowering rules: for every primitive whose CPU lowering is a LAPACK or runtime custom
-call (cholesky, lu, qr, svd, triangular_solve, threefry2x32, random_gamma, ...), JAX also
-registers a generic rule written in plain StableHLO, and a platform without its own rule
-(like "polyblocks") gets the generic one. The primitives that only have platform rules
-(eig, eigh, schur, hessenberg, tridiagonal, geqp3, debug_callback, debug_print) fail at
-lowering with JAX's own error naming the primitive and the platform ("MLIR translation
-rule for primitive 'eigh' not found for platform polyblocks").
+call (cholesky, lu, qr, triangular_solve, threefry2x32, random_gamma, ...), JAX also
+registers a generic rule, and a platform without its own rule (like "polyblocks") gets the
+generic one: StableHLO loops (lu, threefry2x32), StableHLO's own ops (stablehlo.cholesky
+and triangular_solve) or XLA's custom calls for its own expansions (qr: "Qr" and
+"ProductOfElementaryHouseholderReflectors"), computed in stablehlo_import/linear_algebra.py.
+eigh has platform rules only: we register the TPU's (QDWH, ending in XLA's "Eigh" custom
+call: stablehlo_import/symmetric_eigen.py), and svd's generic rule calls eigh. The other
+primitives with platform rules only (eig, schur, hessenberg, tridiagonal, geqp3,
+debug_callback, debug_print) fail at lowering with JAX's own error naming the primitive and
+the platform ("MLIR translation rule for primitive 'eig' not found for platform polyblocks").
 
 erf, erfc, top_k, argmax and argmin: a program reaches a PJRT plugin as a portable
 artifact, and jaxlib expands every chlo op into StableHLO on the way (erfc: three
@@ -35,6 +39,21 @@ def register() -> None:
     if isinstance(donation, list) and PLATFORM not in donation:
         donation.append(PLATFORM)
     _register_preserved_chlo()
+    _register_eigh()
+
+
+def _register_eigh() -> None:
+    """eigh as TPUs lower it: JAX's QDWH divide and conquer in StableHLO, its blocks ending
+    in XLA's Jacobi "Eigh" custom call (stablehlo_import/symmetric_eigen.py). The rule is
+    internal to JAX; where a JAX version moves it, eigh keeps failing at lowering as before."""
+    from jax.interpreters import mlir
+    try:
+        from jax._src.lax import linalg
+        from jax._src.tpu.linalg import eigh
+        rule = eigh._eigh_tpu_lowering
+    except (ImportError, AttributeError):
+        return
+    mlir.register_lowering(linalg.eigh_p, rule, platform=PLATFORM)
 
 
 def _register_preserved_chlo() -> None:

@@ -81,6 +81,11 @@ def empty(spec: TensorSpec) -> ir.Value:
     return tensor.EmptyOp(list(spec.shape), element_type(spec.dtype)).result
 
 
+def empty_like(value: ir.Value) -> ir.Value:
+    """An uninitialized tensor of ``value``'s shape and element type."""
+    return tensor.EmptyOp(shape_of(value), elem_type_of(value)).result
+
+
 def filled(value: ir.Value, shape: Sequence[int]) -> ir.Value:
     """A tensor of ``shape`` holding the scalar ``value`` everywhere (linalg.fill)."""
     return linalg.fill(value, outs=[tensor.EmptyOp(list(shape), value.type).result])

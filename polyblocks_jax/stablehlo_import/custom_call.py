@@ -2,14 +2,16 @@
 
 Sharding and placement annotations are identities on one device. ApproxTopK is what
 ``lax.approx_max_k``/``approx_min_k`` emit; XLA CPU computes it exactly (sort, then the
-first k), and so do we. Any other target (LAPACK kernels, host callbacks, ...) raises
+first k), and so do we. XLA's Householder QR ("Qr") and the product of its reflectors are
+what jnp.linalg.qr lowers to off LAPACK: computed as LAPACK's geqrf and orgqr
+(linear_algebra.py). Any other target (LAPACK kernels, host callbacks, ...) raises
 UnsupportedError naming it.
 """
 from __future__ import annotations
 
 from jaxlib.mlir import ir as jir
 
-from polyblocks_jax.stablehlo_import import sort
+from polyblocks_jax.stablehlo_import import linear_algebra, sort, symmetric_eigen
 from polyblocks_jax.stablehlo_import.registry import converts
 
 # Targets that only annotate their operands (sharding, memory placement, ...); with one
@@ -21,6 +23,13 @@ IDENTITY_TARGETS = frozenset({
 })
 
 
+# XLA's own decompositions, which JAX's generic rules call (jnp.linalg.qr: geqrf, orgqr;
+# eigh's QDWH: Jacobi on its blocks).
+_DECOMPOSITIONS = {"Qr": linear_algebra.qr_call,
+                   "ProductOfElementaryHouseholderReflectors": linear_algebra.householder_product_call,
+                   "Eigh": symmetric_eigen.eigh_call}
+
+
 @converts("stablehlo.custom_call")
 def custom_call(cx, op):
     target = jir.StringAttr(op.attr("call_target_name")).value
@@ -30,6 +39,8 @@ def custom_call(cx, op):
         return []
     if target == "ApproxTopK":
         return _approx_top_k(cx, op)
+    if target in _DECOMPOSITIONS:
+        return _DECOMPOSITIONS[target](op)
     raise op.unsupported(f"custom_call target {target!r} has no lowering")
 
 

@@ -1,0 +1,196 @@
+"""XLA's "Eigh" custom call: the symmetric eigendecomposition by cyclic Jacobi rotations.
+
+JAX's eigh on a platform without LAPACK is its QDWH spectral divide and conquer (our
+lowering rule for "polyblocks" picks it, as TPUs do: pjrt/lowering_rules.py), built from
+QR, Cholesky and triangular solves (linear_algebra.py); its blocks of at most 256 rows end
+in this custom call, as does jnp.linalg.svd through eigh. Backend config:
+"lower,sort,max_sweeps,tolerance".
+
+Each matrix is made symmetric from the named triangle, then swept: every pair p < q in
+row order is rotated by the angle zeroing a[p, q] (a' = J^T a J, v' = v J: two columns and
+two rows of a, two columns of v, each rotation an elementwise op on them), until the
+off-diagonal norm is at most the tolerance times the whole norm (checked before each
+sweep) or the sweeps run out. The tolerance is at least n units in the last place: rounding
+leaves about that much off the diagonal however long the sweeps go on (f32 at 128 rows
+missed JAX's 1e-6, and all 100 sweeps ran). The eigenvalues are the diagonal, sorted ascending with their
+vectors when asked.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from jaxlib.mlir import ir as jir
+from mlir import ir
+from mlir.dialects import arith, linalg, math, scf, tensor
+
+from polyblocks_jax.stablehlo_import import builders, layout, slices
+from polyblocks_jax.stablehlo_import.linear_algebra import affine_map, check_dtype, diagonal
+
+
+def eigh_call(op) -> list[ir.Value]:
+    """(eigenvectors as columns, eigenvalues) of each symmetric matrix of the operand."""
+    check_dtype(op)
+    lower, sort, max_sweeps, tolerance = _config(op)
+    vectors_spec, values_spec = op.result_specs
+    a = op.operands[0]
+    *batch, n, _ = builders.shape_of(a)
+    if 0 in vectors_spec.shape:
+        return [builders.empty(vectors_spec), builders.empty(values_spec)]
+    count = 1
+    for size in batch:
+        count *= size
+    matrices = layout.reshape(a, [count, n, n])
+
+    def each(ivs: list[ir.Value], carried: list[ir.Value]) -> list[ir.Value]:
+        vectors, values = carried
+        m = slices.extract_slice(matrices, [1, n, n], [ivs[0], 0, 0], shape=[n, n])
+        reachable = max(tolerance, n * float(np.finfo(op.result_specs[1].dtype.numpy).eps))
+        d, v = _jacobi(_symmetric(m, lower), max_sweeps, reachable)
+        w = diagonal(d)
+        if sort:
+            w, v = _sorted(w, v)
+        return [slices.insert_slice(v, vectors, [ivs[0], 0, 0], sizes=[1, n, n]),
+                slices.insert_slice(w, values, [ivs[0], 0], sizes=[1, n])]
+    elem = builders.elem_type_of(a)
+    vectors, values = builders.loop_nest(
+        [count], [tensor.EmptyOp([count, n, n], elem).result, tensor.EmptyOp([count, n], elem).result], each)
+    return [layout.reshape(vectors, vectors_spec.shape), layout.reshape(values, values_spec.shape)]
+
+
+def _config(op) -> tuple[bool, bool, int, float]:
+    text = jir.StringAttr(op.attr("backend_config")).value
+    try:
+        lower, sort, sweeps, tolerance = text.split(",")
+        return bool(int(lower)), bool(int(sort)), int(sweeps), float(tolerance)
+    except ValueError:
+        raise op.unsupported(f"Eigh backend_config {text!r} (expected lower,sort,max_sweeps,tolerance)") from None
+
+
+def _symmetric(m: ir.Value, lower: bool) -> ir.Value:
+    """The symmetric matrix whose ``lower`` (else upper) triangle ``m`` holds."""
+    t = layout.transpose(m, [1, 0])
+
+    def body(x: ir.Value, y: ir.Value, _: ir.Value) -> ir.Value:
+        i, j = linalg.IndexOp(0).result, linalg.IndexOp(1).result
+        mine = arith.cmpi(arith.CmpIPredicate.uge if lower else arith.CmpIPredicate.ule, i, j)
+        return arith.select(mine, x, y)
+    return builders.parallel_generic([m, t], builders.empty_like(m), [ir.AffineMap.get_identity(2)] * 2, body)
+
+
+def _jacobi(a: ir.Value, max_sweeps: int, tolerance: float) -> tuple[ir.Value, ir.Value]:
+    """(a rotated to diagonal, the product of the rotations)."""
+    n = builders.shape_of(a)[0]
+
+    def identity(_: ir.Value) -> ir.Value:
+        same = arith.cmpi(arith.CmpIPredicate.eq, linalg.IndexOp(0).result, linalg.IndexOp(1).result)
+        return arith.select(same, _const(1.0, a), _const(0.0, a))
+    eye = builders.parallel_generic([], builders.empty_like(a), [], identity)
+
+    def sweep(_: list[ir.Value], carried: list[ir.Value]) -> list[ir.Value]:
+        done = _converged(carried[0], tolerance)
+        branch = scf.IfOp(done, [v.type for v in carried], has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            scf.YieldOp(carried)
+        with ir.InsertionPoint(branch.else_block):
+            scf.YieldOp(_sweep(carried, n))
+        return list(branch.results)
+    d, v = builders.loop_nest([max_sweeps], [a, eye], sweep)
+    return d, v
+
+
+def _sweep(carried: Sequence[ir.Value], n: int) -> list[ir.Value]:
+    """One rotation for every pair p < q, row by row."""
+    def row(p: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
+        first = arith.addi(p, builders.index_constant(1))
+        return builders.for_loop(first, builders.index_constant(n), builders.index_constant(1), values,
+                                 lambda q, vs: _rotate(vs, p, q, n))
+    return builders.for_loop(builders.index_constant(0), builders.index_constant(n - 1),
+                             builders.index_constant(1), list(carried), row)
+
+
+def _rotate(carried: list[ir.Value], p: ir.Value, q: ir.Value, n: int) -> list[ir.Value]:
+    """a' = J^T a J and v' = v J for the rotation J in the (p, q) plane zeroing a[p, q]:
+    t = sign(theta) / (|theta| + sqrt(theta^2 + 1)), theta = (a_qq - a_pp) / (2 a_pq),
+    c = 1 / sqrt(t^2 + 1), s = t c (the identity where a_pq is 0)."""
+    a, v = carried
+    app, aqq, apq = (tensor.ExtractOp(a, [i, j]).result for i, j in ((p, p), (q, q), (p, q)))
+    one = _const(1.0, apq)
+    theta = arith.divf(arith.subf(aqq, app), arith.mulf(_const(2.0, apq), apq))
+    root = math.sqrt(arith.addf(arith.mulf(theta, theta), one))
+    t = arith.divf(math.copysign(one, theta), arith.addf(math.absf(theta), root))
+    # a_pq = 0: nothing to zero (theta is +-inf or NaN); theta^2 overflowing: t = 0 too
+    t = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, apq, _const(0.0, apq)), _const(0.0, apq), t)
+    c = arith.divf(one, math.sqrt(arith.addf(arith.mulf(t, t), one)))
+    s = arith.mulf(t, c)
+    a = _rotate_pair(a, p, q, c, s, n, columns=True)
+    a = _rotate_pair(a, p, q, c, s, n, columns=False)
+    return [a, _rotate_pair(v, p, q, c, s, n, columns=True)]
+
+
+def _rotate_pair(x: ir.Value, p: ir.Value, q: ir.Value, c: ir.Value, s: ir.Value, n: int,
+                 columns: bool) -> ir.Value:
+    """Columns (rows) p and q of ``x`` replaced by c x_p - s x_q and s x_p + c x_q."""
+    sizes = [n, 1] if columns else [1, n]
+
+    def at(k: ir.Value) -> list:
+        return [0, k] if columns else [k, 0]
+    xp, xq = (slices.extract_slice(x, sizes, at(k)) for k in (p, q))
+    identity = ir.AffineMap.get_identity(2)
+    new_p, new_q = builders.generic(
+        [xp, xq], [builders.empty_like(xp), builders.empty_like(xq)], [identity] * 4, ["parallel"] * 2,
+        lambda yp, yq, *_: [arith.subf(arith.mulf(c, yp), arith.mulf(s, yq)),
+                            arith.addf(arith.mulf(s, yp), arith.mulf(c, yq))])
+    return slices.insert_slice(new_q, slices.insert_slice(new_p, x, at(p)), at(q))
+
+
+def _converged(a: ir.Value, tolerance: float) -> ir.Value:
+    """Whether the off-diagonal norm of ``a`` is at most ``tolerance`` times its norm."""
+    elem = builders.elem_type_of(a)
+    zero = builders.splat(0.0, elem)
+    sums = [builders.filled(zero, []) for _ in range(2)]
+    scalar = ir.AffineMap.get(2, 0, [])
+
+    def body(x: ir.Value, off: ir.Value, whole: ir.Value) -> list[ir.Value]:
+        square = arith.mulf(x, x)
+        diagonal_element = arith.cmpi(arith.CmpIPredicate.eq, linalg.IndexOp(0).result, linalg.IndexOp(1).result)
+        return [arith.addf(off, arith.select(diagonal_element, zero, square)), arith.addf(whole, square)]
+    off, whole = builders.generic([a], sums, [ir.AffineMap.get_identity(2), scalar, scalar],
+                                  ["reduction"] * 2, body)
+    off, whole = (tensor.ExtractOp(x, []).result for x in (off, whole))
+    bound = arith.mulf(builders.splat(tolerance * tolerance, elem), whole)
+    return arith.cmpf(arith.CmpFPredicate.OLE, off, bound)
+
+
+def _sorted(w: ir.Value, v: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """Eigenvalues ascending (ties in their order) and their vectors (columns) with them."""
+    n = builders.shape_of(w)[0]
+    zero = builders.index_constant(0)
+    d = [ir.AffineExpr.get_dim(i) for i in range(2)]
+
+    def rank_body(wi: ir.Value, wj: ir.Value, acc: ir.Value) -> list[ir.Value]:
+        i, j = linalg.IndexOp(0).result, linalg.IndexOp(1).result
+        before = arith.ori(arith.cmpf(arith.CmpFPredicate.OLT, wj, wi),
+                           arith.andi(arith.cmpf(arith.CmpFPredicate.OEQ, wj, wi),
+                                      arith.cmpi(arith.CmpIPredicate.ult, j, i)))
+        return [arith.addi(acc, arith.select(before, builders.index_constant(1), zero))]
+    rows, columns = affine_map(d, [d[0]]), affine_map(d, [d[1]])
+    (rank,) = builders.generic([w, w], [builders.filled(zero, [n])], [rows, columns, rows],
+                               ["parallel", "reduction"], rank_body)
+
+    def source_body(rank_i: ir.Value, acc: ir.Value) -> list[ir.Value]:
+        r, i = linalg.IndexOp(0).result, linalg.IndexOp(1).result
+        return [arith.select(arith.cmpi(arith.CmpIPredicate.eq, rank_i, r), i, acc)]
+    (source,) = builders.generic([rank], [builders.filled(zero, [n])], [columns, rows],
+                                 ["parallel", "reduction"], source_body)
+    sorted_w = builders.parallel_generic([source], builders.empty_like(w), [ir.AffineMap.get_identity(1)],
+                                         lambda k, _: tensor.ExtractOp(w, [k]).result)
+    sorted_v = builders.parallel_generic(
+        [source], builders.empty_like(v), [columns],
+        lambda k, _: tensor.ExtractOp(v, [linalg.IndexOp(0).result, k]).result)
+    return sorted_w, sorted_v
+
+
+def _const(value: float, like: ir.Value) -> ir.Value:
+    """A scalar of ``like``'s element type."""
+    return builders.splat(value, builders.elem_type_of(like))

@@ -1,0 +1,213 @@
+"""Cholesky, triangular solves, QR, eigh and SVD on the polyblocks device against XLA CPU
+(LAPACK there).
+
+On platform "polyblocks" JAX lowers them to stablehlo.cholesky, stablehlo.triangular_solve,
+XLA's QR and Jacobi custom calls and JAX's own QDWH algorithms (a program lowered for the
+CPU calls LAPACK instead), so these tests run through PJRT. Tolerances are relative to
+the results' scale: a solve's rounding grows with the matrix's condition, and these
+matrices are well conditioned.
+"""
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from absl.testing import absltest, parameterized
+from jax import lax
+
+import polyblocks_jax as pb
+import support
+from test_pjrt import run_pb
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _spd(rng, shape, dtype=np.float32):
+    """Symmetric positive definite matrices (well conditioned)."""
+    a = rng.standard_normal(shape)
+    n = shape[-1]
+    return (a @ np.swapaxes(a, -1, -2) / n + np.eye(n)).astype(dtype)
+
+
+def _triangular_operand(rng, n: int) -> np.ndarray:
+    """Diagonally dominant, so solves stay well scaled with or without a unit diagonal."""
+    return (rng.standard_normal((n, n)) / n + 2.0 * np.eye(n)).astype(np.float32)
+
+
+def _check(test, fn, *args, rtol: float = RTOL, atol: float = ATOL):
+    support.assert_close(test, run_pb(fn, *args), support.xla_cpu(fn, *args), rtol=rtol, atol=atol)
+
+
+class TriangularSolveTest(parameterized.TestCase):
+    @parameterized.parameters(itertools.product((True, False), repeat=4))
+    def test_every_form(self, left_side, lower, transpose_a, unit_diagonal):
+        rng = np.random.default_rng(1)
+        a = _triangular_operand(rng, 9)
+        b = rng.standard_normal((9, 5) if left_side else (5, 9)).astype(np.float32)
+        _check(self, lambda a, b: lax.linalg.triangular_solve(
+            a, b, left_side=left_side, lower=lower, transpose_a=transpose_a, unit_diagonal=unit_diagonal), a, b)
+
+    def test_other_triangle_and_diagonal_unread(self):
+        # NaN where the solve must not look (the other triangle; the diagonal when unit).
+        rng = np.random.default_rng(2)
+        a = _triangular_operand(rng, 6)
+        a[np.triu_indices(6, 1)] = np.nan
+        unit = a.copy()
+        np.fill_diagonal(unit, np.nan)
+        b = rng.standard_normal((6, 3)).astype(np.float32)
+        _check(self, lambda a, u, b: (lax.linalg.triangular_solve(a, b, left_side=True, lower=True),
+                                      lax.linalg.triangular_solve(u, b, left_side=True, lower=True,
+                                                                  unit_diagonal=True)), a, unit, b)
+
+    def test_batched_f64_and_empty(self):
+        rng = np.random.default_rng(3)
+        a = np.stack([_triangular_operand(rng, 7) for _ in range(4)]).reshape(2, 2, 7, 7).astype(np.float64)
+        b = rng.standard_normal((2, 2, 7, 3))
+        _check(self, lambda a, b: lax.linalg.triangular_solve(a, b, left_side=True, lower=False), a, b,
+               rtol=1e-10, atol=1e-12)
+        _check(self, lambda a, b: lax.linalg.triangular_solve(a, b, left_side=True, lower=True),
+               np.eye(3, dtype=np.float32), np.zeros((3, 0), np.float32))
+
+
+    def test_vectorized_sizes(self):
+        # Rows of 16 and more take the vector path (the diagonal once read a[i, i] in a
+        # generic, which does not vectorize).
+        rng = np.random.default_rng(9)
+        a, b = _triangular_operand(rng, 40), rng.standard_normal((40, 24)).astype(np.float32)
+        _check(self, lambda a, b: (lax.linalg.triangular_solve(a, b, left_side=True, lower=True),
+                                   lax.linalg.triangular_solve(a, b.T, lower=False, transpose_a=True)), a, b)
+
+
+class CholeskyTest(absltest.TestCase):
+    def test_single_batched_f64(self):
+        rng = np.random.default_rng(4)
+        _check(self, jnp.linalg.cholesky, _spd(rng, (12, 12)))
+        _check(self, jnp.linalg.cholesky, _spd(rng, (48, 48)))
+        _check(self, jnp.linalg.cholesky, _spd(rng, (2, 3, 5, 5)))
+        _check(self, jnp.linalg.cholesky, _spd(rng, (6, 6), np.float64), rtol=1e-10, atol=1e-12)
+        _check(self, jnp.linalg.cholesky, np.zeros((2, 0, 0), np.float32))
+
+    def test_reads_one_triangle(self):
+        # Without symmetrizing, only the lower triangle is read.
+        a = _spd(np.random.default_rng(5), (7, 7))
+        a[np.triu_indices(7, 1)] = np.nan
+        _check(self, lambda a: lax.linalg.cholesky(a, symmetrize_input=False), a)
+
+    def test_upper_factor(self):
+        # lower = false (JAX itself always asks for the lower factor): U^T U = a from a's
+        # upper triangle; XLA computes the same factor as the transposed lower one of a^T.
+        a = _spd(np.random.default_rng(6), (5, 5))
+        a[np.tril_indices(5, -1)] = np.nan
+        program = """
+        func.func @main(%a: tensor<5x5xf32>) -> tensor<5x5xf32> {
+          %u = stablehlo.cholesky %a, lower = false : tensor<5x5xf32>
+          return %u : tensor<5x5xf32>
+        }"""
+        (upper,) = pb.compile(program)(a)
+        expected = support.xla_cpu(lambda a: jnp.triu(lax.linalg.cholesky(a.T, symmetrize_input=False).T), a)
+        support.assert_close(self, [np.triu(upper)], expected, rtol=RTOL, atol=ATOL)
+
+    def test_not_positive_definite_is_nan(self):
+        # A failed pivot makes the whole matrix NaN (per matrix of a batch), as LAPACK's.
+        good = _spd(np.random.default_rng(7), (3, 3))
+        bad = np.array([[1, 2, 0], [2, 1, 0], [0, 0, 4]], np.float32)
+        singular = np.zeros((3, 3), np.float32)
+        _check(self, jnp.linalg.cholesky, np.stack([good, bad, singular]))
+
+
+class QrTest(parameterized.TestCase):
+    @parameterized.product(shape=[(5, 3), (3, 5), (4, 4), (2, 6, 4), (40, 24), (24, 40)],
+                           mode=["reduced", "complete", "r"])
+    def test_modes_and_shapes(self, shape, mode):
+        a = np.random.default_rng(10).standard_normal(shape).astype(np.float32)
+        _check(self, lambda a: jnp.linalg.qr(a, mode=mode), a)
+
+    def test_nothing_to_eliminate_f64_and_empty(self):
+        # A column with zeros below its diagonal reflects by the identity (tau = 0).
+        a = np.triu(np.random.default_rng(11).standard_normal((5, 4)))
+        a[:, 1] = 0.0
+        _check(self, jnp.linalg.qr, a, rtol=1e-10, atol=1e-12)
+        _check(self, lambda a: jnp.linalg.qr(a, mode="complete"), np.zeros((3, 0), np.float32))
+
+    def test_orthogonal_initializer(self):
+        # Flax's and JAX's orthogonal initializer: random normals through a QR.
+        init = jax.nn.initializers.orthogonal()
+        key = jax.random.key_data(jax.random.key(3))
+        _check(self, lambda k: init(jax.random.wrap_key_data(k), (16, 8)), key)
+
+
+def _check_vectors(test, fn, *args, values_rtol: float = 1e-4):
+    """``fn`` returns (values, column vectors): values against XLA's, vectors up to sign (a
+    vector and its negation are both right): each column's dot with XLA's is +-1."""
+    (values, vectors), (want_values, want_vectors) = run_pb(fn, *args), support.xla_cpu(fn, *args)
+    scale = float(np.max(np.abs(want_values)))
+    support.assert_close(test, [values], [want_values], rtol=values_rtol, atol=values_rtol * scale)
+    dots = np.abs(np.sum(vectors.astype(np.float64) * want_vectors, axis=-2))
+    np.testing.assert_allclose(dots, np.ones_like(dots), atol=1e-3)
+
+
+def _symmetric(rng, shape, dtype=np.float32):
+    a = rng.standard_normal(shape)
+    return ((a + np.swapaxes(a, -1, -2)) / 2).astype(dtype)
+
+
+class EighTest(absltest.TestCase):
+    def test_against_lapack(self):
+        # Up to 256 rows: XLA's Jacobi "Eigh" custom call on the whole matrix.
+        rng = np.random.default_rng(12)
+        for a in (_symmetric(rng, (16, 16)), _symmetric(rng, (3, 6, 6)), _symmetric(rng, (10, 10), np.float64)):
+            _check_vectors(self, jnp.linalg.eigh, a)
+
+    def test_reads_one_triangle(self):
+        a = _symmetric(np.random.default_rng(13), (9, 9))
+        a[np.tril_indices(9, -1)] = np.nan
+        _check_vectors(self, lambda a: lax.linalg.eigh(a, lower=False, symmetrize_input=False)[::-1], a)
+
+    def test_divide_and_conquer_beyond_256_rows(self):
+        # QDWH splits the spectrum (QR, Cholesky, triangular solves) down to Jacobi blocks;
+        # its closing sort gathers from a column view (passes/strided_gathers.py).
+        a = _symmetric(np.random.default_rng(14), (260, 260))
+        values = run_pb(jnp.linalg.eigvalsh, a)
+        support.assert_close(self, values, support.xla_cpu(jnp.linalg.eigvalsh, a), rtol=0, atol=1e-3)
+
+
+class SvdTest(absltest.TestCase):
+    # JAX's svd without LAPACK: a polar decomposition (QDWH) and eigh.
+    def test_factors(self):
+        rng = np.random.default_rng(15)
+        for shape in ((12, 8), (8, 12)):
+            a = rng.standard_normal(shape).astype(np.float32)
+            _check_vectors(self, lambda a: (lambda u, s, vh: (s, u))(*jnp.linalg.svd(a, full_matrices=False)), a)
+            _check_vectors(self, lambda a: (lambda u, s, vh: (s, vh.T))(*jnp.linalg.svd(a, full_matrices=False)), a)
+
+    def test_what_is_built_on_it(self):
+        # Results without a sign to choose: singular values, pseudo-inverse, least squares,
+        # rank, 2-norm and condition number.
+        rng = np.random.default_rng(16)
+        a, b = rng.standard_normal((10, 6)).astype(np.float32), rng.standard_normal((10, 2)).astype(np.float32)
+        _check(self, lambda a, b: (jnp.linalg.svd(a, compute_uv=False), jnp.linalg.pinv(a),
+                                   jnp.linalg.lstsq(a, b)[0], jnp.linalg.matrix_rank(a),
+                                   jnp.linalg.norm(a, 2), jnp.linalg.cond(a)), a, b, rtol=1e-3, atol=1e-4)
+
+
+class SolversTest(absltest.TestCase):
+    def test_solve_inv_cho_solve(self):
+        # jnp.linalg.solve and inv: JAX's LU (a StableHLO loop), then two triangular solves.
+        rng = np.random.default_rng(8)
+        a = _spd(rng, (3, 8, 8)) + 0.1 * rng.standard_normal((3, 8, 8)).astype(np.float32)
+        b = rng.standard_normal((3, 8, 2)).astype(np.float32)
+        spd = _spd(rng, (8, 8))
+        _check(self, lambda a, b: (jnp.linalg.solve(a, b), jnp.linalg.inv(a)), a, b)
+        _check(self, lambda a, b: jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(a), b), spd, b[0])
+
+    def test_unsupported_dtype_names_op(self):
+        a = np.eye(3, dtype=ml_dtypes.bfloat16)
+        with self.assertRaisesRegex(Exception, r"stablehlo\.cholesky: dtype bf16"):
+            run_pb(jnp.linalg.cholesky, a)
+
+
+if __name__ == "__main__":
+    absltest.main()
