@@ -193,6 +193,39 @@ class SvdTest(absltest.TestCase):
                                    jnp.linalg.norm(a, 2), jnp.linalg.cond(a)), a, b, rtol=1e-3, atol=1e-4)
 
 
+class LapackCallsTest(absltest.TestCase):
+    # pb.compile of programs lowered for the CPU: JAX calls LAPACK there (lapack_*_ffi).
+    def test_factorizations_and_solves(self):
+        rng = np.random.default_rng(17)
+        a = rng.standard_normal((2, 6, 6)).astype(np.float32)
+        b = rng.standard_normal((2, 6, 3)).astype(np.float32)
+        spd = _spd(rng, (2, 6, 6))
+        support.check_against_xla(self, lambda a, b, spd: (
+            jnp.linalg.solve(a, b), jnp.linalg.inv(a), jnp.linalg.det(a), jnp.linalg.slogdet(a)[1],
+            jnp.linalg.cholesky(spd), jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(spd), b),
+            jax.scipy.linalg.solve_triangular(spd, b, lower=False, trans=1),
+            *jnp.linalg.qr(a[:, :, :4], mode="complete"), *jnp.linalg.qr(a)), a, b, spd, rtol=RTOL, atol=ATOL)
+
+    def test_lu_pivots_shapes_and_failures(self):
+        # Wide, tall, singular (zero pivots: info set, no NaN), f64; Cholesky of a matrix
+        # that is not positive definite (NaN, from the info JAX tests).
+        rng = np.random.default_rng(18)
+        a = rng.standard_normal((6, 6))
+        support.check_against_xla(self, lambda a: (*jax.scipy.linalg.lu(a), *jax.scipy.linalg.lu(a[:4]),
+                                                   *jax.scipy.linalg.lu(a[:, :4]), *jax.scipy.linalg.lu_factor(a),
+                                                   *jax.scipy.linalg.lu(a * 0), jnp.linalg.cholesky(a)),
+                                  a, rtol=1e-10, atol=1e-12)
+
+    def test_eigh(self):
+        rng = np.random.default_rng(19)
+        a = _symmetric(rng, (2, 7, 7))
+        values, vectors = support.polyblocks(jnp.linalg.eigh, a)
+        want_values, want_vectors = support.xla_cpu(jnp.linalg.eigh, a)
+        support.assert_close(self, [values], [want_values], rtol=RTOL, atol=1e-4)
+        dots = np.abs(np.sum(vectors * want_vectors, axis=-2))
+        np.testing.assert_allclose(dots, np.ones_like(dots), atol=1e-3)
+
+
 class SolversTest(absltest.TestCase):
     def test_solve_inv_cho_solve(self):
         # jnp.linalg.solve and inv: JAX's LU (a StableHLO loop), then two triangular solves.

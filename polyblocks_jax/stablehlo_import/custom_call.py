@@ -4,14 +4,15 @@ Sharding and placement annotations are identities on one device. ApproxTopK is w
 ``lax.approx_max_k``/``approx_min_k`` emit; XLA CPU computes it exactly (sort, then the
 first k), and so do we. XLA's Householder QR ("Qr") and the product of its reflectors are
 what jnp.linalg.qr lowers to off LAPACK: computed as LAPACK's geqrf and orgqr
-(linear_algebra.py). Any other target (LAPACK kernels, host callbacks, ...) raises
+(linear_algebra.py); so are the LAPACK routines a program lowered for the CPU calls for
+them (lapack.py). Any other target (other LAPACK routines, host callbacks, ...) raises
 UnsupportedError naming it.
 """
 from __future__ import annotations
 
 from jaxlib.mlir import ir as jir
 
-from polyblocks_jax.stablehlo_import import linear_algebra, sort, symmetric_eigen
+from polyblocks_jax.stablehlo_import import lapack, linear_algebra, sort, symmetric_eigen
 from polyblocks_jax.stablehlo_import.registry import converts
 
 # Targets that only annotate their operands (sharding, memory placement, ...); with one
@@ -41,6 +42,8 @@ def custom_call(cx, op):
         return _approx_top_k(cx, op)
     if target in _DECOMPOSITIONS:
         return _DECOMPOSITIONS[target](op)
+    if (results := lapack.lapack_call(op, target)) is not None:
+        return results
     raise op.unsupported(f"custom_call target {target!r} has no lowering")
 
 

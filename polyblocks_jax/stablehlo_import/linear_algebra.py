@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 from jaxlib.mlir import ir as jir
 from mlir import ir
-from mlir.dialects import arith, linalg, math
+from mlir.dialects import arith, linalg, math, tensor
 
 from polyblocks_jax.stablehlo_import import builders, layout, reader, slices
 from polyblocks_jax.stablehlo_import.registry import converts
@@ -32,16 +32,21 @@ def triangular_solve(cx, op):
     check_dtype(op)
     if 0 in op.result_specs[0].shape:
         return [builders.empty(op.result_specs[0])]
-    lower = _bool(op, "lower")
-    left = _bool(op, "left_side")
     transposed = reader.enum_name(op.attr("transpose_a")) != "NO_TRANSPOSE"  # real: adjoint = transpose
+    return [solve_triangular(a, b, _bool(op, "left_side"), _bool(op, "lower"), transposed,
+                             _bool(op, "unit_diagonal"))]
+
+
+def solve_triangular(a: ir.Value, b: ir.Value, left: bool, lower: bool, transposed: bool,
+                     unit_diagonal: bool) -> ir.Value:
+    """x with op(a) x = b (``left``) or x op(a) = b, op(a) = a^T where ``transposed``."""
     # x op(a) = b is op(a)^T x^T = b^T: every case is a left solve with op(a) as given
     if transposed != (not left):
         a, lower = _swap_last(a), not lower
     if not left:
         b = _swap_last(b)
-    x = _solve_left(a, b, lower, _bool(op, "unit_diagonal"))
-    return [x if left else _swap_last(x)]
+    x = _solve_left(a, b, lower, unit_diagonal)
+    return x if left else _swap_last(x)
 
 
 @converts("stablehlo.cholesky")
@@ -52,9 +57,18 @@ def cholesky(cx, op):
     check_dtype(op)
     if 0 in op.result_specs[0].shape:
         return [builders.empty(op.result_specs[0])]
-    lower = _bool(op, "lower")
+    factor = cholesky_factor(a, _bool(op, "lower"))
+    e = _dims(len(builders.shape_of(a)))
+    return [builders.parallel_generic(
+        [factor, positive_pivots(factor)], builders.empty_like(factor),
+        [ir.AffineMap.get_identity(len(e)), affine_map(e, e[:-2])],
+        lambda v, ok, _: arith.select(ok, v, builders.constant_like(np.nan, v)))]
+
+
+def cholesky_factor(a: ir.Value, lower: bool) -> ir.Value:
+    """L (``lower``) or U = L^T from the named triangle of ``a``, zeros in the other."""
     factor = _cholesky_lower(a if lower else _swap_last(a))
-    return [_nan_unless_positive_diagonal(factor if lower else _swap_last(factor))]
+    return factor if lower else _swap_last(factor)
 
 
 def _solve_left(a: ir.Value, b: ir.Value, lower: bool, unit_diagonal: bool) -> ir.Value:
@@ -196,6 +210,79 @@ def householder_product(a: ir.Value, taus: ir.Value) -> ir.Value:
     return builders.loop_nest([k], [eye], step)[0] if k else eye
 
 
+def lu_factor(a: ir.Value) -> list[ir.Value]:
+    """LAPACK's getrf: P a = L U by partial pivoting, L (unit diagonal, not stored) below
+    the diagonal and U on and above it, the pivots (i32, 1-based: row j was swapped with
+    row pivots[j] - 1) and info (the 1-based step of the first zero pivot, else 0)."""
+    *batch, m, n = builders.shape_of(a)
+    nb, steps = len(batch), min(m, n)
+    i32 = ir.IntegerType.get_signless(32)
+    e = _dims(nb + 2)
+    per_matrix = affine_map(e, e[:nb])
+
+    def step(ivs: list[ir.Value], carried: list[ir.Value]) -> list[ir.Value]:
+        lu, pivots, info = carried
+        j = ivs[0]
+        pivot_row = _pivot_row(slices.extract_slice(lu, [*batch, m, 1], [0] * nb + [0, j]), j)
+
+        def swapped_element(p: ir.Value, _: ir.Value) -> ir.Value:
+            i = linalg.IndexOp(nb).result
+            source = arith.select(_cmp("eq", i, j), p, arith.select(_cmp("eq", i, p), j, i))
+            position = [linalg.IndexOp(d).result for d in range(nb)] + [source, linalg.IndexOp(nb + 1).result]
+            return tensor.ExtractOp(lu, position).result
+        swapped = builders.parallel_generic([pivot_row], builders.empty_like(lu), [per_matrix], swapped_element)
+        column = slices.extract_slice(swapped, [*batch, m, 1], [0] * nb + [0, j])
+        row = slices.extract_slice(swapped, [*batch, 1, n], [0] * nb + [j, 0])
+        pivot = slices.extract_slice(swapped, [*batch, 1, 1], [0] * nb + [j, j])
+
+        def eliminated(x: ir.Value, below: ir.Value, right: ir.Value, d: ir.Value, _: ir.Value) -> ir.Value:
+            i, c = linalg.IndexOp(nb).result, linalg.IndexOp(nb + 1).result
+            singular = arith.cmpf(arith.CmpFPredicate.OEQ, d, _zero(d))
+            multiplier = arith.select(singular, below, arith.divf(below, d))  # getf2 leaves it unscaled
+            updated = arith.select(_cmp("eq", c, j), multiplier, arith.subf(x, arith.mulf(multiplier, right)))
+            return arith.select(arith.andi(_cmp("ugt", i, j), _cmp("uge", c, j)), updated, x)
+        maps = [ir.AffineMap.get_identity(nb + 2), affine_map(e, [*e[:nb + 1], _origin()]),
+                affine_map(e, [*e[:nb], _origin(), e[nb + 1]]), affine_map(e, [*e[:nb], _origin(), _origin()])]
+        lu = builders.parallel_generic([swapped, column, row, pivot], builders.empty_like(swapped), maps, eliminated)
+        number = arith.index_cast(i32, arith.addi(j, builders.index_constant(1)))
+        pivots = slices.insert_slice(builders.parallel_generic(
+            [pivot_row], tensor.EmptyOp([*batch, 1], i32).result, [affine_map(e[:nb + 1], e[:nb])],
+            lambda p, _: arith.index_cast(i32, arith.addi(p, builders.index_constant(1)))), pivots, [0] * nb + [j])
+        first_zero = builders.parallel_generic(
+            [info, layout.reshape(pivot, batch)], builders.empty_like(info), [ir.AffineMap.get_identity(nb)] * 2,
+            lambda old, d, _: arith.select(arith.andi(arith.cmpi(arith.CmpIPredicate.eq, old, builders.splat(0, i32)),
+                                                      arith.cmpf(arith.CmpFPredicate.OEQ, d, _zero(d))), number, old))
+        return [lu, pivots, first_zero]
+    zero = builders.splat(0, i32)
+    return builders.loop_nest([steps], [a, builders.filled(zero, [*batch, steps]), builders.filled(zero, batch)], step)
+
+
+def _pivot_row(column: ir.Value, j: ir.Value) -> ir.Value:
+    """Per matrix (index, batch-shaped): the first row i >= j of ``column`` (..., m, 1)
+    holding its largest magnitude there (LAPACK's i?amax)."""
+    *batch, m, _ = builders.shape_of(column)
+    nb = len(batch)
+    d = _dims(nb + 2)
+    per_matrix = affine_map(d, d[:nb])
+    elem = builders.elem_type_of(column)
+
+    def magnitude(v: ir.Value) -> ir.Value:
+        return arith.select(_cmp("uge", linalg.IndexOp(nb).result, j), math.absf(v), builders.splat(-1.0, elem))
+    iterators = ["parallel"] * nb + ["reduction"] * 2
+    (largest,) = builders.generic([column], [builders.filled(builders.splat(-1.0, elem), batch)],
+                                  [ir.AffineMap.get_identity(nb + 2), per_matrix], iterators,
+                                  lambda v, acc: [arith.maximumf(acc, magnitude(v))])
+
+    def first(v: ir.Value, top: ir.Value, acc: ir.Value) -> list[ir.Value]:
+        here = arith.cmpf(arith.CmpFPredicate.OEQ, magnitude(v), top)
+        return [arith.minsi(acc, arith.select(here, linalg.IndexOp(nb).result, builders.index_constant(m)))]
+    (row,) = builders.generic([column, largest], [builders.filled(builders.index_constant(m), batch)],
+                              [ir.AffineMap.get_identity(nb + 2), per_matrix, per_matrix], iterators, first)
+    # a NaN largest matches no row: row j then
+    return builders.parallel_generic([row], builders.empty_like(row), [ir.AffineMap.get_identity(nb)],
+                                     lambda r, _: arith.select(_cmp("eq", r, builders.index_constant(m)), j, r))
+
+
 def _reflection(alpha: ir.Value, sigma: ir.Value) -> list[ir.Value]:
     """(beta, tau, 1 / (alpha - beta)) for a column (alpha, x), sigma = |x|^2."""
     mu = math.sqrt(arith.addf(arith.mulf(alpha, alpha), sigma))
@@ -238,19 +325,17 @@ def _reflected(x: ir.Value, v: ir.Value, tau: ir.Value, tau_map: ir.AffineMap) -
                                      lambda xv, vv, wv, t, _: arith.subf(xv, arith.mulf(t, arith.mulf(vv, wv))))
 
 
-def _nan_unless_positive_diagonal(factor: ir.Value) -> ir.Value:
-    """``factor`` where every pivot is positive (not NaN), else NaN everywhere, per matrix."""
+def positive_pivots(factor: ir.Value) -> ir.Value:
+    """Per matrix (i1, batch-shaped): every diagonal element of ``factor`` positive (not
+    NaN), i.e. the matrix it factors was positive definite."""
     *batch, n, _ = builders.shape_of(factor)
     nb = len(batch)
-    d = [ir.AffineExpr.get_dim(i) for i in range(nb + 1)]
+    d = _dims(nb + 1)
     positive = builders.filled(builders.splat(True, ir.IntegerType.get_signless(1)), batch)
     (positive,) = builders.generic(
         [diagonal(factor)], [positive], [affine_map(d, d), affine_map(d, d[:nb])], ["parallel"] * nb + ["reduction"],
         lambda v, acc: [arith.andi(acc, arith.cmpf(arith.CmpFPredicate.OGT, v, _zero(v)))])
-    e = [ir.AffineExpr.get_dim(i) for i in range(nb + 2)]
-    return builders.parallel_generic(
-        [factor, positive], builders.empty_like(factor), [ir.AffineMap.get_identity(nb + 2), affine_map(e, e[:nb])],
-        lambda v, ok, _: arith.select(ok, v, builders.constant_like(np.nan, v)))
+    return positive
 
 
 def _contract(lhs: ir.Value, rhs: ir.Value, shape: list[int], lhs_map: ir.AffineMap,

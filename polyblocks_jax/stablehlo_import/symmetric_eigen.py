@@ -33,10 +33,17 @@ def eigh_call(op) -> list[ir.Value]:
     check_dtype(op)
     lower, sort, max_sweeps, tolerance = _config(op)
     vectors_spec, values_spec = op.result_specs
-    a = op.operands[0]
-    *batch, n, _ = builders.shape_of(a)
     if 0 in vectors_spec.shape:
         return [builders.empty(vectors_spec), builders.empty(values_spec)]
+    return eigh(op.operands[0], lower, sort, max_sweeps, tolerance)
+
+
+def eigh(a: ir.Value, lower: bool, sort: bool, max_sweeps: int, tolerance: float) -> list[ir.Value]:
+    """(eigenvectors, eigenvalues) of each matrix of ``a`` (..., n, n), n > 0, symmetric as
+    its ``lower`` (else upper) triangle gives it."""
+    *batch, n, _ = builders.shape_of(a)
+    elem = builders.elem_type_of(a)
+    reachable = max(tolerance, n * float(np.finfo(np.float32 if isinstance(elem, ir.F32Type) else np.float64).eps))
     count = 1
     for size in batch:
         count *= size
@@ -45,17 +52,15 @@ def eigh_call(op) -> list[ir.Value]:
     def each(ivs: list[ir.Value], carried: list[ir.Value]) -> list[ir.Value]:
         vectors, values = carried
         m = slices.extract_slice(matrices, [1, n, n], [ivs[0], 0, 0], shape=[n, n])
-        reachable = max(tolerance, n * float(np.finfo(op.result_specs[1].dtype.numpy).eps))
         d, v = _jacobi(_symmetric(m, lower), max_sweeps, reachable)
         w = diagonal(d)
         if sort:
             w, v = _sorted(w, v)
         return [slices.insert_slice(v, vectors, [ivs[0], 0, 0], sizes=[1, n, n]),
                 slices.insert_slice(w, values, [ivs[0], 0], sizes=[1, n])]
-    elem = builders.elem_type_of(a)
     vectors, values = builders.loop_nest(
         [count], [tensor.EmptyOp([count, n, n], elem).result, tensor.EmptyOp([count, n], elem).result], each)
-    return [layout.reshape(vectors, vectors_spec.shape), layout.reshape(values, values_spec.shape)]
+    return [layout.reshape(vectors, [*batch, n, n]), layout.reshape(values, [*batch, n])]
 
 
 def _config(op) -> tuple[bool, bool, int, float]:
