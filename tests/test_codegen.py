@@ -129,6 +129,23 @@ class CodegenTest(parameterized.TestCase):
         support.assert_close(self, list(loaded(*args)), support.xla_cpu(_layers, *args), rtol=1e-5, atol=1e-5)
 
 
+# Kernels run by MLIR's ExecutionEngine: memrefs as bare pointers, vectors to LLVM.
+_LOWERING = ("builtin.module(convert-vector-to-scf{full-unroll=true target-rank=1}, expand-strided-metadata, "
+             "finalize-memref-to-llvm, convert-scf-to-cf, convert-vector-to-llvm, convert-arith-to-llvm, "
+             "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, convert-cf-to-llvm, reconcile-unrealized-casts)")
+
+
+def _run_kernel(module: ir.Module, name: str, *arrays: np.ndarray) -> None:
+    """Lower ``module`` and call its function ``name`` on the arrays' memory."""
+    from mlir import execution_engine
+    from polyblocks_jax.passes.pipeline import pass_manager
+    pass_manager(_LOWERING, module.context).run(module.operation)
+    engine = execution_engine.ExecutionEngine(module, opt_level=2)
+    args = [ctypes.c_void_p(a.ctypes.data) for a in arrays]
+    packed = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup(name))(packed)
+
+
 class StridedGatherTest(absltest.TestCase):
     # A gather from a column view (what bufferization left in JAX's QDWH eigensolver):
     # LLVM's gather lowering takes unit-stride sources only.
@@ -145,13 +162,8 @@ class StridedGatherTest(absltest.TestCase):
       vector.store %g, %out[%c0] : memref<4xf32>, vector<4xf32>
       return
     }"""
-    LOWERING = ("builtin.module(expand-strided-metadata, finalize-memref-to-llvm, convert-vector-to-llvm, "
-                "convert-arith-to-llvm, convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, "
-                "reconcile-unrealized-casts)")
 
     def test_reads_the_columns_elements(self):
-        from mlir import execution_engine
-        from polyblocks_jax.passes.pipeline import pass_manager
         from polyblocks_jax.passes.strided_gathers import lower_strided_gathers
         m = np.arange(64, dtype=np.float32).reshape(8, 8) / 7
         out = np.zeros(4, np.float32)
@@ -160,12 +172,42 @@ class StridedGatherTest(absltest.TestCase):
             lower_strided_gathers(module, pb.Options())
             sources = [op.operands[0].type for op in walk(module.operation) if op.name == "vector.gather"]
             self.assertEqual([str(t) for t in sources], ["memref<57xf32, strided<[1], offset: ?>>"])
-            pass_manager(self.LOWERING, module.context).run(module.operation)
-            engine = execution_engine.ExecutionEngine(module, opt_level=2)
-            args = [ctypes.c_void_p(m.ctypes.data), ctypes.c_void_p(out.ctypes.data)]
-            packed = (ctypes.c_void_p * 2)(*[ctypes.addressof(a) for a in args])
-            ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup("gather_column"))(packed)
+            _run_kernel(module, "gather_column", m, out)
         support.assert_close(self, [out], support.xla_cpu(lambda m: m[1 + np.array([0, 2, 5, 6]), 3], m))
+
+
+class BroadcastReadTest(absltest.TestCase):
+    # What the vectorizer makes of a Householder step's v[k] * x[k, :]: a read of one
+    # element broadcast along the row (the transfer lowering loaded it once per lane).
+    KERNEL = """
+    func.func @scaled_row(%v: memref<8x1xf32>, %x: memref<8x16xf32>, %out: memref<16xf32>) {
+      %c0 = arith.constant 0 : index
+      %c5 = arith.constant 5 : index
+      %pad = arith.constant 0.0 : f32
+      %element = memref.subview %v[%c5, 0] [1, 1] [1, 1] : memref<8x1xf32> to memref<1x1xf32, strided<[1, 1], offset: ?>>
+      %b = vector.transfer_read %element[%c0, %c0], %pad {in_bounds = [true, true],
+        permutation_map = affine_map<(d0, d1) -> (d0, 0)>} : memref<1x1xf32, strided<[1, 1], offset: ?>>, vector<1x16xf32>
+      %row = vector.transfer_read %x[%c5, %c0], %pad {in_bounds = [true, true]} : memref<8x16xf32>, vector<1x16xf32>
+      %p = arith.mulf %b, %row : vector<1x16xf32>
+      %flat = vector.shape_cast %p : vector<1x16xf32> to vector<16xf32>
+      vector.transfer_write %flat, %out[%c0] {in_bounds = [true]} : vector<16xf32>, memref<16xf32>
+      return
+    }"""
+
+    def test_one_load_broadcast(self):
+        from polyblocks_jax.passes.broadcast_reads import broadcast_single_element_reads
+        rng = np.random.default_rng(0)
+        v, x = rng.standard_normal((8, 1)).astype(np.float32), rng.standard_normal((8, 16)).astype(np.float32)
+        out = np.zeros(16, np.float32)
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(self.KERNEL)
+            broadcast_single_element_reads(module, pb.Options())
+            names = [op.name for op in walk(module.operation)]
+            # The row's read (a minor identity) stays; the element's is a load and a broadcast.
+            self.assertEqual((names.count("vector.transfer_read"), names.count("memref.load"),
+                              names.count("vector.broadcast")), (1, 1, 1))
+            _run_kernel(module, "scaled_row", v, x, out)
+        support.assert_close(self, [out], support.xla_cpu(lambda v, x: v[5, 0] * x[5], v, x))
 
 
 class LargeConstantTest(absltest.TestCase):
