@@ -6,7 +6,9 @@ permutation map broadcasts: ``(d0, d1) -> (d0, 0)`` from a 1x1 view. The transfe
 lowering (``convert-vector-to-scf``, then LLVM) takes only minor-identity maps to vector
 loads and unrolls every other into one scalar load and insert per lane: 64 of them per
 step of the QR's inner loop. A read whose every source dim is read at one position is
-one element: loaded once, then broadcast.
+one element: loaded once, then broadcast. Upstream's lower_transfer patterns do the same
+for minor-identity maps, but only as part of turning every transfer up to a rank into
+plain loads and stores, which would change every other kernel's lowering.
 """
 from __future__ import annotations
 
