@@ -164,12 +164,12 @@ class StridedGatherTest(absltest.TestCase):
     }"""
 
     def test_reads_the_columns_elements(self):
-        from polyblocks_jax.passes.strided_gathers import lower_strided_gathers
+        from polyblocks_jax.passes.vector_reads import lower_vector_reads
         m = np.arange(64, dtype=np.float32).reshape(8, 8) / 7
         out = np.zeros(4, np.float32)
         with ir.Context(), ir.Location.unknown():
             module = ir.Module.parse(self.KERNEL)
-            lower_strided_gathers(module, pb.Options())
+            lower_vector_reads(module, pb.Options())
             sources = [op.operands[0].type for op in walk(module.operation) if op.name == "vector.gather"]
             self.assertEqual([str(t) for t in sources], ["memref<57xf32, strided<[1], offset: ?>>"])
             _run_kernel(module, "gather_column", m, out)
@@ -195,13 +195,13 @@ class BroadcastReadTest(absltest.TestCase):
     }"""
 
     def test_one_load_broadcast(self):
-        from polyblocks_jax.passes.broadcast_reads import broadcast_single_element_reads
+        from polyblocks_jax.passes.vector_reads import lower_vector_reads
         rng = np.random.default_rng(0)
         v, x = rng.standard_normal((8, 1)).astype(np.float32), rng.standard_normal((8, 16)).astype(np.float32)
         out = np.zeros(16, np.float32)
         with ir.Context(), ir.Location.unknown():
             module = ir.Module.parse(self.KERNEL)
-            broadcast_single_element_reads(module, pb.Options())
+            lower_vector_reads(module, pb.Options())
             names = [op.name for op in walk(module.operation)]
             # The row's read (a minor identity) stays; the element's is a load and a broadcast.
             self.assertEqual((names.count("vector.transfer_read"), names.count("memref.load"),

@@ -15,12 +15,11 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes import INLINE_LAYERS, VECTOR_TRANSFERS, Stage
 from polyblocks_jax.passes.arena import plan_arena
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
-from polyblocks_jax.passes.broadcast_reads import broadcast_single_element_reads
 from polyblocks_jax.passes.copies import vectorize_strided_copies
 from polyblocks_jax.passes.iteration_buffers import hoist_iteration_buffers
 from polyblocks_jax.passes.parallel import parallelize_loops
 from polyblocks_jax.passes.pipeline import pass_manager
-from polyblocks_jax.passes.strided_gathers import lower_strided_gathers
+from polyblocks_jax.passes.vector_reads import lower_vector_reads
 
 
 def cpu_stages(options: Options) -> list[Stage]:
@@ -50,11 +49,10 @@ def cpu_stages(options: Options) -> list[Stage]:
         # One function per top-level loop nest: LLVM's OpenMP outlining and optimizer then
         # work on small functions, not on one function holding the whole model.
         Stage("outline", outline_kernels),
-        # A gather from a strided view (a column): loads; LLVM's gather needs unit stride.
-        Stage("strided-gathers", lower_strided_gathers),
-        # A vector read of one element (a broadcast map): one load; the transfer lowering
-        # would load it once per lane.
-        Stage("broadcast-reads", broadcast_single_element_reads),
+        # A gather from a strided view (a column) reads a contiguous span: LLVM's gather needs
+        # unit stride. A vector read of one element (a broadcast map) is one load: the
+        # transfer lowering would load it once per lane.
+        Stage("vector-reads", lower_vector_reads),
         VECTOR_TRANSFERS,
         # Conversions that work function by function are nested in func.func: MLIR runs them
         # on the outlined kernels in parallel, one per core (ViT-Tiny: 0.41 -> 0.29 s).

@@ -16,7 +16,7 @@ import re
 
 from jaxlib.mlir import ir as jir
 from mlir import ir
-from mlir.dialects import arith
+from mlir.dialects import arith, tensor
 
 from polyblocks_jax.stablehlo_import import builders, linear_algebra, symmetric_eigen
 
@@ -64,8 +64,7 @@ def _flags(op) -> dict[str, str]:
 def _info(ok: ir.Value) -> ir.Value:
     """0 where ``ok`` (i1 per matrix), else 1 (i32)."""
     i32 = ir.IntegerType.get_signless(32)
-    rank = len(builders.shape_of(ok))
+    shape = builders.shape_of(ok)
     return builders.parallel_generic(
-        [ok], builders.empty_like(builders.filled(builders.splat(0, i32), builders.shape_of(ok))),
-        [ir.AffineMap.get_identity(rank)],
+        [ok], tensor.EmptyOp(shape, i32).result, [ir.AffineMap.get_identity(len(shape))],
         lambda good, _: arith.select(good, builders.splat(0, i32), builders.splat(1, i32)))

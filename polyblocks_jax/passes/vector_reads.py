@@ -1,0 +1,100 @@
+"""Vector reads the host's lowerings take badly, rewritten before them (one walk for all).
+
+Gathers from strided memory: convert-vector-to-llvm lowers a ``vector.gather`` only from
+memory whose innermost stride is 1 (the lanes' addresses are the base pointer plus the
+indices); a gather whose source bufferization placed in a strided view (a column of a
+larger buffer: the sort closing JAX's QDWH eigensolver reads one) stayed unconverted, and
+LLVM's translation failed. Upstream's gather lowering patterns give up on such a source
+too. So the gather reads the view's whole span as one contiguous 1-D memref instead, its
+indices scaled by the stride and offset by the base position's linear offset: the same
+elements, one hardware gather.
+
+Reads of one element: the vectorizer reads an operand that is invariant along the
+vector's dims (a reflector's element times a matrix row, in a Householder step) as a
+``vector.transfer_read`` whose permutation map broadcasts: ``(d0, d1) -> (d0, 0)`` from a
+1x1 view. The transfer lowering (``convert-vector-to-scf``, then LLVM) takes only
+minor-identity maps to vector loads and unrolls every other into one scalar load and
+insert per lane: 64 of them per step of the QR's inner loop. A read whose every source
+dim is read at one position is one element: loaded once, then broadcast. Upstream's
+lower_transfer patterns do the same for minor-identity maps, but only as part of turning
+every transfer up to a rank into plain loads and stores, which would change every other
+kernel's lowering.
+"""
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith, memref, vector
+
+from polyblocks_jax.options import Options
+from polyblocks_jax.passes.transform import walk
+
+
+def lower_vector_reads(module: ir.Module, options: Options) -> None:
+    """Give every gather from a view of non-unit innermost stride a contiguous source, and
+    make every unmasked, in-bounds transfer_read of a single memref element a load."""
+    for op in walk(module.operation):
+        if op.name == "vector.gather" and _static_strided(op.operands[0].type):
+            _gather_contiguously(op)
+        elif op.name == "vector.transfer_read" and _reads_one_element(op.opview):
+            _load_and_broadcast(op)
+
+
+def _static_strided(source: ir.Type) -> bool:
+    """A memref of static shape and strides whose innermost stride is not 1 (tensors:
+    bufferization decides their layout later)."""
+    if not isinstance(source, ir.MemRefType):
+        return False
+    memref_type = ir.MemRefType(source)
+    strides, _ = memref_type.get_strides_and_offset()
+    dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
+    return bool(strides) and strides[-1] != 1 and memref_type.has_static_shape and dynamic not in strides
+
+
+def _gather_contiguously(op: ir.Operation) -> None:
+    source = op.operands[0]
+    source_type = ir.MemRefType(source.type)
+    rank = source_type.rank
+    positions, indices, mask, passthru = op.operands[1:1 + rank], *op.operands[1 + rank:]
+    strides, _ = source_type.get_strides_and_offset()
+    index = ir.IndexType.get()
+    with ir.InsertionPoint(op), op.location:
+        metadata = memref.ExtractStridedMetadataOp(source)
+        span = 1 + sum((size - 1) * stride for size, stride in zip(source_type.shape, strides))
+        dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
+        flat_type = ir.MemRefType.get([span], source_type.element_type,
+                                      ir.StridedLayoutAttr.get(dynamic, [1]), source_type.memory_space)
+        flat = memref.ReinterpretCastOp(flat_type, metadata.base_buffer, [metadata.offset], [], [],
+                                        [dynamic], [span], [1]).result
+        linear = arith.constant(index, 0)
+        for position, stride in zip(positions, strides):
+            linear = arith.addi(linear, arith.muli(position, arith.constant(index, stride)))
+        index_type = ir.VectorType(indices.type)
+        scaled = arith.muli(indices, arith.constant(index_type, ir.DenseElementsAttr.get_splat(
+            index_type, ir.IntegerAttr.get(index, strides[-1]))))
+        shifted = arith.addi(scaled, vector.broadcast(index_type, linear))
+        gathered = vector.gather(op.results[0].type, flat, [arith.constant(index, 0)], shifted, mask, passthru)
+    op.results[0].replace_all_uses_with(gathered)
+    op.erase()
+
+
+def _reads_one_element(read: vector.TransferReadOp) -> bool:
+    if not isinstance(read.base.type, ir.MemRefType) or read.mask is not None:
+        return False
+    if not all(ir.BoolAttr(b).value for b in read.in_bounds):
+        return False
+    shape = ir.VectorType(read.result.type).shape
+    results = ir.AffineMapAttr(read.permutation_map).value.results
+    # Each source dim maps to a vector dim of size 1 (read at one position) or is
+    # broadcast (the constant 0 of the map): no vector dim steps through the source.
+    return any(isinstance(e, ir.AffineConstantExpr) for e in results) and all(
+        isinstance(e, ir.AffineConstantExpr) or shape[ir.AffineDimExpr(e).position] == 1
+        for e in results)
+
+
+def _load_and_broadcast(op: ir.Operation) -> None:
+    read = op.opview
+    with ir.InsertionPoint(op), op.location:
+        element = memref.load(read.base, list(read.indices))
+        broadcast = vector.broadcast(read.result.type, element)
+    op.results[0].replace_all_uses_with(broadcast)
+    op.erase()
