@@ -202,12 +202,19 @@ def householder_product(a: ir.Value, taus: ir.Value) -> ir.Value:
         v = _reflector(col, j, None, None)
         tau = layout.reshape(slices.extract_slice(taus, [*batch, 1], [0] * nb + [j]), [*batch, 1, 1])
         return [_reflected(q, v, tau, affine_map(e, [*e[:nb], _origin(), _origin()]))]
-
-    def identity(_: ir.Value) -> ir.Value:
-        one = builders.splat(1.0, builders.elem_type_of(a))
-        return arith.select(_cmp("eq", linalg.IndexOp(nb).result, linalg.IndexOp(nb + 1).result), one, _zero(one))
-    eye = builders.parallel_generic([], builders.empty_like(a), [], identity)
+    eye = identity_like(a)
     return builders.loop_nest([k], [eye], step)[0] if k else eye
+
+
+def identity_like(a: ir.Value) -> ir.Value:
+    """Identity matrices (ones on the diagonal) of ``a``'s shape (..., m, n) and type."""
+    rank = len(builders.shape_of(a))
+
+    def body(_: ir.Value) -> ir.Value:
+        one = builders.splat(1.0, builders.elem_type_of(a))
+        on_diagonal = _cmp("eq", linalg.IndexOp(rank - 2).result, linalg.IndexOp(rank - 1).result)
+        return arith.select(on_diagonal, one, _zero(one))
+    return builders.parallel_generic([], builders.empty_like(a), [], body)
 
 
 def lu_factor(a: ir.Value) -> list[ir.Value]:

@@ -25,7 +25,7 @@ from mlir import ir
 from mlir.dialects import arith, linalg, math, scf, tensor
 
 from polyblocks_jax.stablehlo_import import builders, layout, slices
-from polyblocks_jax.stablehlo_import.linear_algebra import affine_map, check_dtype, diagonal
+from polyblocks_jax.stablehlo_import.linear_algebra import affine_map, check_dtype, diagonal, identity_like
 
 
 def eigh_call(op) -> list[ir.Value]:
@@ -87,11 +87,6 @@ def _jacobi(a: ir.Value, max_sweeps: int, tolerance: float) -> tuple[ir.Value, i
     """(a rotated to diagonal, the product of the rotations)."""
     n = builders.shape_of(a)[0]
 
-    def identity(_: ir.Value) -> ir.Value:
-        same = arith.cmpi(arith.CmpIPredicate.eq, linalg.IndexOp(0).result, linalg.IndexOp(1).result)
-        return arith.select(same, _const(1.0, a), _const(0.0, a))
-    eye = builders.parallel_generic([], builders.empty_like(a), [], identity)
-
     def sweep(_: list[ir.Value], carried: list[ir.Value]) -> list[ir.Value]:
         done = _converged(carried[0], tolerance)
         branch = scf.IfOp(done, [v.type for v in carried], has_else=True)
@@ -100,7 +95,7 @@ def _jacobi(a: ir.Value, max_sweeps: int, tolerance: float) -> tuple[ir.Value, i
         with ir.InsertionPoint(branch.else_block):
             scf.YieldOp(_sweep(carried, n))
         return list(branch.results)
-    d, v = builders.loop_nest([max_sweeps], [a, eye], sweep)
+    d, v = builders.loop_nest([max_sweeps], [a, identity_like(a)], sweep)
     return d, v
 
 
