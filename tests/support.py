@@ -4,6 +4,7 @@ Tolerances are stated here per dtype, once, for every numeric test.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Callable, Sequence
 from unittest import mock
@@ -115,3 +116,21 @@ def without_flags(test: absltest.TestCase) -> None:
     optimization switched off would change."""
     test.enter_context(mock.patch.dict(os.environ))
     os.environ.pop(pb.options.FLAGS_ENV, None)
+
+
+_KERNEL_LOWERING = ("builtin.module(convert-vector-to-scf{full-unroll=true target-rank=1}, expand-strided-metadata, "
+                    "finalize-memref-to-llvm, convert-scf-to-cf, convert-vector-to-llvm, convert-arith-to-llvm, "
+                    "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, convert-cf-to-llvm, "
+                    "reconcile-unrealized-casts)")
+
+
+def run_kernel(module: ir.Module, name: str, *arrays: np.ndarray) -> None:
+    """Lower ``module`` (vectors and memrefs) and call its function ``name`` on the arrays'
+    memory (bare pointers), by MLIR's ExecutionEngine: for kernels written by hand."""
+    from mlir import execution_engine
+    from polyblocks_jax.passes.pipeline import pass_manager
+    pass_manager(_KERNEL_LOWERING, module.context).run(module.operation)
+    engine = execution_engine.ExecutionEngine(module, opt_level=2)
+    args = [ctypes.c_void_p(a.ctypes.data) for a in arrays]
+    packed = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup(name))(packed)

@@ -3,7 +3,6 @@ optimized and compiled in a process of its own, linked into one library; against
 
 The matmuls accumulate in another order than XLA: rtol/atol 1e-5, as in test_fusion.py.
 """
-import ctypes
 import os
 import subprocess
 import sys
@@ -130,22 +129,6 @@ class CodegenTest(parameterized.TestCase):
 
 
 # Kernels run by MLIR's ExecutionEngine: memrefs as bare pointers, vectors to LLVM.
-_LOWERING = ("builtin.module(convert-vector-to-scf{full-unroll=true target-rank=1}, expand-strided-metadata, "
-             "finalize-memref-to-llvm, convert-scf-to-cf, convert-vector-to-llvm, convert-arith-to-llvm, "
-             "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, convert-cf-to-llvm, reconcile-unrealized-casts)")
-
-
-def _run_kernel(module: ir.Module, name: str, *arrays: np.ndarray) -> None:
-    """Lower ``module`` and call its function ``name`` on the arrays' memory."""
-    from mlir import execution_engine
-    from polyblocks_jax.passes.pipeline import pass_manager
-    pass_manager(_LOWERING, module.context).run(module.operation)
-    engine = execution_engine.ExecutionEngine(module, opt_level=2)
-    args = [ctypes.c_void_p(a.ctypes.data) for a in arrays]
-    packed = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup(name))(packed)
-
-
 class StridedGatherTest(absltest.TestCase):
     # A gather from a column view (what bufferization left in JAX's QDWH eigensolver):
     # LLVM's gather lowering takes unit-stride sources only.
@@ -172,7 +155,7 @@ class StridedGatherTest(absltest.TestCase):
             lower_vector_reads(module, pb.Options())
             sources = [op.operands[0].type for op in walk(module.operation) if op.name == "vector.gather"]
             self.assertEqual([str(t) for t in sources], ["memref<57xf32, strided<[1], offset: ?>>"])
-            _run_kernel(module, "gather_column", m, out)
+            support.run_kernel(module, "gather_column", m, out)
         support.assert_close(self, [out], support.xla_cpu(lambda m: m[1 + np.array([0, 2, 5, 6]), 3], m))
 
 
@@ -206,7 +189,7 @@ class BroadcastReadTest(absltest.TestCase):
             # The row's read (a minor identity) stays; the element's is a load and a broadcast.
             self.assertEqual((names.count("vector.transfer_read"), names.count("memref.load"),
                               names.count("vector.broadcast")), (1, 1, 1))
-            _run_kernel(module, "scaled_row", v, x, out)
+            support.run_kernel(module, "scaled_row", v, x, out)
         support.assert_close(self, [out], support.xla_cpu(lambda v, x: v[5, 0] * x[5], v, x))
 
 

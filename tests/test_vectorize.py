@@ -15,15 +15,17 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
 from mlir import ir
+from mlir.dialects import arith, func, vector
 
 import polyblocks_jax as pb
 import support
-from polyblocks_jax import compiler, cpu, passes
+from polyblocks_jax import compiler, cpu, passes, polynomials
 from polyblocks_jax.passes import vector_math
 from polyblocks_jax.passes.conv_tiling import choose_conv_tiles
 from polyblocks_jax.passes.tiling import Hardware, register_tile
 from polyblocks_jax.passes.vectorize import LoopNest, choose_vector_tiles, peeled_loops
-from polyblocks_jax.stablehlo_import import import_program
+from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.stablehlo_import import elementwise, import_program
 
 AVX2 = Hardware(vector_bits=256, vector_registers=16, l1_bytes=32 << 10, l2_bytes=512 << 10)
 AVX512 = Hardware(vector_bits=512, vector_registers=32, l1_bytes=48 << 10, l2_bytes=2 << 20)
@@ -241,6 +243,36 @@ class VectorMathTest(parameterized.TestCase):
         np.testing.assert_array_equal(actual, expected)
         numbers = ~np.isnan(expected)  # (a NaN's sign bit means nothing)
         np.testing.assert_array_equal(np.signbit(actual[numbers]), np.signbit(expected[numbers]))
+
+
+class PolynomialTest(parameterized.TestCase):
+    """Polynomials of vector math in second-order Horner: one multiply per coefficient
+    (Estrin's powers cost erfc's ten three more), the value as XLA's jnp.polyval."""
+
+    @parameterized.named_parameters(("erfc", elementwise._ERFC_P), ("exp", vector_math._POLY[::-1]),
+                                    ("three", (0.5, -1.0, 2.0)))
+    def test_one_multiply_per_coefficient(self, coefficients):
+        x = np.linspace(-1, 1, 64, dtype=np.float32)
+        out = np.zeros(64, np.float32)
+        with ir.Context(), ir.Location.unknown():
+            vtype = ir.VectorType.get([64], ir.F32Type.get())
+            module = ir.Module.create()
+            with ir.InsertionPoint(module.body):
+                memref = ir.MemRefType.get([64], ir.F32Type.get())
+
+                @func.FuncOp.from_py_func(memref, memref, name="poly")
+                def poly(source, target):
+                    zero = arith.constant(ir.IndexType.get(), 0)
+                    value = polynomials.polynomial(vector.load(vtype, source, [zero]), coefficients,
+                                                   lambda c: arith.constant(vtype, ir.DenseElementsAttr.get_splat(
+                                                       vtype, ir.FloatAttr.get_f32(c))))
+                    vector.store(value, target, [zero])
+            # x^2 and one per Horner step after each chain's first coefficient (plain Horner below four)
+            multiplies = len(coefficients) if len(coefficients) >= 4 else len(coefficients) - 1
+            self.assertEqual([op.name for op in walk(module.operation)].count("arith.mulf"), multiplies)
+            support.run_kernel(module, "poly", x, out)
+        support.assert_close(self, [out], support.xla_cpu(lambda x: jnp.polyval(jnp.float32(coefficients[::-1]), x), x),
+                             rtol=1e-5, atol=1e-6)
 
 
 class ExpScalingTest(absltest.TestCase):

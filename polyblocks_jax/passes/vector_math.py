@@ -35,7 +35,7 @@ from mlir import ir
 from mlir.dialects import arith, math, vector
 
 from polyblocks_jax.passes.transform import walk
-from polyblocks_jax.polynomials import estrin
+from polyblocks_jax.polynomials import polynomial
 
 _LOG2E = 1.44269504088896341
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
@@ -100,7 +100,7 @@ def _reduced(x: ir.Value, const: Callable[[float], ir.Value]) -> tuple[ir.Value,
     """(n, e^r - 1) with x = n ln2 + r, |r| <= ln2/2 (x finite, in exp's range)."""
     n = math.floor(arith.addf(arith.mulf(x, const(_LOG2E)), const(0.5)))
     r = arith.subf(arith.subf(x, arith.mulf(n, const(_LN2_HI))), arith.mulf(n, const(_LN2_LO)))
-    return n, arith.addf(arith.mulf(estrin(r, _POLY[::-1], const), arith.mulf(r, r)), r)
+    return n, arith.addf(arith.mulf(polynomial(r, _POLY[::-1], const), arith.mulf(r, r)), r)
 
 
 def _log(x: ir.Value, vtype: ir.VectorType, _scales_by_exponent: bool = False) -> ir.Value:
@@ -117,7 +117,7 @@ def _log(x: ir.Value, vtype: ir.VectorType, _scales_by_exponent: bool = False) -
     e = arith.subf(e, arith.select(subnormal, const(float(_SUBNORMAL_SCALE)), const(0.0)))
     f = arith.subf(m, const(1.0))
     f2 = arith.mulf(f, f)
-    log_m = arith.addf(arith.subf(f, arith.mulf(const(0.5), f2)), arith.mulf(arith.mulf(f2, f), estrin(f, _LOG_P, const)))
+    log_m = arith.addf(arith.subf(f, arith.mulf(const(0.5), f2)), arith.mulf(arith.mulf(f2, f), polynomial(f, _LOG_P, const)))
     y = arith.addf(arith.addf(arith.mulf(e, const(_LN2_LO)), log_m), arith.mulf(e, const(_LN2_HI)))
     y = arith.select(arith.cmpf(F.OEQ, x, const(float("inf"))), x, y)
     y = arith.select(arith.cmpf(F.OEQ, x, const(0.0)), const(float("-inf")), y)

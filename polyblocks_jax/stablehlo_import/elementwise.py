@@ -20,7 +20,7 @@ from mlir import ir
 from mlir.dialects import arith, math
 
 from polyblocks_jax.dtypes import DType
-from polyblocks_jax.polynomials import estrin
+from polyblocks_jax.polynomials import polynomial
 from polyblocks_jax.stablehlo_import import builders, reader
 from polyblocks_jax.stablehlo_import.registry import computes_composite, converts
 
@@ -318,7 +318,7 @@ def _erf(x: ir.Value) -> ir.Value:
         return builders.constant_like(v, x)
     one = const(1.0)
     # rounding may overshoot 1 by an ulp near the bound
-    erf = arith.divf(arith.mulf(x, estrin(t, _ERF_P, const)), estrin(t, _ERF_Q, const))
+    erf = arith.divf(arith.mulf(x, polynomial(t, _ERF_P, const)), polynomial(t, _ERF_Q, const))
     return arith.minimumf(arith.maximumf(erf, arith.negf(one)), one)
 
 
@@ -339,7 +339,7 @@ def _erfc(x: ir.Value) -> ir.Value:
         return builders.constant_like(v, x)
     z = math.absf(x)
     t = arith.divf(const(1.0), arith.addf(const(1.0), arith.mulf(const(0.5), z)))
-    y = arith.mulf(t, math.exp(arith.subf(estrin(t, _ERFC_P, const), arith.mulf(z, z))))
+    y = arith.mulf(t, math.exp(arith.subf(polynomial(t, _ERFC_P, const), arith.mulf(z, z))))
     negative = arith.cmpf(arith.CmpFPredicate.OLT, x, const(0.0))
     return arith.select(negative, arith.subf(const(2.0), y), y)
 
