@@ -128,7 +128,7 @@ class CodegenTest(parameterized.TestCase):
         support.assert_close(self, list(loaded(*args)), support.xla_cpu(_layers, *args), rtol=1e-5, atol=1e-5)
 
 
-# Kernels run by MLIR's ExecutionEngine: memrefs as bare pointers, vectors to LLVM.
+# Kernels written by hand, run by MLIR's ExecutionEngine (support.run_kernel).
 class StridedGatherTest(absltest.TestCase):
     # A gather from a column view (what bufferization left in JAX's QDWH eigensolver):
     # LLVM's gather lowering takes unit-stride sources only.
