@@ -44,9 +44,7 @@ def eigh(a: ir.Value, lower: bool, sort: bool, max_sweeps: int, tolerance: float
     *batch, n, _ = builders.shape_of(a)
     elem = builders.elem_type_of(a)
     reachable = max(tolerance, n * float(np.finfo(np.float32 if isinstance(elem, ir.F32Type) else np.float64).eps))
-    count = 1
-    for size in batch:
-        count *= size
+    count = int(np.prod(batch))  # 1 for a single matrix (``math`` here is MLIR's dialect)
     matrices = layout.reshape(a, [count, n, n])
 
     def each(ivs: list[ir.Value], carried: list[ir.Value]) -> list[ir.Value]:
