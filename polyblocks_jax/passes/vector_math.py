@@ -9,10 +9,11 @@ LLVM lowers a vector ``math.exp``, ``tanh`` or ``log`` to one libm call per lane
   or, where the target scales by a power of two in one instruction (AVX-512's VSCALEFPS,
   the ``x86vector.avx512.mask.scalef`` op, on 1-D vectors of whole 16-lane parts), by that:
   the same single rounding, one instruction per part instead of 11. NaN propagates through
-  the clamp; x above the f32 range gives +inf; x whose exp is subnormal gives 0, as XLA's
-  (which flushes subnormals): the clamp keeps every lane normal, since an instruction
-  with a subnormal result takes a microcode assist of some 150 cycles (a causal mask's
-  -1e9 made a masked softmax 3.5 times as slow as an unmasked one).
+  the clamp; x above the f32 range gives +inf (the clamp's upper end, 89, is past it: the
+  scaling overflows, and no compare and select are needed); x whose exp is subnormal
+  gives 0, as XLA's (which flushes subnormals): the clamp keeps every lane normal, since
+  an instruction with a subnormal result takes a microcode assist of some 150 cycles (a
+  causal mask's -1e9 made a masked softmax 3.5 times as slow as an unmasked one).
 - tanh(|x|) = e / (e + 2) with e = e^(2|x|) - 1, from exp's reduction and polynomial without
   its 1 (so small |x| loses nothing) and 2^n (e^r - 1) + (2^n - 1) in one multiply-add; |x|
   clamped at 10, past which tanh rounds to 1; the sign copied from x (-0 stays -0, NaN
@@ -41,9 +42,9 @@ _LOG2E = 1.44269504088896341
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
 _POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
          1.6666665459e-1, 5.0000001201e-1)
-# e^_MAX is the largest f32; e^_MIN the smallest normal one (ln 2^-126, rounded up a little
-# so that no rounding of the polynomial makes it subnormal)
-_MAX, _MIN = 88.72283905206835, -87.3365
+# e^_OVERFLOWS is past the largest f32 (e^88.7228); e^_MIN the smallest normal one (ln 2^-126,
+# rounded up a little so that no rounding of the polynomial makes it subnormal)
+_OVERFLOWS, _MIN = 89.0, -87.3365
 _SCALEF_LANES = 16
 _CURRENT_ROUNDING = 4  # _MM_FROUND_CUR_DIRECTION: the rounding mode in MXCSR
 
@@ -127,7 +128,7 @@ def _log(x: ir.Value, vtype: ir.VectorType, _scales_by_exponent: bool = False) -
 def _exp(x: ir.Value, vtype: ir.VectorType, scales_by_exponent: bool) -> ir.Value:
     const = _splat(vtype)
     itype = ir.VectorType.get(vtype.shape, ir.IntegerType.get_signless(32))
-    n, er_minus_1 = _reduced(arith.minimumf(arith.maximumf(x, const(_MIN)), const(_MAX)), const)
+    n, er_minus_1 = _reduced(arith.minimumf(arith.maximumf(x, const(_MIN)), const(_OVERFLOWS)), const)
     y = arith.addf(er_minus_1, const(1.0))
     if scales_by_exponent and vtype.rank == 1 and vtype.shape[0] % _SCALEF_LANES == 0:
         y = _scalef(y, n)
@@ -135,9 +136,7 @@ def _exp(x: ir.Value, vtype: ir.VectorType, scales_by_exponent: bool) -> ir.Valu
         ni = arith.fptosi(itype, n)
         half = arith.shrsi(ni, _int(itype, 1))
         y = arith.mulf(arith.mulf(y, _pow2(half, vtype, itype)), _pow2(arith.subi(ni, half), vtype, itype))
-    overflow = arith.cmpf(arith.CmpFPredicate.OGT, x, const(_MAX))
-    underflow = arith.cmpf(arith.CmpFPredicate.OLT, x, const(_MIN))
-    return arith.select(overflow, const(float("inf")), arith.select(underflow, const(0.0), y))
+    return arith.select(arith.cmpf(arith.CmpFPredicate.OLT, x, const(_MIN)), const(0.0), y)
 
 
 def _scalef(y: ir.Value, n: ir.Value) -> ir.Value:
