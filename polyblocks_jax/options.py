@@ -29,6 +29,7 @@ class Options:
     packing: bool = True         # tiled matmuls copy A and B panels into contiguous tiles (with tiling)
     parallel: bool = True        # large loop nests run on all cores (OpenMP); OMP_NUM_THREADS caps
     vectorize: bool = True       # register tiles + vectors for convolutions, elementwise ops, reductions
+    prefetch: bool = True        # a tile read in several passes prefetches its successor (cpu/prefetch.py)
     share_layers: bool = True    # a repeated layer's ops go through the tensor stages once (compile time)
     arena: bool = True           # host intermediates share one arena laid out by liveness (passes/arena.py)
     opt_level: int = 2           # LLVM: 0 unoptimized; else our passes (cpu/codegen.py), codegen at this level

@@ -10,6 +10,7 @@ from polyblocks_jax.cpu.bf16 import bits_for_bf16_moves, define_truncsfbf2
 from polyblocks_jax.cpu.heap import check_heap_buffers
 from polyblocks_jax.cpu.matrix_units import lower_matrix_units
 from polyblocks_jax.cpu.outline import OUTLINED, bare_pointer, outline_kernels, outline_layer_kernels
+from polyblocks_jax.cpu.prefetch import prefetch_next_tiles
 from polyblocks_jax.cpu.target import host
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import INLINE_LAYERS, VECTOR_TRANSFERS, Stage
@@ -24,6 +25,9 @@ from polyblocks_jax.passes.vector_reads import lower_vector_reads
 
 def cpu_stages(options: Options) -> list[Stage]:
     vectors = [Stage("strided-copies-vectors", _vectorize_strided_copies)] if options.vectorize else []
+    # After the parallel stage: the loop over a parallel iteration's tiles is final there.
+    prefetches = [Stage("prefetch", functools.partial(prefetch_next_tiles, l1_bytes=host().l1d_bytes))
+                  ] if options.prefetch else []
     return [
         # Packed contractions marked for a matrix unit become AMX / VDPBF16PS kernels.
         Stage("unit-kernels", lower_matrix_units),
@@ -33,6 +37,7 @@ def cpu_stages(options: Options) -> list[Stage]:
         Stage("loops", "func.func(convert-linalg-to-parallel-loops, scf-forall-to-parallel), canonicalize"),
         # One scf.parallel per large nest stays (its outermost); every other becomes scf.for.
         Stage("parallel", functools.partial(parallelize_loops, threads=host().cores)),
+        *prefetches,
         Stage("bool-buffers", widen_bool_buffers),
         Stage("bf16-bits", bits_for_bf16_moves),
         # A parallel loop's large buffers (packing): one slot per iteration, before the loop.
