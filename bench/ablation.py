@@ -11,6 +11,7 @@ and a markdown table beside it.
     python bench/ablation.py                 # small model configurations (default)
     python bench/ablation.py --full          # the README's sizes: minutes per configuration
     python bench/ablation.py --models resnet18 --configs no-fusion,no-vectorize
+    python bench/ablation.py --full --configs all-on,no-prefetch --tag prefetch   # a file of its own
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def format_table(results: dict[str, list[dict]], model_names: list[str]) -> str:
 
 def write_results(results: dict[str, list[dict]], table: str, args: argparse.Namespace) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = f"ablation-{models.machine_slug()}" + ("" if args.full else "-quick")
+    stem = f"ablation-{models.machine_slug()}" + ("" if args.full else "-quick") + (f"-{args.tag}" if args.tag else "")
     report = {
         "machine": models.machine_slug(), "cpu": models.cpu_name(), "cores": models.cores(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"), "quick": not args.full,
@@ -100,6 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="comma-separated subset of " + ", ".join(configurations()))
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=None, help="timed calls (default 20, 5 small)")
+    parser.add_argument("--tag", default="", help="suffix of the results file (a run of some configurations)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
