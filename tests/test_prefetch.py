@@ -72,17 +72,23 @@ class PrefetchResultsTest(parameterized.TestCase):
     @parameterized.parameters(((64, 256), True), ((64, 256), False), ((37, 768), True), ((5, 96), True))
     def test_layernorm_gelu_against_xla(self, shape, prefetch):
         # 37 and 5 rows: tiles that do not divide the rows, the last one's successor clamped
+        if prefetch:
+            self.assertNotEmpty(_prefetches(layernorm_gelu, *_arguments(*shape))[1])
         support.check_against_xla(self, layernorm_gelu, *_arguments(*shape),
                                   options=pb.Options(prefetch=prefetch))
 
     def test_softmax_against_xla(self):
         x = np.random.default_rng(2).standard_normal((8, 96, 1000), np.float32)
+        self.assertNotEmpty(_prefetches(lambda v: jax.nn.softmax(v, axis=-1), x)[1])
         support.check_against_xla(self, lambda v: jax.nn.softmax(v, axis=-1), x)
 
     def test_layernorm_with_special_values_against_xla(self):
         rng = np.random.default_rng(3)
         x = support.random_array(rng, (2, 64, 256), np.float32)
-        support.check_against_xla(self, lambda v: (v - jnp.mean(v, -1, keepdims=True)) / jnp.std(v, -1, keepdims=True), x)
+        def standardize(v):
+            return (v - jnp.mean(v, -1, keepdims=True)) / jnp.std(v, -1, keepdims=True)
+        self.assertNotEmpty(_prefetches(standardize, x)[1])
+        support.check_against_xla(self, standardize, x)
 
 
 if __name__ == "__main__":

@@ -39,10 +39,9 @@ def prefetch_next_tiles(module: ir.Module, options: Options, l1_bytes: int) -> N
 def _tiles(loop: ir.Operation, max_bytes: int) -> list[ir.Operation]:
     """The unit-stride subviews at the top of ``loop``'s body whose offsets follow its
     induction variables, no larger than ``max_bytes``."""
-    body = loop.regions[0].blocks[0]
-    ivs = list(body.arguments)[:_induction_count(loop)]
+    ivs, _ = _induction(loop)
     tiles = []
-    for op in body.operations:
+    for op in loop.regions[0].blocks[0].operations:
         view = op.operation
         if view.name != "memref.subview" or not _plain_window(view):
             continue
@@ -59,15 +58,17 @@ def _prefetch_in_last_pass(loop: ir.Operation, view: ir.Operation) -> None:
     passes = [op.operation for op in body.operations if any(top == op.operation for _, top in reads)]
     if len(passes) < 2:
         return
+    last_reads = [read for read, top in reads if top == passes[-1] and _reads_a_row(read)]
+    if not last_reads:  # nothing to prefetch for: no advanced offsets either
+        return
     with ir.InsertionPoint(passes[-1]), passes[-1].location:
         next_offsets = _next_offsets(loop, view)
-    for read, top in reads:
-        if top == passes[-1] and _reads_a_row(read):
-            _prefetch_same_elements(read, view, next_offsets)
+    for read in last_reads:
+        _prefetch_same_elements(read, view, next_offsets)
 
 
 def _vector_reads(view: ir.Operation) -> list[ir.Operation]:
-    """The 1-D vector reads of ``view``, directly or through one subview of it."""
+    """The vector reads of ``view``, directly or through one subview of it."""
     found = []
     for use in view.results[0].uses:
         user = use.owner
@@ -82,9 +83,7 @@ def _vector_reads(view: ir.Operation) -> list[ir.Operation]:
 def _next_offsets(loop: ir.Operation, view: ir.Operation) -> list[ir.Value]:
     """``view``'s offsets in its source for the loop's next iteration, clamped to the last
     tile (a prefetch past the end would be harmless on x86, but not a valid index)."""
-    body = loop.regions[0].blocks[0]
-    ivs = list(body.arguments)[:_induction_count(loop)]
-    steps = _steps(loop)
+    ivs, steps = _induction(loop)
     source_shape = ir.MemRefType(view.operands[0].type).shape
     sizes = ir.MemRefType(view.results[0].type).shape
     offsets = []
@@ -160,16 +159,14 @@ def _top_level(op: ir.Operation, loop: ir.Operation) -> ir.Operation | None:
     return op if op.parent is not None else None
 
 
-def _induction_count(loop: ir.Operation) -> int:
-    """scf.for: one (its other block arguments are iteration values); scf.parallel: all."""
-    return 1 if loop.name == "scf.for" else len(loop.regions[0].blocks[0].arguments)
-
-
-def _steps(loop: ir.Operation) -> list[ir.Value]:
+def _induction(loop: ir.Operation) -> tuple[list[ir.Value], list[ir.Value]]:
+    """The loop's induction variables and their steps (scf.for: one, its other block
+    arguments being iteration values; scf.parallel: every block argument)."""
+    arguments = list(loop.regions[0].blocks[0].arguments)
     if loop.name == "scf.for":
-        return [loop.operands[2]]
-    count = _induction_count(loop)
-    return list(loop.operands)[2 * count:3 * count]
+        return arguments[:1], [loop.operands[2]]
+    count = len(arguments)
+    return arguments, list(loop.operands)[2 * count:3 * count]
 
 
 def _plain_window(view: ir.Operation) -> bool:
