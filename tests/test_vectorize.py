@@ -25,6 +25,7 @@ from polyblocks_jax.passes.conv_tiling import choose_conv_tiles
 from polyblocks_jax.passes.tiling import Hardware, register_tile
 from polyblocks_jax.passes.vectorize import LoopNest, choose_vector_tiles, peeled_loops
 from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transposed_broadcasts import fold_transposed_broadcasts
 from polyblocks_jax.stablehlo_import import elementwise, import_program
 
 AVX2 = Hardware(vector_bits=256, vector_registers=16, l1_bytes=32 << 10, l2_bytes=512 << 10)
@@ -171,6 +172,21 @@ class StageTest(absltest.TestCase):
         self.assertNotIn("math.exp", text)  # the polynomial, on vectors
         self.assertRegex(text, r"math\.floor %\w+ : vector<\d+xf32>")
 
+    def test_attention_operands_are_broadcast_not_transposed(self):
+        # A query column times a key row: broadcasts straight into the register tile, no
+        # transpose and no trailing unit dim (each element a vector of one in LLVM), for
+        # whole tiles and the peeled remainder alike (77 rows and columns: whole register
+        # tiles and a remainder on both targets).
+        def fn(q, k, v):
+            scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / 8.0
+            return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
+        q = np.zeros((1, 2, 77, 32), np.float32)
+        for hw in (AVX2, AVX512):
+            text = _staged(fn, q, q, q, hw=hw)
+            self.assertNotIn("vector.transpose", text)
+            self.assertNotRegex(text, r"vector<\d+x\d+x1xf32>")
+            self.assertRegex(text, r"vector\.broadcast %\w+ : vector<\d+x1xf32> to vector<\d+x\d+xf32>")
+
     def test_max_reduction_runs_on_vectors(self):
         # The importer's max keeps the sign of zero in a select: reduced to a bare maximumf
         # for the vectorizer; its horizontal max is a tree over halves of the row's vector
@@ -215,6 +231,40 @@ class StageTest(absltest.TestCase):
         text = _staged(jnp.exp, np.zeros((4, 64), np.float32))
         self.assertRegex(text, r"arith\.mulf .* fastmath<contract> : vector<")
         self.assertRegex(text, r"arith\.addf .* fastmath<contract> : vector<")
+
+
+class TransposedBroadcastTest(absltest.TestCase):
+    """``fold_transposed_broadcasts`` on the forms the linalg vectorizer leaves."""
+
+    def _folded(self, source: str, body: str, result: str) -> str:
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(f"func.func @f(%x: {source}) -> {result} {{\n{body}\n}}")
+            fold_transposed_broadcasts(module)
+            self.assertTrue(module.operation.verify())
+            return str(module)
+
+    def test_column_broadcast_through_the_unit_dim_cast(self):
+        text = self._folded("vector<8x1xf32>", "  %b = vector.broadcast %x : vector<8x1xf32> to vector<32x8x1xf32>\n"
+                            "  %t = vector.transpose %b, [1, 0, 2] : vector<32x8x1xf32> to vector<8x32x1xf32>\n"
+                            "  %c = vector.shape_cast %t : vector<8x32x1xf32> to vector<8x32xf32>\n"
+                            "  return %c : vector<8x32xf32>", "vector<8x32xf32>")
+        self.assertNotIn("vector.transpose", text)
+        self.assertNotIn("vector.shape_cast", text)
+        self.assertIn("vector.broadcast %arg0 : vector<8x1xf32> to vector<8x32xf32>", text)
+
+    def test_without_a_cast_the_source_gets_the_result_rank(self):
+        text = self._folded("vector<8x1xf32>", "  %b = vector.broadcast %x : vector<8x1xf32> to vector<32x8x1xf32>\n"
+                            "  %t = vector.transpose %b, [1, 0, 2] : vector<32x8x1xf32> to vector<8x32x1xf32>\n"
+                            "  return %t : vector<8x32x1xf32>", "vector<8x32x1xf32>")
+        self.assertNotIn("vector.transpose", text)
+        self.assertIn("vector.shape_cast %arg0 : vector<8x1xf32> to vector<8x1x1xf32>", text)
+        self.assertRegex(text, r"vector\.broadcast %\w+ : vector<8x1x1xf32> to vector<8x32x1xf32>")
+
+    def test_source_dims_changing_order_stay_a_transpose(self):
+        text = self._folded("vector<8x4xf32>", "  %b = vector.broadcast %x : vector<8x4xf32> to vector<2x8x4xf32>\n"
+                            "  %t = vector.transpose %b, [0, 2, 1] : vector<2x8x4xf32> to vector<2x4x8xf32>\n"
+                            "  return %t : vector<2x4x8xf32>", "vector<2x4x8xf32>")
+        self.assertIn("vector.transpose", text)
 
 
 class VectorMathTest(parameterized.TestCase):
@@ -447,12 +497,13 @@ class ResultsTest(parameterized.TestCase):
         self._check(lambda a, b: (a.sum(-1), a.max(-1), a.sum(1), b.sum(-1), b.max(0), jnp.prod(b % 3, -1)),
                     x, i, **ACCUMULATE)
 
-    def test_attention(self):
+    @parameterized.named_parameters(("whole_tiles", (1, 2, 24, 16)), ("peeled_rows_and_columns", (2, 3, 77, 32)))
+    def test_attention(self, shape):
         def fn(q, k, v):
             scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])
             return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
         rng = np.random.default_rng(4)
-        q, k, v = (rng.standard_normal((1, 2, 24, 16), np.float32) for _ in range(3))
+        q, k, v = (rng.standard_normal(shape, np.float32) for _ in range(3))
         self._check(fn, q, k, v, **ACCUMULATE)
 
     @parameterized.named_parameters(
