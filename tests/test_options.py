@@ -1,6 +1,10 @@
-"""Options: POLYBLOCKS_FLAGS parsing, cache keys, switches, dumps."""
+"""Options: POLYBLOCKS_FLAGS parsing, cache keys, switches, dumps; the compile's pause of
+the cyclic garbage collector."""
+import gc
 import os
 import tempfile
+import threading
+from unittest import mock
 
 import jax
 import numpy as np
@@ -77,6 +81,66 @@ class CacheAndDumpTest(absltest.TestCase):
             files = sorted(os.listdir(os.path.join(d, sub)))
             self.assertIn("timings.txt", files)
             self.assertEqual(len(files), len(exe.timings) + 2)  # input + each stage + timings
+
+
+class GarbageCollectionTest(absltest.TestCase):
+    """The cyclic collector pauses while a program compiles, and only then."""
+
+    def setUp(self):
+        compiler.CACHE.clear()
+        self.addCleanup(gc.enable)
+
+    def _compile_seeing_gc(self, fn=lambda a: a * 3.0):
+        seen = []
+        real = compiler._compile_uncached
+
+        def spy(*args, **kwargs):
+            seen.append(gc.isenabled())
+            return real(*args, **kwargs)
+        with mock.patch.object(compiler, "_compile_uncached", spy):
+            exe = pb.compile(_lowered(fn, np.ones(4, np.float32)))
+        return exe, seen
+
+    def test_paused_during_a_compile_and_resumed_after(self):
+        gc.enable()
+        exe, seen = self._compile_seeing_gc()
+        self.assertEqual(seen, [False])
+        self.assertTrue(gc.isenabled())
+        x = np.arange(4, dtype=np.float32)
+        np.testing.assert_array_equal(exe(x)[0], jax.jit(lambda a: a * 3.0, backend="cpu")(x))  # XLA: exact
+
+    def test_resumed_after_a_failed_compile(self):
+        gc.enable()
+        with mock.patch.object(compiler, "_compile_uncached", side_effect=pb.CompilationError("x", "failed")):
+            with self.assertRaises(pb.CompilationError):
+                pb.compile(_lowered(lambda a: a - 1.0, np.ones(4, np.float32)))
+        self.assertTrue(gc.isenabled())
+
+    def test_left_off_when_the_caller_turned_it_off(self):
+        gc.disable()
+        _, seen = self._compile_seeing_gc(lambda a: a + 5.0)
+        self.assertEqual(seen, [False])
+        self.assertFalse(gc.isenabled())
+
+    def test_concurrent_compiles_resume_it_when_the_last_ends(self):
+        gc.enable()
+        inside, release = threading.Event(), threading.Event()
+        states = []
+
+        def first():
+            with compiler._cyclic_gc_paused():
+                inside.set()
+                release.wait(10)
+        thread = threading.Thread(target=first)
+        thread.start()
+        inside.wait(10)
+        with compiler._cyclic_gc_paused():
+            pass
+        states.append(gc.isenabled())  # the first still compiles
+        release.set()
+        thread.join()
+        self.assertEqual(states, [False])
+        self.assertTrue(gc.isenabled())
 
 
 if __name__ == "__main__":
