@@ -127,6 +127,56 @@ class InvalidIrTest(absltest.TestCase):
         self.assertEqual(raised.exception.stage, "breaks-types")
         self.assertEqual(later, [])
 
+    def test_stage_reporting_no_change_is_not_verified_again(self):
+        # The contract a stage signs by returning False: the module is as it was. (This one
+        # lies, to show that nothing checks after it.)
+        from mlir import ir
+        from polyblocks_jax.options import Options
+        from polyblocks_jax.passes import Stage, run_stages
+
+        def break_result_type_quietly(module, options):
+            function = module.body.operations[0]
+            function.attributes["function_type"] = ir.TypeAttr.get(
+                ir.FunctionType.get([], [ir.IntegerType.get_signless(32)]))
+            return False
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse("func.func @f() -> f32 {\n  %c = arith.constant 1.0 : f32\n"
+                                     "  return %c : f32\n}")
+            timings = run_stages(module, [Stage("unverified", break_result_type_quietly)], Options())
+            self.assertEqual(list(timings), ["unverified"])
+            with self.assertRaises(ir.MLIRError):  # invalid indeed, and run_stages did not look
+                module.operation.verify()
+
+    def test_stages_finding_nothing_to_do_say_so_and_those_that_change_the_module_do_not(self):
+        # Stages that return False leave the module's text as it was (checked here on two
+        # programs); a boolean result widens its buffer, and that stage says so.
+        from mlir import ir
+        from polyblocks_jax import cpu, passes
+        from polyblocks_jax.options import Options
+        from polyblocks_jax.stablehlo_import import import_program
+        x = np.linspace(-2, 2, 64, dtype=np.float32).reshape(8, 8)
+        for fn, changing in ((lambda a: jnp.tanh(a) * 2.0, set()), (lambda a: a > 0.5, {"bool-buffers"})):
+            lowered = jax.jit(fn).trace(x).lower(lowering_platforms=("cpu",))
+            options = Options()
+            stages = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
+            returned = {}
+            with ir.Context() as context, ir.Location.unknown():
+                module = import_program(lowered, context).module
+                for stage in stages:
+                    before = str(module) if callable(stage.passes) else None
+                    spied = stage
+                    if callable(stage.passes):
+                        def spy(m, o, run=stage.passes, name=stage.name):
+                            returned[name] = run(m, o)
+                            return returned[name]
+                        spied = passes.Stage(stage.name, spy)
+                    passes.run_stages(module, [spied], options)
+                    if returned.get(stage.name) is False:
+                        self.assertEqual(str(module), before, stage.name)
+            unchanged = {name for name, r in returned.items() if r is False}
+            self.assertTrue({"heap-limit", "vector-reads", "aliased-results", "unit-kernels"} <= unchanged, unchanged)
+            self.assertFalse(changing & unchanged, unchanged)
+
 
 if __name__ == "__main__":
     absltest.main()

@@ -26,8 +26,9 @@ from polyblocks_jax.passes.transform import walk
 _SIGN, _MAGNITUDE = 0x8000, 0x7FFF
 
 
-def bits_for_bf16_moves(module: ir.Module, options: Options) -> None:
-    """arith.select, arith.negf and math.absf on bf16 (scalars or vectors) -> i16 ops."""
+def bits_for_bf16_moves(module: ir.Module, options: Options) -> bool:
+    """arith.select, arith.negf and math.absf on bf16 (scalars or vectors) -> i16 ops;
+    whether there was one."""
     ops = [op for op in walk(module.operation)
            if op.name in _ON_BITS and len(op.results) == 1 and _is_bf16(op.result.type)]
     for op in ops:
@@ -36,6 +37,7 @@ def bits_for_bf16_moves(module: ir.Module, options: Options) -> None:
             result = _ON_BITS[op.name](bits_t, list(op.operands))
             op.result.replace_all_uses_with(arith.bitcast(op.result.type, result))
         op.erase()
+    return bool(ops)
 
 
 def _select(bits_t: ir.Type, operands: list[ir.Value]) -> ir.Value:

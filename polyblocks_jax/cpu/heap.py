@@ -23,9 +23,10 @@ from polyblocks_jax.passes.transform import walk
 _GIB = float(1 << 30)
 
 
-def check_heap_buffers(module: ir.Module, options: Options) -> None:
+def check_heap_buffers(module: ir.Module, options: Options) -> bool:
     """Raise ResourceExhaustedError if one intermediate buffer (an alloc or a view of the
-    arena), or those alive at once, exceed ``memory_limit()``."""
+    arena), or those alive at once, exceed ``memory_limit()``. A check: False, the module as
+    it was."""
     buffers: list[tuple[ir.MemRefType, int, str]] = []  # type, bytes, where: arena | top | nested
     for op in walk(module.operation):
         if op.name in ("memref.alloc", "memref.view") and ir.MemRefType(op.result.type).has_static_shape:
@@ -48,6 +49,7 @@ def check_heap_buffers(module: ir.Module, options: Options) -> None:
             f"the intermediate buffers alive at once need {together / _GIB:.1f} GiB (arena "
             f"{arena / _GIB:.1f} GiB); this process may allocate {limit / _GIB:.1f} GiB more "
             "(physical memory, RLIMIT_AS, RLIMIT_DATA)")
+    return False
 
 
 def memory_limit() -> int:

@@ -66,8 +66,8 @@ def cpu_stages(options: Options) -> list[Stage]:
     ]
 
 
-def _vectorize_strided_copies(module: ir.Module, options: Options) -> None:
-    vectorize_strided_copies(module, lanes=host().vector_bits // 32)
+def _vectorize_strided_copies(module: ir.Module, options: Options) -> bool:
+    return vectorize_strided_copies(module, lanes=host().vector_bits // 32)
 
 
 _TO_LLVM = (

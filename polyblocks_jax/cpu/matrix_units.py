@@ -19,9 +19,11 @@ from polyblocks_jax.passes.transform import walk
 KERNELS = {"amx": amx.kernel, "avx512bf16": avx512_bf16.kernel}
 
 
-def lower_matrix_units(module: ir.Module, options: Options) -> None:
-    """Replace each marked contraction on identity-layout buffers with its unit's kernel."""
-    for op in [op for op in walk(module.operation) if MATRIX_UNIT_ATTR in op.attributes]:
+def lower_matrix_units(module: ir.Module, options: Options) -> bool:
+    """Replace each marked contraction on identity-layout buffers with its unit's kernel;
+    whether one was marked."""
+    marked = [op for op in walk(module.operation) if MATRIX_UNIT_ATTR in op.attributes]
+    for op in marked:
         attr = ir.DictAttr(op.attributes[MATRIX_UNIT_ATTR])
         unit = ir.StringAttr(attr["unit"]).value
         types = [ir.MemRefType(v.type) for v in op.operands]
@@ -34,3 +36,4 @@ def lower_matrix_units(module: ir.Module, options: Options) -> None:
                              ir.BoolAttr(attr["zero_init"]).value)
         templates.splice(text, op, list(op.operands))
         op.erase()
+    return bool(marked)

@@ -45,23 +45,23 @@ _OUTLINE = """module attributes {transform.with_named_sequence} {
 }"""
 
 
-def outline_kernels(module: ir.Module, options: Options) -> None:
+def outline_kernels(module: ir.Module, options: Options) -> bool:
     """Move every outermost loop nest of every function (but the kernels already outlined)
-    into a private function of its own."""
-    _outline(module, [f for f in defined_functions(module) if OUTLINED not in f.attributes])
+    into a private function of its own; whether there was one."""
+    return _outline(module, [f for f in defined_functions(module) if OUTLINED not in f.attributes])
 
 
-def outline_layer_kernels(module: ir.Module, options: Options) -> None:
+def outline_layer_kernels(module: ir.Module, options: Options) -> bool:
     """``outline_kernels`` on the shared layers' functions alone (passes/shared_layers.py),
     before each call gets its body back: a layer repeated n times is outlined once, and its
     copies call the same kernels."""
-    _outline(module, [f for f in defined_functions(module) if _name(f).startswith(LAYER_PREFIX)])
+    return _outline(module, [f for f in defined_functions(module) if _name(f).startswith(LAYER_PREFIX)])
 
 
-def _outline(module: ir.Module, functions: list[func.FuncOp]) -> None:
+def _outline(module: ir.Module, functions: list[func.FuncOp]) -> bool:
     kernels = [loop for f in functions for loop in _outermost_loops(f)]
     if not kernels:
-        return
+        return False
     unit = ir.UnitAttr.get(module.context)
     for loop in kernels:
         loop.attributes[KERNEL_ATTR] = unit
@@ -93,6 +93,7 @@ def _outline(module: ir.Module, functions: list[func.FuncOp]) -> None:
     # this stage reports one.
     pass_manager("builtin.module(strip-debuginfo)", module.context).run(module.operation)
     _share_identical_kernels(functions, outlined)
+    return True
 
 
 def _outermost_loops(op: ir.Operation) -> Iterator[ir.Operation]:

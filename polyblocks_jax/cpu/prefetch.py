@@ -28,12 +28,15 @@ CACHE_LINE_BYTES = 64
 _LOOPS = ("scf.for", "scf.parallel")
 
 
-def prefetch_next_tiles(module: ir.Module, options: Options, l1_bytes: int) -> None:
-    """Insert the prefetches in every loop with a tile read in several passes."""
+def prefetch_next_tiles(module: ir.Module, options: Options, l1_bytes: int) -> bool:
+    """Insert the prefetches in every loop with a tile read in several passes; whether a
+    loop got one."""
+    changed = False
     for loop in walk(module.operation):
         if loop.name in _LOOPS:
             for view in _tiles(loop, l1_bytes // 2):
-                _prefetch_in_last_pass(loop, view)
+                changed |= _prefetch_in_last_pass(loop, view)
+    return changed
 
 
 def _tiles(loop: ir.Operation, max_bytes: int) -> list[ir.Operation]:
@@ -52,19 +55,21 @@ def _tiles(loop: ir.Operation, max_bytes: int) -> list[ir.Operation]:
     return tiles
 
 
-def _prefetch_in_last_pass(loop: ir.Operation, view: ir.Operation) -> None:
+def _prefetch_in_last_pass(loop: ir.Operation, view: ir.Operation) -> bool:
+    """Prefetches for ``view``'s next tile in its last pass; whether it had one."""
     body = loop.regions[0].blocks[0]
     reads = [(read, _top_level(read, loop)) for read in _vector_reads(view)]
     passes = [op.operation for op in body.operations if any(top == op.operation for _, top in reads)]
     if len(passes) < 2:
-        return
+        return False
     last_reads = [read for read, top in reads if top == passes[-1] and _reads_a_row(read)]
     if not last_reads:  # nothing to prefetch for: no advanced offsets either
-        return
+        return False
     with ir.InsertionPoint(passes[-1]), passes[-1].location:
         next_offsets = _next_offsets(loop, view)
     for read in last_reads:
         _prefetch_same_elements(read, view, next_offsets)
+    return True
 
 
 def _vector_reads(view: ir.Operation) -> list[ir.Operation]:

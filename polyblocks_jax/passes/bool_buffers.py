@@ -16,7 +16,8 @@ from mlir.dialects import arith, memref
 from polyblocks_jax.options import Options
 
 
-def widen_bool_buffers(module: ir.Module, options: Options) -> None:
+def widen_bool_buffers(module: ir.Module, options: Options) -> bool:
+    """Widen every boolean buffer; whether there was one."""
     values: list[ir.Value] = []
     ops: list[ir.Operation] = []
 
@@ -31,31 +32,34 @@ def widen_bool_buffers(module: ir.Module, options: Options) -> None:
     module.operation.walk(visit)
     for v in values:
         v.set_type(_widened(v.type))
-    for op in ops:
-        _rewrite(op)
+    rewritten = [_rewrite(op) for op in ops]
+    return bool(values) or any(rewritten)
 
 
-def _rewrite(op: ir.Operation) -> None:
+def _rewrite(op: ir.Operation) -> bool:
     if op.name == "memref.load" and _is_i1(op.result.type):  # from a widened buffer
         with ir.InsertionPoint(op), op.location:
             wide = memref.LoadOp(op.operands[0], list(op.operands[1:])).result
             op.result.replace_all_uses_with(arith.trunci(ir.IntegerType.get_signless(1), wide))
         op.erase()
-    elif op.name == "memref.store" and _is_i1(op.operands[0].type):
+        return True
+    if op.name == "memref.store" and _is_i1(op.operands[0].type):
         with ir.InsertionPoint(op), op.location:
             wide = arith.extui(ir.IntegerType.get_signless(8), op.operands[0])
             memref.StoreOp(wide, op.operands[1], list(op.operands[2:]))
         op.erase()
-    elif op.name == "memref.global":
-        _widen_global(op)
-    elif op.name == "func.func":
-        _widen_signature(op)
+        return True
+    if op.name == "memref.global":
+        return _widen_global(op)
+    if op.name == "func.func":
+        return _widen_signature(op)
+    return False
 
 
-def _widen_global(op: ir.Operation) -> None:
+def _widen_global(op: ir.Operation) -> bool:
     type_ = ir.TypeAttr(op.attributes["type"]).value
     if not _is_bool_buffer(type_):
-        return
+        return False
     wide = _widened(type_)
     op.attributes["type"] = ir.TypeAttr.get(wide)
     if "initial_value" in op.attributes and isinstance(op.attributes["initial_value"], ir.DenseElementsAttr):
@@ -68,13 +72,18 @@ def _widen_global(op: ir.Operation) -> None:
         else:
             attr = ir.DenseElementsAttr.get(flat.reshape(shape), type=tensor)
         op.attributes["initial_value"] = attr
+    return True
 
 
-def _widen_signature(op: ir.Operation) -> None:
+def _widen_signature(op: ir.Operation) -> bool:
     ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
-    widen = [_widened(t) if _is_bool_buffer(t) else t for t in (*ftype.inputs, *ftype.results)]
+    types = [*ftype.inputs, *ftype.results]
+    if not any(_is_bool_buffer(t) for t in types):
+        return False
+    widen = [_widened(t) if _is_bool_buffer(t) else t for t in types]
     n = len(ftype.inputs)
     op.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(widen[:n], widen[n:]))
+    return True
 
 
 def _is_i1(type_: ir.Type) -> bool:

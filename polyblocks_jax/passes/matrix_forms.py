@@ -83,14 +83,16 @@ def map_matrix_units(module: ir.Module, options: Options, unit: MatrixUnit | Non
         pass_manager("builtin.module(canonicalize, cse)", module.context).run(module.operation)
 
 
-def inline_matrix_units(module: ir.Module, options: Options) -> None:
-    """Put each packed contraction back in place of its call (after fusion, before bufferization)."""
+def inline_matrix_units(module: ir.Module, options: Options) -> bool:
+    """Put each packed contraction back in place of its call (after fusion, before
+    bufferization); whether there was one."""
     callees = {ir.StringAttr(f.attributes["sym_name"]).value: f for f in module.body.operations
                if f.operation.name == "func.func"}
-    for call in [op for op in walk(module.operation) if op.name == "func.call"]:
-        name = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
-        if name.startswith(_CALLEE_PREFIX):
-            templates.inline_call(call, callees[name].operation)
+    calls = [op for op in walk(module.operation) if op.name == "func.call"
+             and ir.FlatSymbolRefAttr(op.attributes["callee"]).value.startswith(_CALLEE_PREFIX)]
+    for call in calls:
+        templates.inline_call(call, callees[ir.FlatSymbolRefAttr(call.attributes["callee"]).value].operation)
+    return bool(calls)
 
 
 def contraction_of(op: ir.Operation) -> Contraction | None:

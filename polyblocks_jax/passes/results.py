@@ -32,21 +32,28 @@ OUTPUT_ALIASES = "polyblocks.output_aliases"    # on the module: per result, the
 _WRITABLE = "bufferization.writable"
 
 
-def prepare_results(module: ir.Module, options: Options) -> None:
-    """Before bufferization: distinct results, donated ones tied to their arguments."""
+def prepare_results(module: ir.Module, options: Options) -> bool:
+    """Before bufferization: distinct results, donated ones tied to their arguments.
+    Whether a result needed either."""
+    changed = False
     for fn in defined_functions(module):
         ret = _terminator(fn)
         donors = _donors(fn)
-        _copy_repeated_results(ret, donors)
+        changed |= _copy_repeated_results(ret, donors)
         _tie_donated_results(fn, ret, donors)
+        changed |= bool(donors)
+    return changed
 
 
-def drop_aliased_results(module: ir.Module, options: Options) -> None:
-    """Remove the results that are their donated argument's buffer; record them on the module."""
+def drop_aliased_results(module: ir.Module, options: Options) -> bool:
+    """Remove the results that are their donated argument's buffer; record them on the
+    module. Whether a function had donated arguments."""
+    changed = False
     for fn in defined_functions(module):
         donors = _donors(fn)
         if not donors:
             continue
+        changed = True
         ret = _terminator(fn)
         _return_copied_results(fn, ret, donors)
         aliases = [_aliased_argument(value, k, donors) for k, value in enumerate(ret.operands)]
@@ -64,6 +71,7 @@ def drop_aliased_results(module: ir.Module, options: Options) -> None:
             attrs = ir.ArrayAttr(fn.attributes["res_attrs"])
             fn.attributes["res_attrs"] = ir.ArrayAttr.get([d for d, a in zip(attrs, aliases) if a < 0])
         module.operation.attributes[OUTPUT_ALIASES] = ir.DenseI64ArrayAttr.get(aliases)
+    return changed
 
 
 def output_aliases(module: ir.Module) -> list[int] | None:
@@ -109,21 +117,24 @@ def _donors(fn: func.FuncOp) -> dict[int, int]:
     return donors
 
 
-def _copy_repeated_results(ret: ir.Operation, donors: dict[int, int]) -> None:
+def _copy_repeated_results(ret: ir.Operation, donors: dict[int, int]) -> bool:
     """A result returned twice, or an argument returned, gets its own copy.
 
     Exception: a donated argument returned unchanged as the result it is donated to
     keeps its buffer. Copies of arguments come before the donated results are
-    materialized, so they read the arguments' values from before the call.
+    materialized, so they read the arguments' values from before the call. Whether one did.
     """
     args = ret.parent.regions[0].blocks[0].arguments
     seen: set[ir.Value] = set()
+    copied = False
     for k, value in enumerate(list(ret.operands)):
         own_argument = k in donors and value == args[donors[k]]
         if not own_argument and (value in seen or isinstance(value.owner, ir.Block)):
             with ir.InsertionPoint(ret), ret.location:
                 ret.operands[k] = bufferization.AllocTensorOp(value.type, [], copy=value).result
+            copied = True
         seen.add(value)
+    return copied
 
 
 def _tie_donated_results(fn: func.FuncOp, ret: ir.Operation, donors: dict[int, int]) -> None:

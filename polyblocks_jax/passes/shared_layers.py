@@ -57,20 +57,23 @@ class _Repeat:
     slack: int = 0     # how far the copies can shift right and still repeat
 
 
-def share_repeated_layers(module: ir.Module, options: Options) -> None:
-    """Replace each run of repeated op sequences in ``main`` by calls of one function."""
+def share_repeated_layers(module: ir.Module, options: Options) -> bool:
+    """Replace each run of repeated op sequences in ``main`` by calls of one function;
+    whether there was one."""
     main = next((f for f in module.body.operations if isinstance(f, func.FuncOp)
                  and f.name.value == "main" and not f.is_external), None)
     if main is None:
-        return
+        return False
     seq = _sequence(main.regions[0].blocks[0])
-    for number, repeat in enumerate(_repeats(seq)):
+    repeats = _repeats(seq)
+    for number, repeat in enumerate(repeats):
         _share(seq, repeat, f"{PREFIX}{number}")
+    return bool(repeats)
 
 
-def inline_shared_layers(module: ir.Module, options: Options) -> None:
+def inline_shared_layers(module: ir.Module, options: Options) -> bool:
     """Put a copy of its function's body in place of each layer call; the functions go.
-    (On tensors or buffers: the body is one block either way.)"""
+    (On tensors or buffers: the body is one block either way.) Whether there was one."""
     functions = {f.name.value: f.operation for f in module.body.operations
                  if isinstance(f, func.FuncOp) and f.name.value.startswith(PREFIX)}
     with ir.InsertionPoint(module.body):
@@ -80,6 +83,7 @@ def inline_shared_layers(module: ir.Module, options: Options) -> None:
                 inline_call(call, functions[name].clone())
     for function in functions.values():
         function.erase()
+    return bool(functions)
 
 
 def _sequence(block: ir.Block) -> _Sequence:

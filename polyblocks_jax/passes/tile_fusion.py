@@ -420,7 +420,7 @@ def _group_block(ident: int, group: Group) -> str:
 """
 
 
-def contractions_into_groups(module: ir.Module, options: Options, hw: Hardware) -> None:
+def contractions_into_groups(module: ir.Module, options: Options, hw: Hardware) -> bool:
     """Generalize the contractions that tile fusion will compute inside a group of rows, so
     that the matmul tiling leaves them: pairs where the first one's rows, through a row
     reduction (a softmax), feed the second (attention). Tiled alone, the scores between them
@@ -432,8 +432,8 @@ def contractions_into_groups(module: ir.Module, options: Options, hw: Hardware) 
     cache must be more than what it writes. A transformer's projection, layernorm and MLP
     (192 columns, then 768 at ViT-Tiny) fail that test and are left to the matmul tiling,
     which packs the weights once for all rows (grouped on a 2 MiB L2, ViT-Tiny b1 took 25.8
-    ms, not 16.3, the MLP re-read for every row of a prime count)."""
-    _probabilities_on_the_left(module, hw)
+    ms, not 16.3, the MLP re-read for every row of a prime count). Whether it changed any."""
+    reordered = _probabilities_on_the_left(module, hw)
     marked = []
     for op in walk(module.operation):
         if op.name in _CONTRACTIONS:
@@ -446,15 +446,17 @@ def contractions_into_groups(module: ir.Module, options: Options, hw: Hardware) 
         op.attributes[FUSED_CONTRACTION_ATTR] = ir.UnitAttr.get()
     if marked:
         apply_script(module, _GENERALIZE_MARKED)
+    return reordered or bool(marked)
 
 
-def _probabilities_on_the_left(module: ir.Module, hw: Hardware) -> None:
+def _probabilities_on_the_left(module: ir.Module, hw: Hardware) -> bool:
     """A batch matmul of values by transposed probabilities (Flax's attention: jax orders the
     einsum ``hqk,khd->qhd`` as V^T P^T, its result transposed after) computed as P V instead,
     then transposed: the form the attention groups match. Where the probabilities outgrow
     L2: ViT-Tiny b8's attention made five passes over 3.7 MB of scores a layer, P^T copied
     among them (131 ms, not 153, grouped); at b1 (0.47 MB) they stay in cache, and the group's
-    tiles of one row (197 is prime) were 3% slower."""
+    tiles of one row (197 is prime) were 3% slower. Whether there was one."""
+    reordered = False
     for op in [o for o in walk(module.operation) if o.name == "linalg.batch_matmul"]:
         lhs, rhs, init = op.operands
         untransposed = _transposed_source(rhs)
@@ -476,6 +478,8 @@ def _probabilities_on_the_left(module: ir.Module, hw: Hardware) -> None:
             result = _transpose(linalg.batch_matmul(probabilities, values, outs=[zeros]), element)
         op.results[0].replace_all_uses_with(result)
         op.erase()
+        reordered = True
+    return reordered
 
 
 def _swapped(value: ir.Value) -> list[int]:

@@ -29,14 +29,19 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes.transform import walk
 
 
-def lower_vector_reads(module: ir.Module, options: Options) -> None:
+def lower_vector_reads(module: ir.Module, options: Options) -> bool:
     """Give every gather from a view of non-unit innermost stride a contiguous source, and
-    make every unmasked, in-bounds transfer_read of a single memref element a load."""
+    make every unmasked, in-bounds transfer_read of a single memref element a load; whether
+    there was such a read."""
+    changed = False
     for op in walk(module.operation):
         if op.name == "vector.gather" and _static_strided(op.operands[0].type):
             _gather_contiguously(op)
+            changed = True
         elif op.name == "vector.transfer_read" and _reads_one_element(op.opview):
             _load_and_broadcast(op)
+            changed = True
+    return changed
 
 
 def _static_strided(source: ir.Type) -> bool:
