@@ -26,7 +26,7 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes.arena import identity_layout
 from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.shared_layers import PREFIX as LAYER_PREFIX
-from polyblocks_jax.passes.transform import apply_script, defined_functions
+from polyblocks_jax.passes.transform import apply_script, callee, defined_functions
 
 KERNEL_ATTR = "polyblocks.kernel"  # marks the loops to outline, for the script's match
 OUTLINED = "polyblocks.outlined"  # marks the kernels' functions
@@ -74,8 +74,8 @@ def _outline(module: ir.Module, functions: list[func.FuncOp]) -> bool:
     outlined = {_name(op.operation): op.operation.opview for op in module.body.operations
                 if op.operation.name == "func.func" and _name(op.operation) not in known}
     for f in functions:
-        for call in [op for op in _calls(f) if _callee(op) in outlined]:
-            _pass_only_roots(call, outlined[_callee(call)])
+        for call in [op for op in _calls(f) if callee(op) in outlined]:
+            _pass_only_roots(call, outlined[callee(call)])
         _erase_unused(f.regions[0].blocks[0])
     private = {"sym_visibility": ir.StringAttr.get("private", module.context),
                # func.func's no_inline does not reach LLVM; these do (an internal symbol).
@@ -120,12 +120,8 @@ def _name(op: ir.Operation) -> str:
     return ir.StringAttr(op.attributes["sym_name"]).value
 
 
-def _callee(call: ir.Operation) -> str:
-    return ir.FlatSymbolRefAttr(call.attributes["callee"]).value
-
-
-def _pass_only_roots(call: ir.Operation, callee: func.FuncOp) -> None:
-    """Recompute in ``callee`` (``call``'s only callee) what it can: constants and views.
+def _pass_only_roots(call: ir.Operation, kernel: func.FuncOp) -> None:
+    """Recompute in ``kernel`` (``call``'s only callee) what it can: constants and views.
 
     Each argument is a word ``main`` stores for every call (a memref's descriptor, 3 + 2 x
     rank words, where the module keeps descriptors: see cpu/lowering.py): with hundreds of
@@ -134,7 +130,7 @@ def _pass_only_roots(call: ir.Operation, callee: func.FuncOp) -> None:
     receives the buffers they view, and a strided view it cannot recompute (a branch's
     result) as its buffer, offset and strides.
     """
-    entry, passed = callee.entry_block, []
+    entry, passed = kernel.entry_block, []
     body_start = ir.InsertionPoint(entry.operations[0])
     inside: dict[ir.Value, ir.Value] = {}
 
@@ -148,10 +144,10 @@ def _pass_only_roots(call: ir.Operation, callee: func.FuncOp) -> None:
                     clone.operands[index] = operand
                 inside[value] = clone.results[ir.OpResult(value).result_number]
             elif bare_pointer(value.type):
-                inside[value] = entry.add_argument(value.type, callee.location)
+                inside[value] = entry.add_argument(value.type, kernel.location)
                 passed.append(value)
             else:
-                inside[value] = _rebuilt(value, call, callee, body_start, passed)
+                inside[value] = _rebuilt(value, call, kernel, body_start, passed)
         return inside[value]
 
     count = len(entry.arguments)
@@ -159,11 +155,11 @@ def _pass_only_roots(call: ir.Operation, callee: func.FuncOp) -> None:
         argument.replace_all_uses_with(value_in_callee(value))
     for index in reversed(range(count)):
         entry.erase_argument(index)
-    results = list(callee.type.results)
+    results = list(kernel.type.results)
     inputs = [argument.type for argument in entry.arguments]
-    callee.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(inputs, results))
+    kernel.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(inputs, results))
     with ir.InsertionPoint(call), call.location:
-        replacement = func.CallOp(results, _callee(call), passed)
+        replacement = func.CallOp(results, callee(call), passed)
     for old, new in zip(call.results, replacement.results):
         old.replace_all_uses_with(new)
     call.erase()
@@ -180,11 +176,11 @@ def _share_identical_kernels(functions: list[func.FuncOp], outlined: dict[str, f
     """
     canonical: dict[bytes, str] = {}
     for f in functions:
-        for call in [op for op in _calls(f) if _callee(op) in outlined]:
-            kernel = outlined[_callee(call)]
+        for call in [op for op in _calls(f) if callee(op) in outlined]:
+            kernel = outlined[callee(call)]
             call = _offsets_as_arguments(call, kernel)
-            name = canonical.setdefault(_unnamed_bytecode(kernel), _callee(call))
-            if name != _callee(call):
+            name = canonical.setdefault(_unnamed_bytecode(kernel), callee(call))
+            if name != callee(call):
                 call.attributes["callee"] = ir.FlatSymbolRefAttr.get(name)
                 kernel.operation.erase()
 
@@ -252,7 +248,7 @@ def _offsets_as_arguments(call: ir.Operation, kernel: func.FuncOp) -> ir.Operati
         [a.type for a in entry.arguments], list(kernel.type.results)))
     with ir.InsertionPoint(call), call.location:
         passed = [arith.ConstantOp(index, offset).result for offset in offsets]
-        replacement = func.CallOp(list(kernel.type.results), _callee(call), [*call.operands, *passed])
+        replacement = func.CallOp(list(kernel.type.results), callee(call), [*call.operands, *passed])
     for old, new in zip(call.results, replacement.results):
         old.replace_all_uses_with(new)
     call.erase()

@@ -36,7 +36,7 @@ from polyblocks_jax.passes import templates
 from polyblocks_jax.passes.matrix_units import (Contraction, MatrixMapping, MatrixUnit, choose_matrix_mapping,
                                                 unit_operand_types)
 from polyblocks_jax.passes.pipeline import pass_manager
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import callee, walk
 from polyblocks_jax.passes.zero_start import zero_filled
 
 MATRIX_UNIT_ATTR = "polyblocks.matrix_unit"
@@ -88,10 +88,9 @@ def inline_matrix_units(module: ir.Module, options: Options) -> bool:
     bufferization); whether there was one."""
     callees = {ir.StringAttr(f.attributes["sym_name"]).value: f for f in module.body.operations
                if f.operation.name == "func.func"}
-    calls = [op for op in walk(module.operation) if op.name == "func.call"
-             and ir.FlatSymbolRefAttr(op.attributes["callee"]).value.startswith(_CALLEE_PREFIX)]
+    calls = [op for op in walk(module.operation) if op.name == "func.call" and callee(op).startswith(_CALLEE_PREFIX)]
     for call in calls:
-        templates.inline_call(call, callees[ir.FlatSymbolRefAttr(call.attributes["callee"]).value].operation)
+        templates.inline_call(call, callees[callee(call)].operation)
     return bool(calls)
 
 

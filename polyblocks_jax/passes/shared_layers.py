@@ -29,7 +29,7 @@ from mlir.dialects import func
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.isolated_functions import arguments, clonable, isolate
 from polyblocks_jax.passes.templates import inline_call
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import callee, walk
 
 PREFIX = "polyblocks_layer_"
 # Smaller repeats save less than the function and its copies cost.
@@ -78,7 +78,7 @@ def inline_shared_layers(module: ir.Module, options: Options) -> bool:
                  if isinstance(f, func.FuncOp) and f.name.value.startswith(PREFIX)}
     with ir.InsertionPoint(module.body):
         for call in [op for op in walk(module.operation) if op.name == "func.call"]:
-            name = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
+            name = callee(call)
             if name in functions:
                 inline_call(call, functions[name].clone())
     for function in functions.values():

@@ -26,6 +26,11 @@ def defined_functions(module: ir.Module) -> list[func.FuncOp]:
     return [op for op in module.body.operations if isinstance(op, func.FuncOp) and not op.is_external]
 
 
+def callee(call: ir.Operation) -> str:
+    """The name of the function a func.call calls."""
+    return ir.FlatSymbolRefAttr(call.attributes["callee"]).value
+
+
 def indexing_maps(op: ir.Operation) -> list[ir.AffineMap]:
     """The indexing maps of a linalg structured op, one per operand."""
     return [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
