@@ -69,8 +69,8 @@ def map_matrix_units(module: ir.Module, options: Options, unit: MatrixUnit | Non
             continue
         mapping = choose_matrix_mapping(c, unit, options.precision) if unit else None
         if mapping is not None:
-            form, callee = _packed_form(op, c, mapping, f"{_CALLEE_PREFIX}{mapped}")
-            parsed = ir.Module.parse(f"{form}\n{callee}", module.context)  # owns the template until spliced
+            form, function = _packed_form(op, c, mapping, f"{_CALLEE_PREFIX}{mapped}")
+            parsed = ir.Module.parse(f"{form}\n{function}", module.context)  # owns the template until spliced
             template, contraction = parsed.body.operations
             module.body.append(contraction.detach_from_parent())
             result = templates.splice_body(template.operation, op, list(op.operands))[0]

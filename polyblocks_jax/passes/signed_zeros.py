@@ -16,7 +16,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, vector
 
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import producer, walk
 
 _MERGES = {"arith.maximumf": "arith.andi", "arith.minimumf": "arith.ori"}
 
@@ -24,20 +24,20 @@ _MERGES = {"arith.maximumf": "arith.andi", "arith.minimumf": "arith.ori"}
 def signed_zero_combiner(yielded: ir.Value) -> tuple[ir.Operation, list[ir.Operation]] | None:
     """The ``maximumf``/``minimumf`` of the importer's signed-zero-aware max/min that
     produces ``yielded`` and all the ops of that form, or None when it is not one."""
-    select = _producer(yielded, "arith.select")
+    select = producer(yielded, "arith.select")
     if select is None:
         return None
-    compare, merged, extremum = (_producer(v, name) for v, name in
+    compare, merged, extremum = (producer(v, name) for v, name in
                                  zip(select.operands, ("arith.cmpf", "arith.bitcast", "arith.maximumf")))
-    extremum = extremum or _producer(select.operands[2], "arith.minimumf")
+    extremum = extremum or producer(select.operands[2], "arith.minimumf")
     if compare is None or merged is None or extremum is None:
         return None
-    merge = _producer(merged.operands[0], _MERGES[extremum.name])
+    merge = producer(merged.operands[0], _MERGES[extremum.name])
     operands = set(extremum.operands)
     if (merge is None or ir.IntegerAttr(compare.attributes["predicate"]).value != arith.CmpFPredicate.OEQ
             or set(compare.operands) != operands):
         return None
-    bits = [_producer(v, "arith.bitcast") for v in merge.operands]
+    bits = [producer(v, "arith.bitcast") for v in merge.operands]
     if any(b is None for b in bits) or {b.operands[0] for b in bits} != operands:
         return None
     return extremum, [select, compare, merged, merge, *bits, extremum]
@@ -128,13 +128,6 @@ def _nonzero_constant(value: ir.Value) -> bool:
             return False
         attr = attr.get_splat_value()
     return isinstance(attr, ir.FloatAttr) and ir.FloatAttr(attr).value != 0.0
-
-
-def _producer(value: ir.Value, name: str) -> ir.Operation | None:
-    owner = value.owner
-    if isinstance(owner, ir.OpView) and owner.operation.name == name:
-        return owner.operation
-    return None
 
 
 def _erase_dead(block: ir.Block) -> None:

@@ -26,6 +26,14 @@ def defined_functions(module: ir.Module) -> list[func.FuncOp]:
     return [op for op in module.body.operations if isinstance(op, func.FuncOp) and not op.is_external]
 
 
+def producer(value: ir.Value, name: str) -> ir.Operation | None:
+    """The op named ``name`` that defines ``value``, or None (another op, a block argument)."""
+    owner = value.owner
+    if isinstance(owner, ir.OpView) and owner.operation.name == name:
+        return owner.operation
+    return None
+
+
 def callee(call: ir.Operation) -> str:
     """The name of the function a func.call calls."""
     return ir.FlatSymbolRefAttr(call.attributes["callee"]).value

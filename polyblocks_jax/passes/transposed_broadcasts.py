@@ -18,25 +18,19 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import vector
 
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import producer, walk
 
 
 def fold_transposed_broadcasts(module: ir.Module) -> None:
     """Rewrite every ``transpose(broadcast(x))`` (and a unit-dim shape cast after it) whose
     source dims keep their order as ``broadcast(shape_cast(x))``."""
-    transposes = [op for op in walk(module.operation) if op.name == "vector.transpose"
-                  and _owner_name(op.operands[0]) == "vector.broadcast"]
-    for op in transposes:  # listed first: a fold erases ops the walk listed after it
-        _fold(op)
+    pairs = [(op, broadcast) for op in walk(module.operation) if op.name == "vector.transpose"
+             and (broadcast := producer(op.operands[0], "vector.broadcast")) is not None]
+    for transpose, broadcast in pairs:  # listed first: a fold erases ops the walk listed after it
+        _fold(transpose, broadcast)
 
 
-def _owner_name(value: ir.Value) -> str | None:
-    owner = value.owner
-    return owner.name if isinstance(owner, (ir.Operation, ir.OpView)) else None
-
-
-def _fold(transpose: ir.Operation) -> None:
-    broadcast = transpose.operands[0].owner
+def _fold(transpose: ir.Operation, broadcast: ir.Operation) -> None:
     source = broadcast.operands[0]
     if not isinstance(source.type, ir.VectorType):
         return  # a scalar's broadcast: upstream folds the transpose already
