@@ -1,6 +1,6 @@
 """One arena for the entry function's intermediate buffers, laid out at compile time.
 
-After ``buffer-deallocation-pipeline`` every intermediate is a ``memref.alloc`` freed at
+After the deallocation passes (the out-params stage) every intermediate is a ``memref.alloc`` freed at
 the end of the function: together they hold the sum of all intermediates. Here
 (``plan_arena``, a host stage) the buffers allocated on the entry function's straight-line
 top level get a lifetime (from the top-level op of their first use to that of their last
