@@ -176,6 +176,20 @@ class KernelTest(parameterized.TestCase):
         self.assertNotIn("linalg.fill", text)
         self.assertEqual("scf.if" in text, in_k_loop)
 
+    def test_row_parts_covering_the_result_read_no_fill(self):
+        # Rows of whole register tiles, then the last rows: each part writes rows the other
+        # does not, starting from zeros, and together they write every row.
+        x, y = np.zeros((197, 64), np.float32), np.zeros((64, 64), np.float32)
+        self.assertNotIn("linalg.fill", _tiled(lambda a, b: a @ b, x, y))
+
+    def test_row_parts_of_matmuls_sharing_one_fill(self):
+        # Three products of one input (a transformer's q, k and v): their zero fills are one
+        # value, each product's parts a chain of its own.
+        x, w = _operands(197, (197, 64), (3, 64, 64))
+        fn = lambda a, b: (a @ b[0], a @ b[1] + 1.0, a @ b[2])
+        self.assertNotIn("linalg.fill", _tiled(fn, x, w))
+        support.check_against_xla(self, fn, x, w, **ACCUMULATE)
+
     def test_edge_parts_read_the_fill(self):
         # The edge parts (the last row, the last 3 columns) start from the main part's result,
         # which holds the fill where they write.
