@@ -89,7 +89,8 @@ def _start_nests(fill: ir.Value) -> bool:
 def _parts_write(source: ir.Value, uses: list, written: tuple) -> bool:
     """Zero-start the parts that ``uses`` of ``source`` (the fill with the slices ``written``
     written) begin: slices of it for a part's nests, and those nests' results written back
-    into it. Whether each is one and every chain writes the rest before anything reads it."""
+    into it. Whether every use is one of those and every chain writes the rest before
+    anything reads it."""
     whole, written_back, inserts = True, [], []
     for use in uses:
         op, index = use.owner, use.operand_number
@@ -106,13 +107,14 @@ def _parts_write(source: ir.Value, uses: list, written: tuple) -> bool:
 
 def _start_parts(extract: ir.OpView, source: ir.Value, written: tuple) -> list[ir.OpView] | None:
     """Zero-start the nests that take the slice ``extract`` of ``source`` where it is disjoint
-    from the slices ``written``. Returns their results' inserts back into ``source`` when
-    each nest reads none of its slice and the parts after it write the rest before anything
-    reads it; else None (the fill stays: parts of a split k start from the first one's result)."""
+    from the slices ``written`` (any slice of the fill itself). Returns their results'
+    inserts back into ``source`` when each nest reads none of its slice and the parts after
+    it write the rest before anything reads it; else None (the fill stays: parts of a split
+    k start from the first one's result)."""
     region = _region(extract)
-    if region is None or any(_overlap(region, other) for other in written):
+    if written and (region is None or any(_overlap(region, other) for other in written)):
         return None
-    inserts: list[ir.OpView] | None = []
+    inserts: list[ir.OpView] | None = [] if region is not None else None
     for use in list(extract.results[0].uses):
         nest, index = use.owner, use.operand_number
         if not (_is_nest(nest) and _start_nest(nest, index)):
