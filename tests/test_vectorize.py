@@ -124,6 +124,21 @@ class StageTest(absltest.TestCase):
         self.assertNotIn("linalg.fill", text)
         self.assertIn("arith.constant dense<0.000000e+00> : vector<", text)
 
+    def test_fused_convs_parallel_rows_start_at_zero(self):
+        # Two convolutions, each with its scale, shift and ReLU: each runs a parallel loop over
+        # output rows that takes its row of the zero fill (a slice at a dynamic offset); the
+        # register tiles of both still start from zeros rather than read that row.
+        rng = np.random.default_rng(0)
+        x, w = rng.standard_normal((1, 8, 8, 16), np.float32), rng.standard_normal((3, 3, 16, 16), np.float32) / 12
+        scale, shift = rng.standard_normal((2, 16), np.float32)
+        conv = functools.partial(jax.lax.conv_general_dilated, window_strides=(1, 1), padding="SAME",
+                                 dimension_numbers=_NHWC)
+        fn = lambda x, w, s, b: jax.nn.relu(conv(jax.nn.relu(conv(x, w) * s + b), w) * s + b)
+        text = _staged(fn, x, w, scale, shift)
+        self.assertEqual(text.count("scf.forall ("), 2)  # each convolution's rows, its epilogue fused
+        self.assertEqual(len(re.findall(r"arith.constant dense<0.000000e\+00> : vector<\d+x\d+xf32>", text)), 2)
+        support.check_against_xla(self, fn, x, w, scale, shift, rtol=1e-5, atol=1e-5)
+
     def test_transpose_runs_on_vectors(self):
         # Blocks of 8 x 8 on AVX2: vector reads and writes, shuffles between them.
         text = _staged(lambda x: jnp.swapaxes(x, 1, 2) * 2.0, np.zeros((2, 24, 32), np.float32))
