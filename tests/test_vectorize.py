@@ -77,11 +77,21 @@ class PlannerTest(parameterized.TestCase):
     def test_indivisible_rows_stay_scalar(self):
         self.assertIsNone(choose_vector_tiles(LoopNest((3, 5), frozenset(), ((0, 1),), (0, 1)), 4, AVX2))
 
-    @parameterized.product(hw=[AVX2, AVX512], shape=[(56, 64, 64), (28, 256, 3), (7, 16, 128)])
+    def test_rows_under_one_vector_take_narrower_vectors(self):
+        # AVX-512 on 8 channels: 256-bit vectors; 12 lanes: 128-bit ones; 3: scalars.
+        self.assertEqual([AVX512.lanes(4, n) for n in (0, 16, 24, 8, 12, 3)], [16, 16, 8, 8, 4, 16])
+        self.assertEqual([AVX2.lanes(4, 4), AVX512.lanes(2, 8)], [4, 8])
+        narrow = LoopNest((64, 8), frozenset(), ((0, 1),), (0, 1))
+        self.assertEqual(choose_vector_tiles(narrow, 4, AVX512), (1, 8))
+        self.assertIsNone(choose_vector_tiles(LoopNest((64, 3), frozenset(), ((0, 1),), (0, 1)), 4, AVX512))
+        self.assertEqual(choose_conv_tiles(32, 8, 16, 4, AVX512).channels, 8)
+
+    @parameterized.product(hw=[AVX2, AVX512], shape=[(56, 64, 64), (28, 256, 3), (7, 16, 128), (32, 8, 16),
+                                                      (16, 24, 8)])
     def test_conv_tiles_fit_registers(self, hw, shape):
         ow, f, c = shape
         t = choose_conv_tiles(ow, f, c, 4, hw)
-        lanes = hw.vector_bits // 32
+        lanes = hw.lanes(4, f)
         if f % lanes:
             self.assertIsNone(t)
             return
@@ -123,6 +133,24 @@ class StageTest(absltest.TestCase):
                                          dimension_numbers=_NHWC), x, w)
         self.assertNotIn("linalg.fill", text)
         self.assertIn("arith.constant dense<0.000000e+00> : vector<", text)
+
+    def test_narrow_channels_run_on_narrower_vectors(self):
+        # 8 channels on AVX-512: a convolution, its bias and a group norm's sums on 256-bit
+        # vectors (they ran on scalars, UNet at 8 to 32 channels 5x slower).
+        rng = np.random.default_rng(0)
+        x, w = rng.standard_normal((2, 8, 16, 8), np.float32), rng.standard_normal((3, 3, 8, 8), np.float32) / 8
+        bias = rng.standard_normal(8).astype(np.float32)
+        conv = functools.partial(jax.lax.conv_general_dilated, window_strides=(1, 1), padding="SAME",
+                                 dimension_numbers=_NHWC)
+
+        def fn(x, w, b):
+            y = conv(x, w) + b
+            return (y - y.mean((1, 2), keepdims=True)) * jax.lax.rsqrt(y.var((1, 2), keepdims=True) + 1e-5)
+        text = _staged(fn, x, w, bias, hw=AVX512)
+        self.assertRegex(text, r"vector\.outerproduct %\S+, %\S+, %\S+ \{[^}]*\} : vector<\d+xf32>, vector<8xf32>")
+        self.assertNotIn("linalg.conv", text)
+        self.assertNotRegex(text, r'linalg\.generic [^\n]*iterator_types = \["')  # loops left scalar
+        support.check_against_xla(self, fn, x, w, bias, **ACCUMULATE)
 
     def test_fused_convs_parallel_rows_start_at_zero(self):
         # Two convolutions, each with its scale, shift and ReLU: each runs a parallel loop over

@@ -54,7 +54,7 @@ def choose_conv_tiles(out_width: int, out_channels: int, in_channels: int, elem_
     convolution on AVX-512, 115 -> 162 GFLOP/s); input channels: the largest divisor up to
     a bound (each is one unrolled outer product per pixel).
     """
-    lanes = hw.vector_bits // (8 * elem_bytes)
+    lanes = hw.lanes(elem_bytes, out_channels)
     registers = hw.vector_registers - hw.vector_registers // 8
     tiles = [(width, vectors) for vectors in range(1, _MAX_VECTORS + 1) if out_channels % (vectors * lanes) == 0
              for width in range(1, out_width + 1) if out_width % width == 0

@@ -167,7 +167,7 @@ def _row_group(root: ir.Operation, nest: Nest, taken: set[ir.Operation], hw: Har
     steps = math.prod(nest.ranges[d] for d in tiled)
     row = _row_bytes(root, members, nest, tiled)
     inner = nest.ranges[tiled[-1]]
-    unit = min(inner, hw.vector_bits // 32) if nest.operands[-1][-1:] == (tiled[-1],) else 1
+    unit = min(inner, hw.lanes(4)) if nest.operands[-1][-1:] == (tiled[-1],) else 1
     most, least = _MAX_ROWS, _MIN_TILES
     if unit > 1 and any(nest_of(op).reductions for op in [root, *members]):
         # Sums down columns (a mean over outer axes): each tile streams its columns through
@@ -198,7 +198,7 @@ def _channel_group(root: ir.Operation, nest: Nest, taken: set[ir.Operation], hw:
     stage: 9.4 MB of weights for 4 x 4 pixels an image). The most channels a tile whose
     largest slice fits in half of L2, with enough tiles to share out; None if none does."""
     channel = nest.operands[-1][-1] if nest.operands[-1] else None
-    lanes = hw.vector_bits // 32
+    lanes = hw.lanes(4)
     if channel is None or channel in nest.reductions or nest.ranges[channel] % lanes:
         return None
     members = _members(root, nest, frozenset({channel}), taken)
@@ -517,7 +517,7 @@ def _transposed_source(value: ir.Value) -> tuple[ir.Value, ir.ArrayAttr | None] 
 def _vectorizable_contraction(op: ir.Operation, hw: Hardware) -> bool:
     result = ir.RankedTensorType(op.results[0].type)
     *_, rows, columns = result.shape
-    lanes = hw.vector_bits // 32
+    lanes = hw.lanes(4)
     return isinstance(result.element_type, ir.F32Type) and columns >= lanes and rows >= _MIN_CONTRACTION_ROWS
 
 

@@ -73,6 +73,18 @@ class Hardware:
     cores: int = 1  # that parallel loops share out
     scales_by_exponent: bool = False  # y * 2^n on a vector is one instruction (AVX-512 VSCALEFPS)
 
+    def lanes(self, elem_bytes: int, extent: int = 0) -> int:
+        """Elements per vector; for a dim of ``extent`` elements that the full width does not
+        divide, the widest narrower vector that does, down to 128 bits: AVX-512 runs a layer
+        of 8 channels on 256-bit vectors rather than on scalars. The full width where none
+        divides (or without ``extent``)."""
+        bits = self.vector_bits
+        while bits >= 128:
+            if extent % (bits // (8 * elem_bytes)) == 0:
+                return bits // (8 * elem_bytes)
+            bits //= 2
+        return self.vector_bits // (8 * elem_bytes)
+
 
 @dataclasses.dataclass(frozen=True)
 class MatmulTiles:
@@ -107,7 +119,7 @@ def register_tile(m: int, elem_bytes: int, hw: Hardware, n: int = 0) -> tuple[in
     where 8 x 2 loads 10 (2048^3: 5% faster; ViT-Tiny's dense layers 4-10%, the model 7-9%;
     1024^3 and the convolutions' matmuls as fast), 5 x 4 fewer still (2000 x 2048 x 2048: 377
     against 369 and 361 GFLOP/s)."""
-    lanes = hw.vector_bits // (8 * elem_bytes)
+    lanes = hw.lanes(elem_bytes)
     registers = hw.vector_registers
 
     def cycles(mr: int, vectors: int) -> float:
@@ -177,7 +189,7 @@ def _k_tile_bound(register: tuple[int, int], elem_bytes: int, hw: Hardware) -> i
     tile, streamed from L3) costs ``_C_RELOAD_SHARE`` of the tile's FMA cycles; the panel then
     streams from L2, where it takes at most ``_B_PANEL_L2_SHARE`` beside the A block."""
     mr, nr = register
-    lanes = hw.vector_bits // (8 * elem_bytes)
+    lanes = hw.lanes(elem_bytes)
     fma_cycles = mr * nr / lanes * _kernel_cycles_per_fma(mr, -(-nr // lanes))
     reload = 2 * mr * nr * elem_bytes / _STREAM_BYTES_PER_CYCLE / _C_RELOAD_SHARE / fma_cycles
     in_l2 = int(hw.l2_bytes * _B_PANEL_L2_SHARE) // (nr * elem_bytes)
@@ -190,7 +202,7 @@ def _parallel_cycles(m: int, n: int, k: int, split: tuple[int, int], register: t
     cores: the rounds of tiles the busiest core runs, times a tile's FMAs and its packing
     (its A rows and B columns, each copied once, streamed at ``_STREAM_BYTES_PER_CYCLE``)."""
     mr, nr = register
-    lanes = hw.vector_bits // (8 * elem_bytes)
+    lanes = hw.lanes(elem_bytes)
     rows, cols = m // split[0], n // split[1]
     rounds = -(-batch * split[0] * split[1] // hw.cores)
     fmas = rows * cols * k / lanes * _kernel_cycles_per_fma(mr, -(-nr // lanes))

@@ -60,7 +60,7 @@ class LoopNest:
 
 def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware) -> tuple[int, ...] | None:
     """Tile size per loop for one vectorized block, or None when the op should stay scalar."""
-    lanes = hw.vector_bits // (8 * elem_bytes)
+    lanes = hw.lanes(elem_bytes)
     tiles = [1] * len(nest.ranges)
     inner = nest.result[-1] if nest.result and nest.result[-1] not in nest.reductions else None
     # The innermost dims of the inputs that are reduced: an input constant along every
@@ -72,9 +72,9 @@ def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware) -> tuple[
         dim = next((d for d in inner_in if d in nest.reductions), None)
         if dim is None:
             return None
-        return _with(tiles, dim, _vector_block(nest.ranges[dim], lanes, _MAX_CHUNK_VECTORS))
+        return _with(tiles, dim, _vector_block(nest.ranges[dim], elem_bytes, hw, _MAX_CHUNK_VECTORS))
     if not nest.reductions:
-        return _with(tiles, inner, _vector_block(nest.ranges[inner], lanes, _ELEMENTWISE_VECTORS))
+        return _with(tiles, inner, _vector_block(nest.ranges[inner], elem_bytes, hw, _ELEMENTWISE_VECTORS))
     # A register tile of accumulators, rows of the next result dim by a few vectors, sized by
     # the matmul's cost model (attention's contractions, 8 rows by 2 vectors on AVX-512: each
     # operand vector loaded from L2 serves twice the FMAs 4 rows did, 2.5 -> 2.2 ms); rows
@@ -85,7 +85,7 @@ def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware) -> tuple[
     tile_rows, columns = register_tile(rows, elem_bytes, hw)
     if rows > 1:
         tiles[nest.result[-2]] = tile_rows
-    return _with(tiles, inner, _vector_block(nest.ranges[inner], lanes, columns // lanes))
+    return _with(tiles, inner, _vector_block(nest.ranges[inner], elem_bytes, hw, columns // lanes))
 
 
 def peeled_loops(nest: LoopNest, tiles: tuple[int, ...]) -> frozenset[int]:
@@ -93,10 +93,14 @@ def peeled_loops(nest: LoopNest, tiles: tuple[int, ...]) -> frozenset[int]:
     return frozenset(d for d, t in enumerate(tiles) if nest.ranges[d] % t)
 
 
-def _vector_block(extent: int, lanes: int, max_vectors: int) -> int | None:
-    """The largest multiple of ``lanes`` dividing ``extent``, at most ``max_vectors`` vectors;
-    else, when ``extent`` is not a whole number of vectors, the largest block of whole
-    vectors dividing that number (the remainder, under one vector, is peeled)."""
+def _vector_block(extent: int, elem_bytes: int, hw: Hardware, max_vectors: int) -> int | None:
+    """The largest multiple of the vector width dividing ``extent``, at most ``max_vectors``
+    vectors; else, when ``extent`` is not a whole number of vectors, the largest block of
+    whole vectors dividing that number (the remainder, under one vector, is peeled). An
+    extent under one vector takes the narrower vectors that divide it, if any."""
+    lanes = hw.lanes(elem_bytes)
+    if extent < lanes:
+        lanes = hw.lanes(elem_bytes, extent)
     sizes = [v * lanes for v in range(1, max_vectors + 1) if extent % (v * lanes) == 0]
     if not sizes and extent >= lanes:
         sizes = [v * lanes for v in range(1, max_vectors + 1) if (extent // lanes) % v == 0]
@@ -171,7 +175,7 @@ def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], fr
         return None
     result = ir.RankedTensorType(op.results[0].type)
     permutation = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
-    lanes = hw.vector_bits // 32
+    lanes = hw.lanes(4)
     rank = len(permutation)
     if (rank < 2 or permutation[-1] == rank - 1 or not result.has_static_shape
             or not is_32_bit(result.element_type)):
