@@ -1,9 +1,10 @@
 """Convolution tiling: the register-tile cost model, 1x1 convolutions and those with weights
-beyond half of L2 (im2col) handed to the matmul tiling; results against XLA with tiling on
-and off.
+beyond half of L2 (im2col, or a matmul per tap in one dimension) handed to the matmul tiling;
+results against XLA with tiling on and off.
 
 Tiled convolutions accumulate in another order than XLA: rtol/atol 1e-5.
 """
+import dataclasses
 import functools
 
 import jax
@@ -49,17 +50,18 @@ class RegisterTileTest(parameterized.TestCase):
         self.assertEqual(choose_conv_tiles(56, 64, 64, 4, AVX2, depthwise=True).width, 8)
 
 
-def _conv_after_stage(lhs_shape, rhs_shape, strides=(1, 1), padding="VALID", hw: Hardware = AVX2) -> str:
-    """The module of one NHWC convolution after the convs-to-matmuls stage, as text."""
+def _conv_after_stage(lhs_shape, rhs_shape, strides=(1, 1), padding="VALID", hw: Hardware = AVX2,
+                      numbers=_NHWC, stage: str = "convs-to-matmuls") -> str:
+    """The module of one convolution after ``stage``, as text."""
     x, w = np.zeros(lhs_shape, np.float32), np.zeros(rhs_shape, np.float32)
     fn = functools.partial(jax.lax.conv_general_dilated, window_strides=strides, padding=padding,
-                           dimension_numbers=_NHWC)
+                           dimension_numbers=numbers)
     lowered = jax.jit(fn).trace(x, w).lower(lowering_platforms=("cpu",))
     options = pb.Options()
     stages = passes.shared_stages(options, hw)
     with ir.Context() as context, ir.Location.unknown():
         module = import_program(lowered, context).module
-        passes.run_stages(module, stages[:[s.name for s in stages].index("convs-to-matmuls") + 1], options)
+        passes.run_stages(module, stages[:[s.name for s in stages].index(stage) + 1], options)
         return str(module)
 
 
@@ -142,6 +144,48 @@ class Im2colTest(parameterized.TestCase):
 
         def fn(x, w, b):
             y = jax.lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilation, dimension_numbers=_NHWC)
+            return jax.nn.relu(y + b)
+        for options in (pb.Options(), pb.Options(parallel=False)):
+            support.check_against_xla(self, fn, x, w, b, options=options, **ACCUMULATE)
+
+
+_NWC = ("NWC", "WIO", "NWC")
+
+
+class TapMatmulsTest(parameterized.TestCase):
+    """1-D convolutions with weights beyond half of L2: a matmul per kernel tap on slices of
+    the input's rows."""
+
+    def test_taps_read_slices_of_the_unpadded_input(self):
+        text = _conv_after_stage((2, 96, 256), (3, 256, 256), (1,), "SAME", numbers=_NWC)  # 768 KiB
+        self.assertEqual(text.count("linalg.matmul"), 3)
+        self.assertNotIn("linalg.generic", text)  # no gathered rows
+        self.assertNotIn("linalg.conv", text)
+        # the first tap's windows reach the input from the second output row, the last tap's
+        # up to the one before last: 95 rows each, read from the input without its padding
+        self.assertEqual(text.count("-> tensor<95x256xf32>"), 2)
+        self.assertRegex(text, r"tensor.extract_slice %arg0\[%\w+, 0, 0\] \[1, 95, 256\]")
+
+    def test_the_products_start_from_no_fill(self):
+        # The tap covering every output row comes first and zero-starts its register tiles
+        # (96 rows: whole register tiles, one part, in a parallel loop over two cores).
+        two_cores = dataclasses.replace(AVX2, cores=2)
+        text = _conv_after_stage((2, 96, 256), (3, 256, 256), (1,), "SAME", two_cores, _NWC, "tiling")
+        self.assertNotIn("linalg.fill", text)
+
+    @parameterized.named_parameters(("same", (2, 40, 256), (3, 256, 192), 1, "SAME", 1),
+                                    ("valid", (2, 40, 256), (3, 256, 192), 1, "VALID", 1),
+                                    ("causal_dilated", (2, 40, 256), (3, 256, 192), 1, [(4, 0)], 2),
+                                    ("strided_even_kernel", (3, 41, 192), (4, 192, 256), 2, "SAME", 1),
+                                    ("padding_beyond_the_input", (2, 3, 256), (5, 256, 192), 1, [(6, 5)], 3))
+    def test_results(self, lhs_shape, rhs_shape, stride, padding, dilation):
+        rng = np.random.default_rng(sum(rhs_shape))
+        x = rng.standard_normal(lhs_shape, np.float32)
+        w = rng.standard_normal(rhs_shape, np.float32) / np.float32(np.sqrt(np.prod(rhs_shape[:2])))
+        b = rng.standard_normal(rhs_shape[-1], np.float32)
+
+        def fn(x, w, b):
+            y = jax.lax.conv_general_dilated(x, w, (stride,), padding, rhs_dilation=(dilation,), dimension_numbers=_NWC)
             return jax.nn.relu(y + b)
         for options in (pb.Options(), pb.Options(parallel=False)):
             support.check_against_xla(self, fn, x, w, b, options=options, **ACCUMULATE)

@@ -11,7 +11,8 @@ is vectorize.py's, which applies these tiles.
 
 A 1x1 convolution with unit strides is a matmul on the collapsed image, and one whose
 windows tile the image or whose weights outgrow half of L2 a matmul on its im2col rows (for
-a group of images at a time where the whole batch's rows would be large):
+a group of images at a time where the whole batch's rows would be large), or, in one
+dimension, a matmul per kernel tap on slices of each image's row:
 ``convs_to_matmuls`` (a stage before tiling) hands them to the matmul tiling.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mlir.dialects import arith, linalg, scf, tensor
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.tiling import Hardware, cycles_per_fma
 from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.zero_start import zero_filled
 
 POOLINGS = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.pooling_nhwc_sum")
 # Input channels per step, each an unrolled outer product: 8 against 32, the 3x3
@@ -144,6 +146,11 @@ class _Window:
         """Whether the windows tile the image: strides equal to the kernel, no dilation."""
         return self.strides == self.kernel and self.dilations == (1, 1)
 
+    @property
+    def one_row(self) -> bool:
+        """Whether the windows read one row of the image (a 1-D convolution), not tiling it."""
+        return self.kernel[0] == self.out[0] == 1 and not self.patchify
+
 
 def _as_matmul(op: ir.Operation) -> ir.Value:
     """The convolution ``op`` as matmuls: on the whole batch, or, where its gathered rows
@@ -153,6 +160,8 @@ def _as_matmul(op: ir.Operation) -> ir.Value:
     kh, kw, _, f = ir.RankedTensorType(kernel.type).shape
     window = _Window.of(op)
     with ir.InsertionPoint(op):
+        if window.one_row:
+            return _tap_matmuls(image, kernel, init, window)
         weights = _collapse(kernel, [kh * kw * c, f], [[0, 1, 2], [3]])
         if _is_pointwise(op):
             return _matmul(_collapse(image, [math.prod(_shape(image)[:3]), c], [[0, 1, 2], [3]]), weights, init)
@@ -177,6 +186,106 @@ def _grouped_matmuls(image: ir.Value, weights: ir.Value, init: ir.Value, window:
         part = _matmul(_im2col(images, window), weights, _batch_slice(out, loop.induction_variable, group))
         scf.YieldOp([_batch_insert(part, out, loop.induction_variable)])
     return loop.results[0]
+
+
+def _tap_matmuls(image: ir.Value, kernel: ir.Value, init: ir.Value, window: _Window) -> ir.Value:
+    """A 1-D convolution as one matmul per kernel tap, in a loop over the images: tap t's
+    rows are a slice of the image's row (strided as the windows), not a gathered copy, and
+    the taps' products accumulate in turn. A zero ``init`` becomes a fill of each image's
+    slice, which its first k tile then never reads (zero_start.py): the loop writes every
+    element. Where the image is the input zero-padded along its row, each tap reads the
+    input's rows it multiplies by more than zeros, a tap that covers every output row first.
+    A 1-D convolution of 3 x 384 -> 384 channels on 8 x 512: 17.7 -> 16.9 ms (XLA 16.8-17.8),
+    its 2.4 MB of gathered rows per image, the padded copy and the fills gone. (The images'
+    rows end to end, one matmul per tap for all, the rows whose windows cross into the next
+    image computed again: 17.0 ms beside these 16.5, and a third more to compile.)"""
+    n, _, _, c = _shape(image)
+    (_, kw), (_, ow), (_, sw), (_, dw) = window.kernel, window.out, window.strides, window.dilations
+    element = ir.RankedTensorType(image.type).element_type
+    source, pad = _unpadded_row(image)
+    if source is None:
+        source = _collapse(image, [n, _shape(image)[2], c], [[0], [1, 2], [3]])
+    # (tap, the row of ``source`` its first window reads (negative: in the padding), the
+    # output rows [lo, hi) whose windows reach the input)
+    taps = [(t, t * dw - pad, _reaching(t * dw - pad, sw, ow, _shape(source)[1])) for t in range(kw)]
+    taps.sort(key=lambda tap: tap[2] != (0, ow))
+    unfilled = _without_zero_fill(init)
+    index = ir.IndexType.get()
+    loop = scf.ForOp(arith.constant(index, 0), arith.constant(index, n), arith.constant(index, 1),
+                     [init if unfilled is None else unfilled])
+    with ir.InsertionPoint(loop.body):
+        (out,) = loop.inner_iter_args
+        image_index = loop.induction_variable
+        f = _shape(kernel)[3]
+        acc = _slice(ir.RankedTensorType.get([ow, f], element), out, [image_index], _batch_offsets(4), [1, 1, ow, f])
+        if unfilled is not None:
+            acc = linalg.fill(arith.constant(element, 0.0), outs=[acc])
+        for tap, first, (lo, hi) in taps:
+            if lo < hi:
+                rows = _slice(ir.RankedTensorType.get([hi - lo, c], element), source, [image_index],
+                              [ir.ShapedType.get_dynamic_size(), first + lo * sw, 0], [1, hi - lo, c], [1, sw, 1])
+                weights = _slice(ir.RankedTensorType.get([c, f], element), kernel, [], [0, tap, 0, 0], [1, 1, c, f])
+                acc = _accumulate_rows(rows, weights, acc, lo)
+        scf.YieldOp([tensor.insert_slice(acc, out, [image_index], [], [], _batch_offsets(4), [1, 1, ow, f],
+                                         [1] * 4)])
+    return loop.results[0]
+
+
+def _reaching(first: int, stride: int, out_rows: int, rows: int) -> tuple[int, int]:
+    """The output rows [lo, hi) whose window tap reads one of ``rows``, the first window's
+    reading row ``first``."""
+    return max(0, -(first // stride)), min(out_rows, (rows - 1 - first) // stride + 1)
+
+
+def _accumulate_rows(rows: ir.Value, weights: ir.Value, acc: ir.Value, lo: int) -> ir.Value:
+    """``acc`` with ``rows @ weights`` added to its rows from ``lo``."""
+    count, f = _shape(rows)[0], _shape(weights)[1]
+    if (lo, count) == (0, _shape(acc)[0]):
+        return linalg.matmul(rows, weights, outs=[acc])
+    part = _slice(ir.RankedTensorType.get([count, f], ir.RankedTensorType(acc.type).element_type), acc, [],
+                  [lo, 0], [count, f])
+    product = linalg.matmul(rows, weights, outs=[part])
+    return tensor.insert_slice(product, acc, [], [], [], [lo, 0], [count, f], [1, 1])
+
+
+def _unpadded_row(image: ir.Value) -> tuple[ir.Value | None, int]:
+    """The (N, W, C) input that the importer zero-padded along W into the 1-D ``image`` (an
+    insert into a zero fill, given a unit H), and the padding before it; else (None, 0)."""
+    expand = image.owner
+    if not isinstance(expand, ir.OpView) or expand.name != "tensor.expand_shape" or _shape(image)[1] != 1:
+        return None, 0
+    insert = expand.operands[0].owner
+    if not isinstance(insert, ir.OpView) or insert.name != "tensor.insert_slice" or len(insert.operands) != 2 \
+            or not zero_filled(insert.operands[1]):
+        return None, 0
+    source, padded = insert.operands
+    offsets, strides = (list(ir.DenseI64ArrayAttr(insert.attributes[f"static_{name}"]))
+                        for name in ("offsets", "strides"))
+    n, w, c = _shape(source)
+    if _shape(padded) != [n, _shape(image)[2], c] or strides != [1, 1, 1] or offsets[0] != 0 or offsets[2] != 0:
+        return None, 0
+    return source, offsets[1]
+
+
+def _without_zero_fill(init: ir.Value) -> ir.Value | None:
+    """``init`` (a zero fill, through the importer's reshapes) made of the fill's empty tensor
+    instead, the fill erased; None where it is not one (or has other uses)."""
+    value = init
+    while isinstance(value.owner, ir.OpView) and value.owner.name in ("tensor.expand_shape", "tensor.collapse_shape"):
+        value = value.owner.operands[0]
+    if not zero_filled(value) or len(list(value.uses)) != 1:
+        return None
+    fill, empty = value.owner, value.owner.operands[1]
+    was_fill = init == value
+    value.replace_all_uses_with(empty)
+    fill.erase()
+    return empty if was_fill else init
+
+
+def _slice(result: ir.Type, source: ir.Value, dynamic: list[ir.Value], offsets: list[int], sizes: list[int],
+           strides: list[int] | None = None) -> ir.Value:
+    """The (rank-reducing) ``tensor.extract_slice`` of ``source`` typed ``result``."""
+    return tensor.extract_slice(result, source, dynamic, [], [], offsets, sizes, strides or [1] * len(sizes))
 
 
 def _matmul(rows: ir.Value, weights: ir.Value, init: ir.Value) -> ir.Value:

@@ -41,7 +41,8 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes.matrix_units import MatrixUnit
 from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.transform import apply_script, lower_vectors_and_hoist, walk
-from polyblocks_jax.passes.zero_start import K_TILES_ATTR, NEST_ATTR, start_accumulators_at_zero
+from polyblocks_jax.passes.zero_start import (K_TILES_ATTR, NEST_ATTR, WHOLE_NEST_ATTR,
+                                              start_accumulators_at_zero)
 
 TILE_ATTR = "polyblocks.tiles"
 _L1_ALIASING_BYTES = 4096  # addresses this far apart share an L1 set (4 KiB pages)
@@ -290,6 +291,8 @@ def _plan_block(ident: int, matmul: _Matmul, plan: MatmulPlan, options: Options)
     lines, handles = _split(matmul, plan)
     for i, (handle, part) in enumerate(zip(handles, plan.parts)):
         outer, kernels = _cache_tiles(lines, f"%p{i}", handle, matmul, part, options.parallel)
+        if len(plan.parts) == 1:
+            lines.append(_mark(outer, WHOLE_NEST_ATTR))
         for j, (kernel, kc) in enumerate(kernels):
             _register_tiles(lines, f"%p{i}k{j}", kernel, matmul, part.tiles, kc, options.packing)
         _lower(lines, outer)

@@ -32,6 +32,7 @@ from polyblocks_jax.passes.transform import walk
 
 NEST_ATTR = "polyblocks.nest"       # on a contraction's loops over tiles of its result
 K_TILES_ATTR = "polyblocks.k_tiles"  # on a matmul's k-tile loop
+WHOLE_NEST_ATTR = "polyblocks.whole_nest"  # on the outer loop of a matmul not split into parts
 # Ops that write into (a slice of) the accumulator, or yield it, without reading it.
 _WRITES = ("tensor.insert_slice", "tensor.parallel_insert_slice", "vector.transfer_write", "scf.yield")
 # How the next part of a split matmul, or a peeled last k tile, reads a nest's result.
@@ -67,7 +68,7 @@ def start_accumulators_at_zero(root: ir.Operation) -> None:
             fill.results[0].replace_all_uses_with(fill.operands[1])
             fill.erase()
     for op in marked:
-        for name in (NEST_ATTR, K_TILES_ATTR):
+        for name in (NEST_ATTR, K_TILES_ATTR, WHOLE_NEST_ATTR):
             if name in op.attributes:
                 del op.attributes[name]
 
@@ -80,7 +81,10 @@ def _start_nests(fill: ir.Value) -> bool:
     for use in list(fill.uses):
         op, index = use.owner, use.operand_number
         if _is_nest(op):
-            unread &= _start_nest(op, index) and _read_whole(_loop_result(op.operation, index))
+            # (a matmul of one part writes all of it: another one may read it, as the next
+            # tap's product of a 1-D convolution, see conv_tiling.py)
+            unread &= _start_nest(op, index) and (WHOLE_NEST_ATTR in op.attributes
+                                                  or _read_whole(_loop_result(op.operation, index)))
         else:
             parts.append(use)
     return _parts_write(fill, parts, ()) and unread
