@@ -167,6 +167,21 @@ class StageTest(absltest.TestCase):
         self.assertEqual(len(re.findall(r"arith.constant dense<0.000000e\+00> : vector<\d+x\d+xf32>", text)), 2)
         support.check_against_xla(self, fn, x, w, scale, shift, rtol=1e-5, atol=1e-5)
 
+    def test_conv_rows_in_a_parallel_loop_leave_no_fill(self):
+        # A convolution fused with its bias and ReLU, in a parallel loop over output rows:
+        # each row's tiles take their slice of the zero fill (a dynamic one) and write all of
+        # it, from zeros: nothing reads the fill, which goes.
+        rng = np.random.default_rng(1)
+        x, w = rng.standard_normal((1, 10, 10, 16), np.float32), rng.standard_normal((3, 3, 16, 16), np.float32) / 12
+        bias = rng.standard_normal(16).astype(np.float32)
+        conv = functools.partial(jax.lax.conv_general_dilated, window_strides=(1, 1), padding="VALID",
+                                 dimension_numbers=_NHWC)
+        fn = lambda x, w, b: jax.nn.relu(conv(x, w) + b)
+        text = _staged(fn, x, w, bias)
+        self.assertIn("scf.forall (", text)
+        self.assertNotIn("linalg.fill", text)
+        support.check_against_xla(self, fn, x, w, bias, rtol=1e-5, atol=1e-5)
+
     def test_transpose_runs_on_vectors(self):
         # Blocks of 8 x 8 on AVX2: vector reads and writes, shuffles between them.
         text = _staged(lambda x: jnp.swapaxes(x, 1, 2) * 2.0, np.zeros((2, 24, 32), np.float32))

@@ -32,7 +32,7 @@ from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, register_tile
 from polyblocks_jax.passes.transform import (apply_script, has_reversed_index, indexing_maps, lower_vectors_and_hoist,
                                              reduction_loops, walk)
 from polyblocks_jax.passes.transposed_broadcasts import fold_transposed_broadcasts
-from polyblocks_jax.passes.zero_start import NEST_ATTR, start_accumulators_at_zero
+from polyblocks_jax.passes.zero_start import NEST_ATTR, WHOLE_NEST_ATTR, start_accumulators_at_zero
 
 VECTOR_ATTR = "polyblocks.vector"
 _VECTORIZED_OPS = ("linalg.generic", "linalg.reduce")
@@ -45,6 +45,9 @@ _COMBINERS = frozenset({
 _CONTRACTIBLE = ("arith.mulf", "arith.addf", "arith.subf")
 _MAX_CHUNK_VECTORS = 16  # an inner-reduction chunk: at most this many vectors in flight
 _ELEMENTWISE_VECTORS = 4  # vectors per step of an elementwise op
+# A convolution's loops over tiles of its result (which its tiles divide): marked for
+# zero_start, as loops writing all of the accumulator they take.
+_CONV_NEST = (NEST_ATTR, WHOLE_NEST_ATTR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,14 +362,14 @@ def _tiling(c: Choice) -> str:
                   f"[{', '.join(map(str, outer))}] : ({any_op}) -> ({any_op}, {any_op})\n")
         target = f"%t0_{i}"
         if conv:
-            lines += f'    transform.annotate %forall{i} "{NEST_ATTR}" : {any_op}\n'
+            lines += "".join(f'    transform.annotate %forall{i} "{attr}" : {any_op}\n' for attr in _CONV_NEST)
     if any(inner):
         count = sum(1 for s in inner if s)
         handles = ", ".join([any_op] * count)
         lines += (f"    %t{i}, %loops{i}:{count} = transform.structured.tile_using_for {target} tile_sizes "
                   f"[{', '.join(map(str, inner))}] : ({any_op}) -> ({any_op}, {handles})\n")
-        lines += "".join(f'    transform.annotate %loops{i}#{_for_handle(inner, d)} "{NEST_ATTR}" : {any_op}\n'
-                         for d in nest)
+        lines += "".join(f'    transform.annotate %loops{i}#{_for_handle(inner, d)} "{attr}" : {any_op}\n'
+                         for d in nest for attr in _CONV_NEST)
     return lines
 
 
