@@ -223,24 +223,6 @@ class ArenaTest(absltest.TestCase):
         self.assertIn(2 * 18 * 18 * 8 * 4, allocs)
         support.check_against_xla(self, fn, x, w, rtol=1e-5, atol=1e-5)
 
-    def test_padding_is_filled_around_the_interior(self):
-        # The zero padding of a 3x3 convolution's input and the -inf of a max pooling's: a
-        # fill of each strip around the interior, not of the whole (the interior is written).
-        rng = np.random.default_rng(7)
-        x = rng.standard_normal((2, 16, 16, 8), np.float32)
-        w = rng.standard_normal((3, 3, 8, 8), np.float32) / 8
-
-        def fn(x, w):
-            y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
-            return jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
-        module = support.module_after("in-place", fn, x, w, hardware=cpu.host().hardware())
-        filled = sorted(str(op.results[0].type) for op in walk(module.operation) if op.name == "linalg.fill")
-        # top and bottom rows, then the left and right columns of the interior's rows (the
-        # pooling's padding is after the interior only); and the pooling's start, -inf
-        self.assertEqual(filled, sorted(["tensor<2x1x18x8xf32>"] * 2 + ["tensor<2x16x1x8xf32>"] * 2
-                                        + ["tensor<2x1x17x8xf32>", "tensor<2x16x1x8xf32>", "tensor<2x8x8x8xf32>"]))
-        support.check_against_xla(self, fn, x, w, rtol=1e-5, atol=1e-5)
-
     def test_concatenation_is_built_in_the_padded_input(self):
         # A UNet's decoder: the upsampled half and the skip are written into the interior of
         # the 3x3 convolution's padded input; no buffer holds the concatenation.

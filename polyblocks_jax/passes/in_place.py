@@ -22,7 +22,7 @@ one-shot analysis over the whole module (25-40 ms on the models), hence only whe
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import func, linalg, tensor
+from mlir.dialects import func, tensor
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.pipeline import pass_manager
@@ -90,62 +90,27 @@ def _inputs(op: ir.Operation, block: ir.Block) -> list[ir.Value]:
 
 
 def _produce_into_padding(insert: ir.Operation) -> None:
-    """``insert`` (static) puts a value into a fresh tensor (a fill of an empty one, or an
-    empty one): where the value is computed from an empty tensor (a loop's or a generic's
-    result, or slices inserted into it: a concatenation), that tensor is made first, and its
-    slice replaces the empty one; a fill then fills only around the value."""
+    """``insert`` (static) puts a value computed from an empty tensor (a loop's or a
+    generic's result, or slices inserted into it: a concatenation) into a fresh tensor (a
+    fill of an empty one, or an empty one): that tensor is made first, and its slice
+    replaces the empty one."""
     value, dest = insert.operands[0], insert.operands[1]
     if len(insert.operands) != 2 or list(dest.uses)[1:]:
         return
     fresh, root = _fresh_chain(dest), _empty_root(value)
-    if fresh is None:
+    if fresh is None or root is None:
         return
-    if root is not None and root[1] is not None and all(op.block == insert.block for op in (*fresh, root[1])):
-        # (else the fresh tensor would have to move across blocks: into a loop's body)
-        empty, user = root
-        for op in fresh:  # pure ops, moved up to where the interior is needed
-            if not op.is_before_in_block(user):
-                op.move_before(user)
-        with ir.InsertionPoint(user), insert.location:
-            interior = tensor.ExtractSliceOp(value.type, dest, [], [], [], *(insert.attributes[a] for a in _STATIC))
-        user.replace_uses_of_with(empty.results[0], interior.result)
-        if not list(empty.results[0].uses):
-            empty.erase()
-    if fresh[-1].name == "linalg.fill" and _unit_strides(insert):
-        _fill_border(fresh[-1], insert)
-
-
-def _unit_strides(insert: ir.Operation) -> bool:
-    return all(s == 1 for s in ir.DenseI64ArrayAttr(insert.attributes["static_strides"]))
-
-
-def _fill_border(fill: ir.Operation, insert: ir.Operation) -> None:
-    """The padded tensor ``fill`` makes, filled around the interior ``insert`` writes only:
-    a strip before and after it along each dim (the dims before that one at their interior
-    extent), each a fill of its slice (UNet at batch 8: 105 MB of padding written per call,
-    of which 3 MB border)."""
-    padded = fill.results[0]
-    shape = list(ir.RankedTensorType(padded.type).shape)
-    offsets = list(ir.DenseI64ArrayAttr(insert.attributes["static_offsets"]))
-    sizes = list(ir.DenseI64ArrayAttr(insert.attributes["static_sizes"]))
-    value = fill.operands[1]
-    with ir.InsertionPoint(fill), fill.location:
-        for dim, (start, size) in enumerate(zip(offsets, sizes)):
-            for lo, count in ((0, start), (start + size, shape[dim] - start - size)):
-                if count:
-                    value = _fill_strip(value, fill.operands[0], offsets[:dim] + [lo] + [0] * (len(shape) - dim - 1),
-                                        sizes[:dim] + [count] + shape[dim + 1:])
-    padded.replace_all_uses_with(value)
-    fill.erase()
-
-
-def _fill_strip(value: ir.Value, padding: ir.Value, offsets: list[int], sizes: list[int]) -> ir.Value:
-    """``value`` with its slice at ``offsets`` of ``sizes`` filled with ``padding``."""
-    strides = [1] * len(sizes)
-    strip = tensor.extract_slice(ir.RankedTensorType.get(sizes, ir.RankedTensorType(value.type).element_type),
-                                 value, [], [], [], offsets, sizes, strides)
-    filled = linalg.fill(padding, outs=[strip])
-    return tensor.insert_slice(filled, value, [], [], [], offsets, sizes, strides)
+    empty, user = root
+    if user is None or any(op.block != insert.block for op in (*fresh, user)):
+        return  # the fresh tensor would have to move across blocks (into a loop's body)
+    for op in fresh:  # pure ops, moved up to where the interior is needed
+        if not op.is_before_in_block(user):
+            op.move_before(user)
+    with ir.InsertionPoint(user), insert.location:
+        interior = tensor.ExtractSliceOp(value.type, dest, [], [], [], *(insert.attributes[a] for a in _STATIC))
+    user.replace_uses_of_with(empty.results[0], interior.result)
+    if not list(empty.results[0].uses):
+        empty.erase()
 
 
 def _fresh_chain(value: ir.Value) -> list[ir.Operation] | None:
