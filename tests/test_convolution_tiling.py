@@ -135,18 +135,7 @@ class Im2colTest(parameterized.TestCase):
                                     ("image_groups", (3, 32, 32, 128), (3, 3, 128, 64), (1, 1), "SAME", (1, 1)),
                                     ("patches_cropped", (1, 35, 33, 3), (8, 8, 3, 512), (8, 8), "VALID", (1, 1)))
     def test_results(self, lhs_shape, rhs_shape, strides, padding, dilation):
-        rng = np.random.default_rng(sum(rhs_shape))
-        x = rng.standard_normal(lhs_shape, np.float32)
-        # scaled by fan-in, as in a network: sums of hundreds of terms stay near one, where
-        # the tolerance compares accumulation orders, not magnitudes
-        w = rng.standard_normal(rhs_shape, np.float32) / np.float32(np.sqrt(np.prod(rhs_shape[:3])))
-        b = rng.standard_normal(rhs_shape[-1], np.float32)
-
-        def fn(x, w, b):
-            y = jax.lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilation, dimension_numbers=_NHWC)
-            return jax.nn.relu(y + b)
-        for options in (pb.Options(), pb.Options(parallel=False)):
-            support.check_against_xla(self, fn, x, w, b, options=options, **ACCUMULATE)
+        _check_conv_relu(self, lhs_shape, rhs_shape, strides, padding, dilation, _NHWC)
 
 
 _NWC = ("NWC", "WIO", "NWC")
@@ -179,16 +168,23 @@ class TapMatmulsTest(parameterized.TestCase):
                                     ("strided_even_kernel", (3, 41, 192), (4, 192, 256), 2, "SAME", 1),
                                     ("padding_beyond_the_input", (2, 3, 256), (5, 256, 192), 1, [(6, 5)], 3))
     def test_results(self, lhs_shape, rhs_shape, stride, padding, dilation):
-        rng = np.random.default_rng(sum(rhs_shape))
-        x = rng.standard_normal(lhs_shape, np.float32)
-        w = rng.standard_normal(rhs_shape, np.float32) / np.float32(np.sqrt(np.prod(rhs_shape[:2])))
-        b = rng.standard_normal(rhs_shape[-1], np.float32)
+        _check_conv_relu(self, lhs_shape, rhs_shape, (stride,), padding, (dilation,), _NWC)
 
-        def fn(x, w, b):
-            y = jax.lax.conv_general_dilated(x, w, (stride,), padding, rhs_dilation=(dilation,), dimension_numbers=_NWC)
-            return jax.nn.relu(y + b)
-        for options in (pb.Options(), pb.Options(parallel=False)):
-            support.check_against_xla(self, fn, x, w, b, options=options, **ACCUMULATE)
+
+def _check_conv_relu(test: absltest.TestCase, lhs_shape, rhs_shape, strides, padding, dilation, numbers) -> None:
+    """relu(conv(x, w) + b) against XLA, with parallel loops and without."""
+    rng = np.random.default_rng(sum(rhs_shape))
+    x = rng.standard_normal(lhs_shape, np.float32)
+    # scaled by fan-in, as in a network: sums of hundreds of terms stay near one, where
+    # the tolerance compares accumulation orders, not magnitudes
+    w = rng.standard_normal(rhs_shape, np.float32) / np.float32(np.sqrt(np.prod(rhs_shape[:-1])))
+    b = rng.standard_normal(rhs_shape[-1], np.float32)
+
+    def fn(x, w, b):
+        y = jax.lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilation, dimension_numbers=numbers)
+        return jax.nn.relu(y + b)
+    for options in (pb.Options(), pb.Options(parallel=False)):
+        support.check_against_xla(test, fn, x, w, b, options=options, **ACCUMULATE)
 
 
 if __name__ == "__main__":

@@ -106,6 +106,12 @@ def _standardize(x):
     return (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-6)
 
 
+def _conv(padding: str):
+    """A unit-stride NHWC convolution with ``padding``."""
+    return functools.partial(jax.lax.conv_general_dilated, window_strides=(1, 1), padding=padding,
+                             dimension_numbers=_NHWC)
+
+
 def _staged(fn, *args, hw: Hardware = AVX2) -> str:
     """The module after the shared stages (through vectorize), as text."""
     lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
@@ -121,16 +127,14 @@ def _staged(fn, *args, hw: Hardware = AVX2) -> str:
 class StageTest(absltest.TestCase):
     def test_conv_is_decomposed_and_vectorized(self):
         x, w = np.zeros((1, 6, 16, 8), np.float32), np.zeros((3, 3, 8, 16), np.float32)
-        text = _staged(functools.partial(jax.lax.conv_general_dilated, window_strides=(1, 1), padding="SAME",
-                                         dimension_numbers=_NHWC), x, w)
+        text = _staged(_conv("SAME"), x, w)
         self.assertNotIn("linalg.conv_2d", text)
         self.assertRegex(text, r"vector\.(outerproduct|fma) ")  # outer products over input channels
 
     def test_conv_accumulators_start_at_zero(self):
         # No fill of the result: each register tile starts its sums from zeros.
         x, w = np.zeros((1, 6, 18, 8), np.float32), np.zeros((3, 3, 8, 16), np.float32)
-        text = _staged(functools.partial(jax.lax.conv_general_dilated, window_strides=(1, 1), padding="VALID",
-                                         dimension_numbers=_NHWC), x, w)
+        text = _staged(_conv("VALID"), x, w)
         self.assertNotIn("linalg.fill", text)
         self.assertIn("arith.constant dense<0.000000e+00> : vector<", text)
 
@@ -140,8 +144,7 @@ class StageTest(absltest.TestCase):
         rng = np.random.default_rng(0)
         x, w = rng.standard_normal((2, 8, 16, 8), np.float32), rng.standard_normal((3, 3, 8, 8), np.float32) / 8
         bias = rng.standard_normal(8).astype(np.float32)
-        conv = functools.partial(jax.lax.conv_general_dilated, window_strides=(1, 1), padding="SAME",
-                                 dimension_numbers=_NHWC)
+        conv = _conv("SAME")
 
         def fn(x, w, b):
             y = conv(x, w) + b
@@ -159,8 +162,7 @@ class StageTest(absltest.TestCase):
         rng = np.random.default_rng(0)
         x, w = rng.standard_normal((1, 8, 8, 16), np.float32), rng.standard_normal((3, 3, 16, 16), np.float32) / 12
         scale, shift = rng.standard_normal((2, 16), np.float32)
-        conv = functools.partial(jax.lax.conv_general_dilated, window_strides=(1, 1), padding="SAME",
-                                 dimension_numbers=_NHWC)
+        conv = _conv("SAME")
         fn = lambda x, w, s, b: jax.nn.relu(conv(jax.nn.relu(conv(x, w) * s + b), w) * s + b)
         text = _staged(fn, x, w, scale, shift)
         self.assertEqual(text.count("scf.forall ("), 2)  # each convolution's rows, its epilogue fused
@@ -174,9 +176,7 @@ class StageTest(absltest.TestCase):
         rng = np.random.default_rng(1)
         x, w = rng.standard_normal((1, 10, 10, 16), np.float32), rng.standard_normal((3, 3, 16, 16), np.float32) / 12
         bias = rng.standard_normal(16).astype(np.float32)
-        conv = functools.partial(jax.lax.conv_general_dilated, window_strides=(1, 1), padding="VALID",
-                                 dimension_numbers=_NHWC)
-        fn = lambda x, w, b: jax.nn.relu(conv(x, w) + b)
+        fn = lambda x, w, b: jax.nn.relu(_conv("VALID")(x, w) + b)
         text = _staged(fn, x, w, bias)
         self.assertIn("scf.forall (", text)
         self.assertNotIn("linalg.fill", text)
