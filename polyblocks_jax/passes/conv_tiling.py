@@ -261,7 +261,7 @@ def _unpadded_row(image: ir.Value) -> tuple[ir.Value | None, int]:
     source, padded = insert.operands
     offsets, strides = (list(ir.DenseI64ArrayAttr(insert.attributes[f"static_{name}"]))
                         for name in ("offsets", "strides"))
-    n, w, c = _shape(source)
+    n, _, c = _shape(source)
     if _shape(padded) != [n, _shape(image)[2], c] or strides != [1, 1, 1] or offsets[0] != 0 or offsets[2] != 0:
         return None, 0
     return source, offsets[1]
