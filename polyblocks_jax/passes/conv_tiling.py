@@ -27,6 +27,7 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes.tiling import Hardware, cycles_per_fma
 from polyblocks_jax.passes.transform import walk
 from polyblocks_jax.passes.zero_start import zero_filled
+from polyblocks_jax.stablehlo_import import slices
 
 POOLINGS = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.pooling_nhwc_sum")
 # Input channels per step, each an unrolled outer product: 8 against 32, the 3x3
@@ -217,17 +218,17 @@ def _tap_matmuls(image: ir.Value, kernel: ir.Value, init: ir.Value, window: _Win
         (out,) = loop.inner_iter_args
         image_index = loop.induction_variable
         f = _shape(kernel)[3]
-        acc = _slice(ir.RankedTensorType.get([ow, f], element), out, [image_index], _batch_offsets(4), [1, 1, ow, f])
+        at = [image_index, 0, 0, 0]
+        acc = slices.extract_slice(out, [1, 1, ow, f], at, shape=[ow, f])
         if unfilled is not None:
             acc = linalg.fill(arith.constant(element, 0.0), outs=[acc])
         for tap, first, (lo, hi) in taps:
             if lo < hi:
-                rows = _slice(ir.RankedTensorType.get([hi - lo, c], element), source, [image_index],
-                              [ir.ShapedType.get_dynamic_size(), first + lo * sw, 0], [1, hi - lo, c], [1, sw, 1])
-                weights = _slice(ir.RankedTensorType.get([c, f], element), kernel, [], [0, tap, 0, 0], [1, 1, c, f])
+                rows = slices.extract_slice(source, [1, hi - lo, c], [image_index, first + lo * sw, 0], [1, sw, 1],
+                                            shape=[hi - lo, c])
+                weights = slices.extract_slice(kernel, [1, 1, c, f], [0, tap, 0, 0], shape=[c, f])
                 acc = _accumulate_rows(rows, weights, acc, lo)
-        scf.YieldOp([tensor.insert_slice(acc, out, [image_index], [], [], _batch_offsets(4), [1, 1, ow, f],
-                                         [1] * 4)])
+        scf.YieldOp([slices.insert_slice(acc, out, at, sizes=[1, 1, ow, f])])
     return loop.results[0]
 
 
@@ -242,10 +243,8 @@ def _accumulate_rows(rows: ir.Value, weights: ir.Value, acc: ir.Value, lo: int) 
     count, f = _shape(rows)[0], _shape(weights)[1]
     if (lo, count) == (0, _shape(acc)[0]):
         return linalg.matmul(rows, weights, outs=[acc])
-    part = _slice(ir.RankedTensorType.get([count, f], ir.RankedTensorType(acc.type).element_type), acc, [],
-                  [lo, 0], [count, f])
-    product = linalg.matmul(rows, weights, outs=[part])
-    return tensor.insert_slice(product, acc, [], [], [], [lo, 0], [count, f], [1, 1])
+    product = linalg.matmul(rows, weights, outs=[slices.extract_slice(acc, [count, f], [lo, 0])])
+    return slices.insert_slice(product, acc, [lo, 0])
 
 
 def _unpadded_row(image: ir.Value) -> tuple[ir.Value | None, int]:
@@ -280,12 +279,6 @@ def _without_zero_fill(init: ir.Value) -> ir.Value | None:
     value.replace_all_uses_with(empty)
     fill.erase()
     return empty if was_fill else init
-
-
-def _slice(result: ir.Type, source: ir.Value, dynamic: list[ir.Value], offsets: list[int], sizes: list[int],
-           strides: list[int] | None = None) -> ir.Value:
-    """The (rank-reducing) ``tensor.extract_slice`` of ``source`` typed ``result``."""
-    return tensor.extract_slice(result, source, dynamic, [], [], offsets, sizes, strides or [1] * len(sizes))
 
 
 def _matmul(rows: ir.Value, weights: ir.Value, init: ir.Value) -> ir.Value:
