@@ -223,6 +223,22 @@ class ArenaTest(absltest.TestCase):
         self.assertIn(2 * 18 * 18 * 8 * 4, allocs)
         support.check_against_xla(self, fn, x, w, rtol=1e-5, atol=1e-5)
 
+    def test_rgb_normalization_is_its_padded_inputs_producer(self):
+        # Three channels: the normalization stays one op over NHWC (vectorize would run it
+        # over merged dims), computed into the interior of the stem convolution's input.
+        rng = np.random.default_rng(6)
+        x = rng.standard_normal((2, 16, 16, 3), np.float32)
+        w = rng.standard_normal((7, 7, 3, 16), np.float32) / 8
+        mean, std = np.float32([0.5, 0.4, 0.3]), np.float32([0.2, 0.3, 0.1])
+
+        def fn(x, w):
+            return jax.lax.conv_general_dilated((x - mean) / std, w, (2, 2), ((3, 3), (3, 3)),
+                                                dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        allocs = [size for name, size in top_level_before_arena(fn, x, w) if name == "memref.alloc"]
+        self.assertNotIn(x.nbytes, allocs)
+        self.assertIn(2 * 22 * 22 * 3 * 4, allocs)
+        support.check_against_xla(self, fn, x, w, rtol=1e-5, atol=1e-5)
+
     def test_concatenation_is_built_in_the_padded_input(self):
         # A UNet's decoder: the upsampled half and the skip are written into the interior of
         # the 3x3 convolution's padded input; no buffer holds the concatenation.

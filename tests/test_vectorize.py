@@ -21,6 +21,7 @@ import polyblocks_jax as pb
 import support
 from polyblocks_jax import compiler, cpu, passes, polynomials
 from polyblocks_jax.passes import vector_math
+from polyblocks_jax.passes.collapsed_dims import merged_dims
 from polyblocks_jax.passes.conv_tiling import choose_conv_tiles
 from polyblocks_jax.passes.tiling import Hardware, register_tile
 from polyblocks_jax.passes.vectorize import LoopNest, choose_vector_tiles, peeled_loops
@@ -85,6 +86,27 @@ class PlannerTest(parameterized.TestCase):
         self.assertEqual(choose_vector_tiles(narrow, 4, AVX512), (1, 8))
         self.assertIsNone(choose_vector_tiles(LoopNest((64, 3), frozenset(), ((0, 1),), (0, 1)), 4, AVX512))
         self.assertEqual(choose_conv_tiles(32, 8, 16, 4, AVX512).channels, 8)
+
+    def test_narrow_rows_merge_with_the_dims_before_them(self):
+        # RGB: (8, 224, 224, 3) runs as (8, 224, 672), with a per-channel operand copied over
+        # the merged dims; fewer dims merge on AVX2 where a width of 8 needs fewer.
+        rgb = LoopNest((8, 224, 224, 3), frozenset(), ((0, 1, 2, 3), (3,), ()), (0, 1, 2, 3))
+        self.assertEqual(merged_dims(rgb, AVX512), 2)
+        sixes = LoopNest((4, 6, 2, 6), frozenset(), ((0, 1, 2, 3),), (0, 1, 2, 3))
+        self.assertEqual([merged_dims(sixes, AVX512), merged_dims(sixes, AVX2)], [0, 1])
+
+    def test_rows_that_stay_apart(self):
+        cases = {"whole vectors already": LoopNest((4, 32), frozenset(), ((0, 1),), (0, 1)),
+                 "narrower vectors": LoopNest((4, 8), frozenset(), ((0, 1),), (0, 1)),
+                 "no whole vectors": LoopNest((5, 3), frozenset(), ((0, 1),), (0, 1)),
+                 "a reduction": LoopNest((64, 3), frozenset({0}), ((0, 1),), (1,)),
+                 "a transposed result": LoopNest((16, 3), frozenset(), ((0, 1),), (1, 0)),
+                 "a transposed input": LoopNest((16, 3), frozenset(), ((1, 0),), (0, 1)),
+                 "a constant index in the result": LoopNest((16, 3), frozenset(), ((0, 1),), (None, 1)),
+                 # its copy over the merged dims would be as large as the op
+                 "a broadcast per row": LoopNest((16, 3), frozenset(), ((0, 1), (1,)), (0, 1))}
+        for name, nest in cases.items():
+            self.assertIsNone(merged_dims(nest, AVX512), name)
 
     @parameterized.product(hw=[AVX2, AVX512], shape=[(56, 64, 64), (28, 256, 3), (7, 16, 128), (32, 8, 16),
                                                       (16, 24, 8)])
@@ -154,6 +176,19 @@ class StageTest(absltest.TestCase):
         self.assertNotIn("linalg.conv", text)
         self.assertNotRegex(text, r'linalg\.generic [^\n]*iterator_types = \["')  # loops left scalar
         support.check_against_xla(self, fn, x, w, bias, **ACCUMULATE)
+
+    def test_rgb_rows_run_on_vectors(self):
+        # A per-channel normalization of NHWC images: the last two dims as one, whole vectors.
+        x = np.zeros((2, 16, 16, 3), np.float32)
+        mean, std = np.float32([0.5, 0.4, 0.3]), np.float32([0.2, 0.3, 0.1])
+        text = _staged(lambda x: (x - mean) / std, x, hw=AVX512)
+        self.assertIn("tensor<2x16x16x3xf32> into tensor<2x16x48xf32>", text)
+        self.assertRegex(text, r"arith\.divf %\S+, %\S+ : vector<48xf32>")
+
+    def test_uint8_pixels_convert_on_vectors(self):
+        pixels = np.zeros((2, 16, 16, 3), np.uint8)
+        text = _staged(lambda p: p.astype(jnp.float32) / 255, pixels, hw=AVX512)
+        self.assertRegex(text, r"arith\.uitofp %\S+ : vector<48xi8> to vector<48xf32>")
 
     def test_fused_convs_parallel_rows_start_at_zero(self):
         # Two convolutions, each with its scale, shift and ReLU: each runs a parallel loop over
@@ -533,6 +568,29 @@ class ResultsTest(parameterized.TestCase):
         w = rng.standard_normal((3, 16, 16), np.float32)
         self._check(lambda a, b: (jax.lax.rev(a, (1,)) + jnp.swapaxes(a, 2, 3) * 2,
                                   jax.lax.rev(a, (1, 2)) * b, jnp.flip(b, 0) - b), z, w)
+
+    def test_narrow_rows_merged(self):
+        # Trailing dims merged: broadcasts along all of them, some of them (copied over them),
+        # none of them; an int op; a result transposed (left as it was).
+        rng = np.random.default_rng(7)
+        img = rng.standard_normal((2, 16, 32, 3), np.float32)
+        mean, per_image = rng.standard_normal(3, np.float32), rng.standard_normal((2, 1, 1, 3), np.float32)
+        sixes = rng.integers(-9, 9, (4, 6, 2, 6)).astype(np.int32)
+        self._check(lambda x, m, p, q: ((x - m) / (m * m + 1), x * 2 + 1, x * p, x * x[:, :, :1, :],
+                                        x + x[:, :1, :1, :1], q * 3 - q % 5, jnp.swapaxes(x, 2, 3) + 1),
+                    img, mean, per_image, sixes)
+
+    def test_narrow_integers(self):
+        # uint8 pixels to floats and back, int8 and int16 arithmetic that wraps, a mix.
+        rng = np.random.default_rng(8)
+        pixels = rng.integers(0, 256, (2, 16, 32, 3)).astype(np.uint8)
+        x = rng.standard_normal((4, 64), np.float32) * 100
+        small = rng.integers(-128, 128, (4, 64)).astype(np.int8)
+        short = rng.integers(-32768, 32768, (4, 64)).astype(np.int16)
+        self._check(lambda p, x, s, h: (p.astype(jnp.float32) / 255, jnp.clip(x, 0, 255).astype(jnp.uint8),
+                                        s * 3 + s, (h >> 3) ^ h, s.astype(jnp.int16) * h, jnp.maximum(p, 128) - p,
+                                        h.astype(jnp.float32) * x, jnp.clip(x, -100, 100).astype(jnp.int8)),
+                    pixels, x, small, short)
 
     def test_indivisible_shapes(self):
         rng = np.random.default_rng(2)

@@ -25,7 +25,7 @@ from mlir.dialects import arith, linalg, scf, tensor
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.tiling import Hardware, cycles_per_fma
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import collapse, reassociation, walk
 from polyblocks_jax.passes.zero_start import zero_filled
 from polyblocks_jax.stablehlo_import import slices
 
@@ -163,9 +163,9 @@ def _as_matmul(op: ir.Operation) -> ir.Value:
     with ir.InsertionPoint(op):
         if window.one_row:
             return _tap_matmuls(image, kernel, init, window)
-        weights = _collapse(kernel, [kh * kw * c, f], [[0, 1, 2], [3]])
+        weights = collapse(kernel, [kh * kw * c, f], [[0, 1, 2], [3]])
         if _is_pointwise(op):
-            return _matmul(_collapse(image, [math.prod(_shape(image)[:3]), c], [[0, 1, 2], [3]]), weights, init)
+            return _matmul(collapse(image, [math.prod(_shape(image)[:3]), c], [[0, 1, 2], [3]]), weights, init)
         image_bytes = math.prod(window.out) * kh * kw * c * 4  # one image's gathered rows (f32)
         group = max(d for d in range(1, n + 1) if n % d == 0 and (d == 1 or d * image_bytes <= _IM2COL_BYTES))
         if group == n:
@@ -205,7 +205,7 @@ def _tap_matmuls(image: ir.Value, kernel: ir.Value, init: ir.Value, window: _Win
     element = ir.RankedTensorType(image.type).element_type
     source, pad = _unpadded_row(image)
     if source is None:
-        source = _collapse(image, [n, _shape(image)[2], c], [[0], [1, 2], [3]])
+        source = collapse(image, [n, _shape(image)[2], c], [[0], [1, 2], [3]])
     # (tap, the row of ``source`` its first window reads (negative: in the padding), the
     # output rows [lo, hi) whose windows reach the input)
     taps = [(t, t * dw - pad, _reaching(t * dw - pad, sw, ow, _shape(source)[1])) for t in range(kw)]
@@ -284,9 +284,9 @@ def _without_zero_fill(init: ir.Value) -> ir.Value | None:
 def _matmul(rows: ir.Value, weights: ir.Value, init: ir.Value) -> ir.Value:
     """``rows @ weights`` into the NHWC ``init``, through their collapsed shapes."""
     n, oh, ow, f = _shape(init)
-    acc = _collapse(init, [n * oh * ow, f], [[0, 1, 2], [3]])
+    acc = collapse(init, [n * oh * ow, f], [[0, 1, 2], [3]])
     product = linalg.matmul(rows, weights, outs=[acc])
-    return tensor.ExpandShapeOp(init.type, product, _reassociation([[0, 1, 2], [3]]),
+    return tensor.ExpandShapeOp(init.type, product, reassociation([[0, 1, 2], [3]]),
                                 [], ir.DenseI64ArrayAttr.get([n, oh, ow, f])).result
 
 
@@ -324,12 +324,12 @@ def _im2col(image: ir.Value, window: _Window) -> ir.Value:
         if (h, w) != (oh * kh, ow * kw):
             image = tensor.extract_slice(ir.RankedTensorType.get([n, oh * kh, ow * kw, c], element), image,
                                          [], [], [], [0] * 4, [n, oh * kh, ow * kw, c], [1] * 4)
-        flat = _collapse(image, [n, oh * kh, ow * kw * c], [[0], [1], [2, 3]])
+        flat = collapse(image, [n, oh * kh, ow * kw * c], [[0], [1], [2, 3]])
         blocks = tensor.ExpandShapeOp(ir.RankedTensorType.get([n, oh, kh, ow, kw * c], element), flat,
-                                      _reassociation([[0], [1, 2], [3, 4]]),
+                                      reassociation([[0], [1, 2], [3, 4]]),
                                       [], ir.DenseI64ArrayAttr.get([n, oh, kh, ow, kw * c])).result
         rows = _copy(blocks, tensor.EmptyOp([n, oh, ow, kh, kw * c], element).result, [0, 1, 3, 2, 4])
-        return _collapse(rows, [n * oh * ow, kh * kw * c], [[0, 1, 2], [3, 4]])
+        return collapse(rows, [n * oh * ow, kh * kw * c], [[0, 1, 2], [3, 4]])
     # Otherwise one generic over every tap: row (n, oh, ow) column (kh, kw, c) reads the
     # image at (n, oh * sh + kh * dh, ow * sw + kw * dw, c); scalar loops, as the copies per
     # tap it replaces ended up (canonicalization folded them into slices, bufferization then
@@ -338,7 +338,7 @@ def _im2col(image: ir.Value, window: _Window) -> ir.Value:
     d = [ir.AffineDimExpr.get(i) for i in range(6)]
     window_map = ir.AffineMap.get(6, 0, [d[0], d[1] * sh + d[3] * dh, d[2] * sw + d[4] * dw, d[5]])
     rows = _copy_through(image, tensor.EmptyOp([n, oh, ow, kh, kw, c], element).result, window_map)
-    return _collapse(rows, [n * oh * ow, kh * kw * c], [[0, 1, 2], [3, 4, 5]])
+    return collapse(rows, [n * oh * ow, kh * kw * c], [[0, 1, 2], [3, 4, 5]])
 
 
 def _copy(source: ir.Value, dest: ir.Value, permutation: list[int] | None = None) -> ir.Value:
@@ -383,13 +383,3 @@ def _ints(op: ir.Operation, name: str) -> list[int]:
 def _tensor_bytes(value: ir.Value) -> int:
     t = ir.RankedTensorType(value.type)
     return math.prod(t.shape) * t.element_type.width // 8
-
-
-def _collapse(value: ir.Value, shape: list[int], groups: list[list[int]]) -> ir.Value:
-    elem = ir.RankedTensorType(value.type).element_type
-    return tensor.CollapseShapeOp(ir.RankedTensorType.get(shape, elem), value, _reassociation(groups)).result
-
-
-def _reassociation(groups: list[list[int]]) -> ir.ArrayAttr:
-    i64 = ir.IntegerType.get_signless(64)
-    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, d) for d in g]) for g in groups])

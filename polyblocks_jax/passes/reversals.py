@@ -12,7 +12,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
-from polyblocks_jax.passes.transform import indexing_maps, reduction_loops, walk
+from polyblocks_jax.passes.transform import indexing_maps, move_body, reduction_loops, walk
 
 
 def unreverse_loops(module: ir.Module) -> None:
@@ -93,7 +93,7 @@ def _into_forall(op: ir.Operation, loops: list[int]) -> None:
                                      [s.result for s in out_slices],
                                      ir.ArrayAttr.get([ir.AffineMapAttr.get(_plain(m)) for m in maps]),
                                      op.attributes["iterator_types"])
-            _move_body(op, inner.operation)
+            move_body(op, inner.operation)
             with ir.InsertionPoint(scf.InParallelOp().region.blocks[0]):
                 for result, sliced, out in zip(inner.results, out_slices, loop.inner_iter_args):
                     tensor.ParallelInsertSliceOp(result, out, sliced.offsets, sliced.sizes, sliced.strides,
@@ -142,14 +142,3 @@ def _plain(m: ir.AffineMap) -> ir.AffineMap:
     """``m`` with each ``c - d`` made ``d`` (the loop has one iteration in a slice)."""
     results = [ir.AffineDimExpr.get(r[0]) if (r := _reversal(e)) is not None else e for e in m.results]
     return ir.AffineMap.get(m.n_dims, m.n_symbols, results)
-
-
-def _move_body(source: ir.Operation, target: ir.Operation) -> None:
-    """``source``'s body (one block) into ``target``'s empty region."""
-    old = source.regions[0].blocks[0]
-    new = target.regions[0].blocks.append(*[a.type for a in old.arguments])
-    for a, b in zip(old.arguments, new.arguments):
-        a.replace_all_uses_with(b)
-    point = ir.InsertionPoint(new)
-    for body_op in list(old.operations):
-        point.insert(body_op.operation.detach_from_parent())

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import func
+from mlir.dialects import func, tensor
 from mlir.dialects.transform import interpreter
 
 from polyblocks_jax import llvm_options
@@ -53,6 +53,29 @@ def is_elementwise_generic(op: ir.Operation) -> bool:
     """Whether ``op`` is a linalg.generic of one result whose loops are all parallel."""
     return op.name == "linalg.generic" and len(op.results) == 1 and \
         "reduction" not in str(op.attributes["iterator_types"])
+
+
+def reassociation(groups: list[list[int]]) -> ir.ArrayAttr:
+    """The reassociation attribute of a tensor reshape: which dims each group merges."""
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, d) for d in g]) for g in groups])
+
+
+def collapse(value: ir.Value, shape: list[int], groups: list[list[int]]) -> ir.Value:
+    """``value`` (a static tensor) as ``shape``, each of its dim ``groups`` merged into one."""
+    elem = ir.RankedTensorType(value.type).element_type
+    return tensor.CollapseShapeOp(ir.RankedTensorType.get(shape, elem), value, reassociation(groups)).result
+
+
+def move_body(source: ir.Operation, target: ir.Operation) -> None:
+    """``source``'s body (one block) into ``target``'s empty region."""
+    old = source.regions[0].blocks[0]
+    new = target.regions[0].blocks.append(*[a.type for a in old.arguments])
+    for a, b in zip(old.arguments, new.arguments):
+        a.replace_all_uses_with(b)
+    point = ir.InsertionPoint(new)
+    for body_op in list(old.operations):
+        point.insert(body_op.operation.detach_from_parent())
 
 
 def float_constant(value: ir.Value) -> float | None:

@@ -26,11 +26,12 @@ from mlir import ir
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import conv_tiling, signed_zeros, vector_math
+from polyblocks_jax.passes.collapsed_dims import merge_trailing_dims, merged_dims
 from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.reversals import unreverse_loops
 from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, register_tile
-from polyblocks_jax.passes.transform import (apply_script, has_reversed_index, indexing_maps, lower_vectors_and_hoist,
-                                             reduction_loops, walk)
+from polyblocks_jax.passes.transform import (apply_script, has_reversed_index, indexing_maps, is_elementwise_generic,
+                                             lower_vectors_and_hoist, reduction_loops, walk)
 from polyblocks_jax.passes.transposed_broadcasts import fold_transposed_broadcasts
 from polyblocks_jax.passes.zero_start import NEST_ATTR, WHOLE_NEST_ATTR, start_accumulators_at_zero
 
@@ -120,6 +121,7 @@ def _with(tiles: list[int], dim: int, size: int | None) -> tuple[int, ...] | Non
 def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
     """Annotate each op a plan exists for with its tiles, then tile and vectorize them."""
     unreverse_loops(module)
+    _merge_narrow_dims(module, hw)
     choices: dict[tuple[str, tuple[int, ...], frozenset[int], frozenset[int], bool], int] = {}
     planned = []
     for op in walk(module.operation):
@@ -148,6 +150,31 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
         signed_zeros.extrema_as_trees(module)
         signed_zeros.merge_zero_signs(module)  # after CSE, which lets it see the forms already there
         _private_inits(module)
+
+
+def _merge_narrow_dims(module: ir.Module, hw: Hardware) -> None:
+    """Elementwise ops whose innermost dim no vector divides run over trailing dims merged
+    (collapsed_dims.py); only at a function's top level, where operands are whole tensors."""
+    for op in walk(module.operation):
+        nest = loop_nest(op) if _mergeable(op) else None
+        first = merged_dims(nest, hw) if nest is not None else None
+        if first is not None:
+            merge_trailing_dims(op, nest, first)
+
+
+def _mergeable(op: ir.Operation) -> bool:
+    """A plain elementwise op (no marks of other stages) that reads no loop index, indexes
+    by a constant only dims of one (the merge reads them as 0), and computes a value of its
+    own (not the interior of a padded copy or a part of a concatenation: in_place.py)."""
+    return (is_elementwise_generic(op) and op.parent.name == "func.func"
+            and not any(use.owner.name == "tensor.insert_slice" for use in op.results[0].uses)
+            and not any(name.startswith("polyblocks.") for name in op.attributes)
+            and _vectorizable(op) and not has_reversed_index(op)
+            and not any(b.operation.name in ("linalg.index", "tensor.extract")
+                        for b in op.regions[0].blocks[0].operations)
+            and all(size == 1 for v, m in zip(op.operands, indexing_maps(op))
+                    for e, size in zip(m.results, ir.RankedTensorType(v.type).shape)
+                    if isinstance(e, ir.AffineConstantExpr)))
 
 
 def _in_forall(op: ir.Operation) -> bool:
@@ -192,16 +219,19 @@ def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], fr
 
 
 def _vectorizable(op: ir.Operation) -> bool:
-    """32-bit elements throughout (gathered ones too), operands indexed by loops or constants
+    """32-bit elements throughout (gathered ones too; an elementwise op may also move 8- and
+    16-bit integers: converting uint8 pixels), operands indexed by loops or constants
     (not an im2col's sums of loops), a body of arith/math ops and gathers, and one
     recognizable combiner per reduced result (the linalg vectorizer rejects anything else)."""
     if op.name == "linalg.generic" and not all(isinstance(e, (ir.AffineDimExpr, ir.AffineConstantExpr))
                                                for m in indexing_maps(op) for e in m.results):
         return False
+    elementwise = op.name == "linalg.generic" and "reduction" not in str(op.attributes["iterator_types"])
     for value in [*op.operands, *op.results]:
         if not isinstance(value.type, ir.RankedTensorType):
             return False
-        if not is_32_bit(value.type.element_type):
+        elem = value.type.element_type
+        if not (is_32_bit(elem) or elementwise and isinstance(elem, ir.IntegerType) and elem.width in (8, 16)):
             return False
     block = op.regions[0].blocks[0]
     body = list(block.operations)
@@ -210,7 +240,7 @@ def _vectorizable(op: ir.Operation) -> bool:
     if not all(is_32_bit(ir.RankedTensorType(b.operands[0].type).element_type)
                for b in body if b.operation.name == "tensor.extract"):
         return False  # a gather's vector of i1 (bool) would reach LLVM as is
-    if op.name == "linalg.generic" and "reduction" not in str(op.attributes["iterator_types"]):
+    if elementwise:
         return True
     outputs = list(block.arguments)[len(block.arguments) - len(op.results):]
     for arg, value in zip(outputs, body[-1].operands):
