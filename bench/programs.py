@@ -110,6 +110,8 @@ def programs() -> dict[str, tuple[Callable, list]]:
                                   [m, labels]),
         "l2_normalize": (lambda a: a / jnp.linalg.norm(a, axis=-1, keepdims=True), [x]),
         "rms_norm": (lambda a: a * lax.rsqrt((a * a).mean(-1, keepdims=True) + 1e-6), [seq]),
+        "bf16_gelu": (lambda a: jax.nn.gelu(a.astype(jnp.bfloat16)), [x]),
+        "bf16_softmax": (lambda a: jax.nn.softmax(a.astype(jnp.bfloat16), -1), [x]),
         "f16_scale": (lambda a: (a.astype(jnp.float16) * 2).astype(jnp.float32), [x]),
         "int_ops": (lambda a: ((a * 100).astype(jnp.int32) >> 2) % 7, [x]),
         "top_k": (lambda a: lax.top_k(a, 8), [m]),

@@ -190,6 +190,14 @@ class StageTest(absltest.TestCase):
         text = _staged(lambda p: p.astype(jnp.float32) / 255, pixels, hw=AVX512)
         self.assertRegex(text, r"arith\.uitofp %\S+ : vector<48xi8> to vector<48xf32>")
 
+    def test_bf16_softmax_runs_on_vectors(self):
+        # Its max on bf16 vectors, its exp as the f32 polynomial (no libm call a lane), its sum in f32.
+        x = np.zeros((8, 64), jnp.bfloat16)
+        text = _staged(lambda a: jax.nn.softmax(a, -1), x, hw=AVX512)
+        self.assertRegex(text, r"arith\.maximumf %\S+, %\S+ : vector<\d+xbf16>")
+        self.assertNotIn("math.exp", text)
+        self.assertRegex(text, r"vector\.reduction <add>, %\S+, %\S+ [^:]*: vector<\d+xf32> into f32")
+
     def test_fused_convs_parallel_rows_start_at_zero(self):
         # Two convolutions, each with its scale, shift and ReLU: each runs a parallel loop over
         # output rows that takes its row of the zero fill (a slice at a dynamic offset); the
@@ -591,6 +599,19 @@ class ResultsTest(parameterized.TestCase):
                                         s * 3 + s, (h >> 3) ^ h, s.astype(jnp.int16) * h, jnp.maximum(p, 128) - p,
                                         h.astype(jnp.float32) * x, jnp.clip(x, -100, 100).astype(jnp.int8)),
                     pixels, x, small, short)
+
+    @parameterized.named_parameters(("bf16", jnp.bfloat16), ("f16", np.float16))
+    def test_16_bit_floats(self, dtype):
+        # Elementwise chains, math, conversions both ways, sums in f32, extrema (NaN, -0 and
+        # infinities among the inputs) and the two normalizations on vectors of 16-bit floats.
+        rng = np.random.default_rng(9)
+        x = support.random_array(rng, (4, 16, 48), np.float32).astype(dtype)
+        y = rng.standard_normal((4, 16, 48), np.float32)
+        self._check(lambda a, b: (a * 2 + 1, jax.nn.gelu(a), jnp.exp(a) - jnp.log(jnp.abs(a)), a.astype(jnp.float32) * b,
+                                  b.astype(dtype), a.sum(-1), a.max(-1), a.min(0), jnp.maximum(a, b.astype(dtype))),
+                    x, y)
+        z = (rng.standard_normal((4, 16, 48), np.float32) * 3).astype(dtype)
+        self._check(lambda a: (jax.nn.softmax(a, -1), _standardize(a)), z)
 
     def test_indivisible_shapes(self):
         rng = np.random.default_rng(2)

@@ -43,6 +43,8 @@ _COMBINERS = frozenset({
     "arith.addf", "arith.mulf", "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf",
     "arith.addi", "arith.muli", "arith.andi", "arith.ori", "arith.xori",
     "arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui"})
+_EXTREMA = frozenset({"arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf",
+                      "arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui"})
 _CONTRACTIBLE = ("arith.mulf", "arith.addf", "arith.subf")
 _MAX_CHUNK_VECTORS = 16  # an inner-reduction chunk: at most this many vectors in flight
 _ELEMENTWISE_VECTORS = 4  # vectors per step of an elementwise op
@@ -141,6 +143,7 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
                                      for (name, tiles, reductions, peeled, parallel), ident in choices.items()]))
         fold_transposed_broadcasts(module)  # a contraction operand's broadcast, not its transpose
         _reassociate_reductions(module)
+        _math_in_f32(module)
         vector_math.expand_vector_math(module, hw.scales_by_exponent)
         _contract_multiply_adds(module)
         pass_manager("builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
@@ -150,6 +153,13 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
         signed_zeros.extrema_as_trees(module)
         signed_zeros.merge_zero_signs(module)  # after CSE, which lets it see the forms already there
         _private_inits(module)
+
+
+def _math_in_f32(module: ir.Module) -> None:
+    """Math on 16-bit floats as f32 math between conversions (what the LLVM lowering does
+    later anyway), so that vectors of them get the f32 polynomials, not a libm call a lane."""
+    pass_manager("builtin.module(func.func(math-extend-to-supported-types{target-type=f32}))",
+                 module.context).run(module.operation)
 
 
 def _merge_narrow_dims(module: ir.Module, hw: Hardware) -> None:
@@ -219,20 +229,26 @@ def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], fr
 
 
 def _vectorizable(op: ir.Operation) -> bool:
-    """32-bit elements throughout (gathered ones too; an elementwise op may also move 8- and
-    16-bit integers: converting uint8 pixels), operands indexed by loops or constants
+    """32-bit elements throughout (gathered ones too; an elementwise op, and a reduction's
+    inputs, may also be 8- and 16-bit integers and 16-bit floats: uint8 pixels, bf16
+    activations), operands indexed by loops or constants
     (not an im2col's sums of loops), a body of arith/math ops and gathers, and one
     recognizable combiner per reduced result (the linalg vectorizer rejects anything else)."""
     if op.name == "linalg.generic" and not all(isinstance(e, (ir.AffineDimExpr, ir.AffineConstantExpr))
                                                for m in indexing_maps(op) for e in m.results):
         return False
     elementwise = op.name == "linalg.generic" and "reduction" not in str(op.attributes["iterator_types"])
-    for value in [*op.operands, *op.results]:
+    inputs = len(op.operands) - len(op.results)
+    narrow_accumulators = False
+    for i, value in enumerate([*op.operands, *op.results]):
         if not isinstance(value.type, ir.RankedTensorType):
             return False
         elem = value.type.element_type
-        if not (is_32_bit(elem) or elementwise and isinstance(elem, ir.IntegerType) and elem.width in (8, 16)):
+        # A reduction's narrow accumulators only take extrema (exact in any order); jnp sums
+        # 16-bit floats in f32.
+        if not (is_32_bit(elem) or _narrow(elem)):
             return False
+        narrow_accumulators |= i >= inputs and not is_32_bit(elem)
     block = op.regions[0].blocks[0]
     body = list(block.operations)
     if not all(b.operation.name.startswith(_BODY_DIALECTS) for b in body[:-1]):
@@ -249,9 +265,16 @@ def _vectorizable(op: ir.Operation) -> bool:
         if signed_zeros.is_signed_zero_combiner(arg, value):
             continue
         if (len(uses) != 1 or not isinstance(owner, (ir.Operation, ir.OpView))
-                or owner.name not in _COMBINERS or uses[0].owner.operation != owner.operation):
+                or owner.name not in _COMBINERS or uses[0].owner.operation != owner.operation
+                or narrow_accumulators and owner.name not in _EXTREMA):
             return False
     return True
+
+
+def _narrow(elem: ir.Type) -> bool:
+    """8- and 16-bit integers, f16 and bf16: vectors of as many lanes as f32's (16-bit floats
+    computed in f32 vectors, rounded after each op as XLA does, see ``_math_in_f32``)."""
+    return isinstance(elem, (ir.F16Type, ir.BF16Type)) or isinstance(elem, ir.IntegerType) and elem.width in (8, 16)
 
 
 def is_32_bit(elem: ir.Type) -> bool:
