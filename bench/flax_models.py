@@ -160,12 +160,17 @@ CONFIGS: dict[str, tuple[type[nn.Module], Any, Any]] = {
 MODEL_NAMES = tuple(CONFIGS)
 
 
-def make(name: str, batch: int = 1, small: bool = False, seed: int = 0) -> ModelCase:
-    """Build model ``name`` at ``batch`` with random weights and a random input."""
+def make(name: str, batch: int = 1, small: bool = False, seed: int = 0, dtype: Any = np.float32) -> ModelCase:
+    """Build model ``name`` at ``batch`` with random weights and a random input, both of
+    ``dtype`` (bfloat16: the model run in bf16 throughout, as a bf16 checkpoint would be)."""
     module_cls, full, reduced = CONFIGS[name]
     config = reduced if small else full
     x = np.random.default_rng(seed).standard_normal((batch, config.image, config.image, 3))
-    return build(name, module_cls(config), x.astype(np.float32), seed)
+    case = build(name, module_cls(config), x.astype(np.float32), seed)
+    if np.dtype(dtype) == np.float32:
+        return case
+    params = jax.tree_util.tree_map(lambda a: np.asarray(a).astype(dtype), case.params)
+    return ModelCase(name, case.apply, params, case.input.astype(dtype))
 
 
 def build(name: str, module: nn.Module, x: np.ndarray, seed: int = 0) -> ModelCase:

@@ -26,6 +26,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable from t
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 
 from bench import chart, flax_models, runner  # noqa: E402
 from polyblocks_jax.cpu import target  # noqa: E402
@@ -48,9 +49,9 @@ class Row:
     error: str = ""
 
 
-def measure(name: str, batch: int, small: bool, repeat: int, compiles: int = 1) -> Row:
+def measure(name: str, batch: int, small: bool, repeat: int, compiles: int = 1, dtype: str = "float32") -> Row:
     """One row; each side's compile time is the least of ``compiles`` compiles."""
-    case = flax_models.make(name, batch, small)
+    case = flax_models.make(name, batch, small, dtype=jnp.dtype(dtype))
     xla = runner.compile_xla(case.apply, case.params, case.input, compiles=compiles)
     expected = runner.flat_numpy(xla.call())
     row = Row(name, batch, xla.compile_s, math.nan)
@@ -114,11 +115,11 @@ def machine_slug() -> str:
 
 def write_results(rows: list[Row], args: argparse.Namespace) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = machine_slug() + ("-quick" if args.quick else "")
+    stem = machine_slug() + ("-quick" if args.quick else "") + ("" if args.dtype == "float32" else f"-{args.dtype}")
     report = {
         "machine": machine_slug(), "cpu": cpu_name(), "cores": cores(),
         "jax": jax.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "quick": args.quick, "repeat": args.repeat, "compiles": args.compiles,
+        "quick": args.quick, "dtype": args.dtype, "repeat": args.repeat, "compiles": args.compiles,
         "configs": {name: dataclasses.asdict(flax_models.CONFIGS[name][2 if args.quick else 1])
                     for name in args.models},
         "rows": [dataclasses.asdict(r) for r in rows],
@@ -135,6 +136,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", default=",".join(flax_models.MODEL_NAMES),
                         help="comma-separated subset of " + ", ".join(flax_models.MODEL_NAMES))
     parser.add_argument("--batch", default="1,8", help="comma-separated batch sizes")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="weights and input (bfloat16: the models in bf16 throughout)")
     parser.add_argument("--repeat", type=int, default=None,
                         help="timed calls per measurement (default 20, 5 with --quick)")
     parser.add_argument("--compiles", type=int, default=None,
@@ -156,10 +159,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name in args.models:
         for batch in args.batch:
-            rows.append(measure(name, batch, args.quick, args.repeat, args.compiles))
+            rows.append(measure(name, batch, args.quick, args.repeat, args.compiles, args.dtype))
             print(format_table(rows[-1:]).splitlines()[-1], flush=True)
     print(f"\n{machine_slug()} ({cpu_name()}, {cores()} cores), "
-          f"{'small' if args.quick else 'full'} configs, best of {runner.ROUNDS} medians of {args.repeat}, "
+          f"{'small' if args.quick else 'full'} {args.dtype} configs, best of {runner.ROUNDS} medians of {args.repeat}, "
           f"compile times the best of {args.compiles}")
     print(format_table(rows))
     print(f"wrote {write_results(rows, args)}")

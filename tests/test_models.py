@@ -1,5 +1,6 @@
 """The three benchmark models at small sizes, through jax.jit on platform "polyblocks", vs XLA."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
 
@@ -11,6 +12,9 @@ from bench import flax_models
 # an order other than XLA's, over tens of layers: f32 rounding differences accumulate
 # well past the per-op tolerance of support.TOLERANCES, but stay far below 1e-4.
 MODEL_RTOL, MODEL_ATOL = 1e-4, 1e-4
+# In bf16 throughout, each layer rounds to 8 mantissa bits (2^-7 = 0.8%), in its own order
+# on each side: a few bf16 ulps of the output's scale (the small models differ by 1-2%).
+BF16_MODEL_TOLERANCE = 0.03
 
 
 def on_polyblocks(fn, *args) -> list:
@@ -27,6 +31,17 @@ class ModelsTest(parameterized.TestCase):
         expected = support.xla_cpu(case.apply, case.params, case.input)
         actual = on_polyblocks(case.apply, case.params, case.input)
         support.assert_close(self, actual, expected, rtol=MODEL_RTOL, atol=MODEL_ATOL, msg=name)
+
+
+class Bf16ModelsTest(parameterized.TestCase):
+    @parameterized.parameters(*flax_models.MODEL_NAMES)
+    def test_small_bf16_model_matches_xla(self, name):
+        case = flax_models.make(name, batch=2, small=True, dtype=jnp.bfloat16)
+        expected = support.xla_cpu(case.apply, case.params, case.input)
+        actual = on_polyblocks(case.apply, case.params, case.input)
+        scale = max(float(np.abs(e.astype(np.float32)).max()) for e in expected)
+        support.assert_close(self, actual, expected, rtol=BF16_MODEL_TOLERANCE,
+                             atol=BF16_MODEL_TOLERANCE * scale, msg=name)
 
 
 class SwitchedOffTest(parameterized.TestCase):
