@@ -198,6 +198,10 @@ class StageTest(absltest.TestCase):
         self.assertNotIn("math.exp", text)
         self.assertRegex(text, r"vector\.reduction <add>, %\S+, %\S+ [^:]*: vector<\d+xf32> into f32")
 
+    def test_f64_sums_run_on_vectors(self):
+        text = _staged(lambda a: a.sum(-1) * 2, np.zeros((8, 64)), hw=AVX512)
+        self.assertRegex(text, r"vector\.reduction <add>, %\S+, %\S+ [^:]*: vector<\d+xf64> into f64")
+
     def test_fused_convs_parallel_rows_start_at_zero(self):
         # Two convolutions, each with its scale, shift and ReLU: each runs a parallel loop over
         # output rows that takes its row of the zero fill (a slice at a dynamic offset); the
@@ -612,6 +616,17 @@ class ResultsTest(parameterized.TestCase):
                     x, y)
         z = (rng.standard_normal((4, 16, 48), np.float32) * 3).astype(dtype)
         self._check(lambda a: (jax.nn.softmax(a, -1), _standardize(a)), z)
+
+    def test_f64(self):
+        # Elementwise ops, conversions and extrema (edge values included) exact; sums
+        # reassociated across vector lanes, within a few ulps of their terms; exp through libm
+        # on each lane.
+        rng = np.random.default_rng(10)
+        x = support.random_array(rng, (4, 16, 48), np.float64)
+        y = rng.standard_normal((4, 16, 48))
+        self._check(lambda a, b: (a * 2 + b, a.max(0), jnp.minimum(a, b), a.astype(jnp.float32),
+                                  b.astype(jnp.float32).astype(jnp.float64) - b), x, y)
+        self._check(lambda b: (b.sum(-1), b.sum(0), jax.nn.softmax(b, -1)), y, rtol=1e-12, atol=1e-12)
 
     def test_indivisible_shapes(self):
         rng = np.random.default_rng(2)

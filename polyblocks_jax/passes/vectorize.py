@@ -229,11 +229,11 @@ def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], fr
 
 
 def _vectorizable(op: ir.Operation) -> bool:
-    """32-bit elements throughout (gathered ones too; an elementwise op, and a reduction's
-    inputs, may also be 8- and 16-bit integers and 16-bit floats: uint8 pixels, bf16
-    activations), operands indexed by loops or constants
-    (not an im2col's sums of loops), a body of arith/math ops and gathers, and one
-    recognizable combiner per reduced result (the linalg vectorizer rejects anything else)."""
+    """32-bit elements, f64 (a plan's vector in twice the registers) or narrow ones (8- and
+    16-bit integers, 16-bit floats: uint8 pixels, bf16 activations), gathered ones of 32
+    bits, operands indexed by loops or constants (not an im2col's sums of loops), a body of
+    arith/math ops and gathers, and one recognizable combiner per reduced result (the linalg
+    vectorizer rejects anything else)."""
     if op.name == "linalg.generic" and not all(isinstance(e, (ir.AffineDimExpr, ir.AffineConstantExpr))
                                                for m in indexing_maps(op) for e in m.results):
         return False
@@ -246,9 +246,9 @@ def _vectorizable(op: ir.Operation) -> bool:
         elem = value.type.element_type
         # A reduction's narrow accumulators only take extrema (exact in any order); jnp sums
         # 16-bit floats in f32.
-        if not (is_32_bit(elem) or _narrow(elem)):
+        if not (is_32_bit(elem) or isinstance(elem, ir.F64Type) or _narrow(elem)):
             return False
-        narrow_accumulators |= i >= inputs and not is_32_bit(elem)
+        narrow_accumulators |= i >= inputs and _narrow(elem)
     block = op.regions[0].blocks[0]
     body = list(block.operations)
     if not all(b.operation.name.startswith(_BODY_DIALECTS) for b in body[:-1]):
