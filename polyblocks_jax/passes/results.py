@@ -218,8 +218,8 @@ def _uses_within(arg: ir.Value, op: ir.Operation) -> list[ir.Operation] | None:
         if top == op:
             if user != op:
                 inside.append(user)
-        elif not top.is_before_in_block(op):
-            return None
+        elif top.parent is None or top.operation.block != op.operation.block or not top.is_before_in_block(op):
+            return None  # after ``op``, or not in its block at all (a loop's other region)
     return inside
 
 
