@@ -39,12 +39,9 @@ VECTOR_ATTR = "polyblocks.vector"
 _VECTORIZED_OPS = ("linalg.generic", "linalg.reduce")
 # Body ops the linalg vectorizer turns into vector ops one for one.
 _BODY_DIALECTS = ("arith.", "math.", "linalg.index", "affine.apply", "tensor.extract")
-_COMBINERS = frozenset({
-    "arith.addf", "arith.mulf", "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf",
-    "arith.addi", "arith.muli", "arith.andi", "arith.ori", "arith.xori",
-    "arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui"})
 _EXTREMA = frozenset({"arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf",
                       "arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui"})
+_COMBINERS = _EXTREMA | {"arith.addf", "arith.mulf", "arith.addi", "arith.muli", "arith.andi", "arith.ori", "arith.xori"}
 _CONTRACTIBLE = ("arith.mulf", "arith.addf", "arith.subf")
 _MAX_CHUNK_VECTORS = 16  # an inner-reduction chunk: at most this many vectors in flight
 _ELEMENTWISE_VECTORS = 4  # vectors per step of an elementwise op
