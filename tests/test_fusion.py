@@ -191,7 +191,10 @@ class ScaledExtremaTest(parameterized.TestCase):
         with mock.patch.object(fusion, "reduce_before_scaling", lambda module: False):
             compiler.CACHE.clear()  # the same program, compiled again
             (kept,) = support.polyblocks(fn, x)
-        np.testing.assert_array_equal(moved.view(np.int32), kept.view(np.int32))
+        # the same bits but for NaN payloads (the max tree's NaN is the OR of two lanes)
+        np.testing.assert_array_equal(np.isnan(moved), np.isnan(kept))
+        numbers = ~np.isnan(kept)
+        np.testing.assert_array_equal(moved[numbers].view(np.int32), kept[numbers].view(np.int32))
         (expected,) = support.xla_cpu(fn, x)  # exp differs from XLA's by an ulp
         np.testing.assert_allclose(moved, expected, rtol=1e-5, atol=1e-30)
 

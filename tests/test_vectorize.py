@@ -191,10 +191,13 @@ class StageTest(absltest.TestCase):
         self.assertRegex(text, r"arith\.uitofp %\S+ : vector<48xi8> to vector<48xf32>")
 
     def test_bf16_softmax_runs_on_vectors(self):
-        # Its max on bf16 vectors, its exp as the f32 polynomial (no libm call a lane), its sum in f32.
+        # Its max on vectors of the bf16 values widened once (exact: no rounding at each step of
+        # the tree), its exp as the f32 polynomial (no libm call a lane), its sum in f32.
         x = np.zeros((8, 64), jnp.bfloat16)
         text = _staged(lambda a: jax.nn.softmax(a, -1), x, hw=AVX512)
-        self.assertRegex(text, r"arith\.maximumf %\S+, %\S+ : vector<\d+xbf16>")
+        self.assertRegex(text, r"arith\.extf %\S+ : vector<64xbf16> to vector<64xf32>")
+        self.assertRegex(text, r"arith\.cmpf olt, %\S+, %\S+ : vector<32xf32>")
+        self.assertNotRegex(text, r"arith\.(maximumf|cmpf olt), %?\S+, %\S+ : vector<\d+xbf16>")
         self.assertNotIn("math.exp", text)
         self.assertRegex(text, r"vector\.reduction <add>, %\S+, %\S+ [^:]*: vector<\d+xf32> into f32")
 
@@ -294,14 +297,17 @@ class StageTest(absltest.TestCase):
 
     def test_max_reduction_runs_on_vectors(self):
         # The importer's max keeps the sign of zero in a select: reduced to a bare maximumf
-        # for the vectorizer; its horizontal max is a tree over halves of the row's vector
-        # (64 -> 32 -> ... -> 1 lanes), each step in the signed-zero form; one scalar max
-        # (of the tree and the accumulator) per row.
+        # for the vectorizer; its horizontal max is minus a tree of minima over halves of the
+        # row's vector, negated (64 -> 32 -> ... -> 1 lanes), each step two ordered selects
+        # and their OR (exact: signed_zeros._minimum); one scalar max (of the tree and the
+        # accumulator) per row.
         text = _staged(lambda x: x.max(-1), np.zeros((4, 64), np.float32))
         self.assertNotIn("vector.reduction", text)
+        self.assertRegex(text, r"arith\.negf %\w+ : vector<64xf32>")
         for lanes in (32, 16, 8, 4, 2, 1):
-            self.assertRegex(text, rf"arith\.maximumf %\w+, %\w+ : vector<{lanes}xf32>")
-            self.assertRegex(text, rf"arith\.andi %\w+, %\w+ : vector<{lanes}xi32>")
+            self.assertLen(re.findall(rf"arith\.cmpf olt, %\w+, %\w+ : vector<{lanes}xf32>", text), 2)
+            self.assertRegex(text, rf"arith\.ori %\w+, %\w+ : vector<{lanes}xi32>")
+        self.assertNotRegex(text, r"arith\.maximumf .* : vector")
         self.assertLen(re.findall(r"arith\.maximumf .* : f32\n", text), 1)
 
     def test_prime_row_length_runs_on_vectors(self):

@@ -7,8 +7,8 @@ vectorizer recognizes only a single combiner op, so a max reduction would stay s
 ``plain_combiners`` reduces such a reduction body to the bare ``maximumf`` before
 vectorization, and ``merge_zero_signs`` wraps every bare float max/min left after it in
 the importer's form again. ``extrema_as_trees`` first turns each horizontal max/min of a
-vector into a tree of elementwise ones over its halves, which ``merge_zero_signs`` then
-wraps too (LLVM's ``vector.reduce.fmaximum`` orders zeros correctly, but x86 computes
+vector into a tree of elementwise minima over its halves, each exact in three
+instructions (LLVM's ``vector.reduce.fmaximum`` orders zeros correctly, but x86 computes
 its last 16 lanes one scalar at a time).
 """
 from __future__ import annotations
@@ -64,9 +64,9 @@ def plain_combiners(op: ir.Operation) -> None:
 
 def extrema_as_trees(module: ir.Module) -> None:
     """Rewrite each float ``vector.reduction <maximumf|minimumf>`` of a 1-D vector of 2^k
-    lanes as k elementwise max/min of its two halves (a log-depth tree of whole-register
-    ops; max and min are associative and commutative, NaN included, so the value is the
-    same), then of the accumulator."""
+    lanes as k elementwise minima of its two halves (a log-depth tree of whole-register
+    ops; max(x) = -min(-x); the minimum is associative and commutative, NaN included, so the
+    value is the same), then of the accumulator."""
     for op in [o for o in walk(module.operation) if o.name == "vector.reduction"]:
         kind = str(op.attributes["kind"]).removeprefix("#vector.kind<").removesuffix(">")
         lanes = ir.VectorType(op.operands[0].type).shape
@@ -74,23 +74,46 @@ def extrema_as_trees(module: ir.Module) -> None:
             continue
         combine = arith.maximumf if kind == "maximumf" else arith.minimumf
         with ir.InsertionPoint(op), op.location:
-            value = _halving_tree(op.operands[0], combine)
+            value = _halving_tree(op.operands[0], kind == "maximumf")
             if len(op.operands) > 1:
                 value = combine(value, op.operands[1])
         op.results[0].replace_all_uses_with(value)
         op.erase()
 
 
-def _halving_tree(value: ir.Value, combine) -> ir.Value:
-    """The max/min (``combine``) of the lanes of the 1-D vector ``value``, as a scalar."""
-    element = ir.VectorType(value.type).element_type
+def _halving_tree(value: ir.Value, maximum: bool) -> ir.Value:
+    """The max (``maximum``) or min of the lanes of the 1-D vector ``value``, as a scalar.
+    16-bit floats are widened to f32 once, before the tree: the extremum is one of them,
+    exact either way, and each step on 16-bit lanes would widen and round again."""
+    narrow = ir.VectorType(value.type).element_type
     lanes = ir.VectorType(value.type).shape[0]
+    element = ir.F32Type.get() if isinstance(narrow, (ir.F16Type, ir.BF16Type)) else narrow
+    if element != narrow:
+        value = arith.extf(ir.VectorType.get([lanes], element), value)
+    if maximum:
+        value = arith.negf(value)
     while lanes > 1:
         lanes //= 2
         half = ir.VectorType.get([lanes], element)
         low, high = (vector.extract_strided_slice(half, value, [start], [lanes], [1]) for start in (0, lanes))
-        value = combine(low, high)
-    return vector.extract(value, [], [0])
+        value = _minimum(low, high)
+    scalar = vector.extract(value, [], [0])
+    if maximum:
+        scalar = arith.negf(scalar)
+    return arith.truncf(narrow, scalar) if element != narrow else scalar
+
+
+def _minimum(a: ir.Value, b: ir.Value) -> ir.Value:
+    """The IEEE minimum of two float vectors (NaN propagated, -0 below +0) as (a < b ? a : b)
+    | (b < a ? b : a): each select is one x86 MINPS, which returns its second operand for a
+    NaN or equal zeros, so the OR holds the NaN of either operand, and -0 for +-0. Three
+    instructions, where arith-expand's maximumf and the zero signs' wrap take seven."""
+    vtype = ir.VectorType(a.type)
+    itype = ir.VectorType.get(vtype.shape, ir.IntegerType.get_signless(ir.FloatType(vtype.element_type).width))
+    less = arith.CmpFPredicate.OLT
+    first = arith.select(arith.cmpf(less, a, b), a, b)
+    second = arith.select(arith.cmpf(less, b, a), b, a)
+    return arith.bitcast(vtype, arith.ori(arith.bitcast(itype, first), arith.bitcast(itype, second)))
 
 
 def merge_zero_signs(module: ir.Module) -> None:
