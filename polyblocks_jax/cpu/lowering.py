@@ -6,6 +6,7 @@ import functools
 from mlir import ir
 from mlir.dialects import func
 
+from polyblocks_jax.cpu.avx512_bf16 import round_computed_vectors
 from polyblocks_jax.cpu.bf16 import bits_for_bf16_moves, define_truncsfbf2
 from polyblocks_jax.cpu.heap import check_heap_buffers
 from polyblocks_jax.cpu.matrix_units import lower_matrix_units
@@ -26,6 +27,9 @@ from polyblocks_jax.passes.vector_reads import lower_vector_reads
 def cpu_stages(options: Options) -> list[Stage]:
     vectors = [Stage("strided-copies-vectors", _vectorize_strided_copies)] if options.vectorize else []
     # After the parallel stage: the loop over a parallel iteration's tiles is final there.
+    # The host rounds f32 vectors to bf16 in one instruction (avx512_bf16.py).
+    roundings = [Stage("vector-bf16-rounding", round_computed_vectors)
+                 ] if options.vectorize and host().has_avx512_bf16 else []
     prefetches = [Stage("prefetch", functools.partial(prefetch_next_tiles, l1_bytes=host().l1d_bytes))
                   ] if options.prefetch else []
     return [
@@ -59,6 +63,7 @@ def cpu_stages(options: Options) -> list[Stage]:
         # transfer lowering would load it once per lane.
         Stage("vector-reads", lower_vector_reads),
         VECTOR_TRANSFERS,
+        *roundings,
         # Conversions that work function by function are nested in func.func: MLIR runs them
         # on the outlined kernels in parallel, one per core (ViT-Tiny: 0.41 -> 0.29 s).
         Stage("to-llvm", lower_to_llvm),
