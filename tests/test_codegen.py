@@ -159,6 +159,40 @@ class StridedGatherTest(absltest.TestCase):
         support.assert_close(self, [out], support.xla_cpu(lambda m: m[1 + np.array([0, 2, 5, 6]), 3], m))
 
 
+class StridedColumnReadTest(absltest.TestCase):
+    # A column of narrow rows read as a vector ((N, 4) boxes' x0): one contiguous load of the
+    # span and a shuffle (the transfer lowering loaded and inserted lane by lane); a column
+    # of wide rows (stride 16) keeps the transfer.
+    KERNEL = """
+    func.func @columns(%m: memref<32x4xf32>, %w: memref<4x16xf32>, %out: memref<16xf32>, %wide: memref<4xf32>) {
+      %c0 = arith.constant 0 : index
+      %c16 = arith.constant 16 : index
+      %pad = arith.constant 0.0 : f32
+      %column = memref.subview %m[0, 2] [32, 1] [1, 1] : memref<32x4xf32> to memref<32xf32, strided<[4], offset: 2>>
+      %x = vector.transfer_read %column[%c16], %pad {in_bounds = [true]} : memref<32xf32, strided<[4], offset: 2>>, vector<16xf32>
+      vector.transfer_write %x, %out[%c0] {in_bounds = [true]} : vector<16xf32>, memref<16xf32>
+      %wcol = memref.subview %w[0, 5] [4, 1] [1, 1] : memref<4x16xf32> to memref<4xf32, strided<[16], offset: 5>>
+      %y = vector.transfer_read %wcol[%c0], %pad {in_bounds = [true]} : memref<4xf32, strided<[16], offset: 5>>, vector<4xf32>
+      vector.transfer_write %y, %wide[%c0] {in_bounds = [true]} : vector<4xf32>, memref<4xf32>
+      return
+    }"""
+
+    def test_one_load_and_a_shuffle(self):
+        from polyblocks_jax.passes.vector_reads import lower_vector_reads
+        rng = np.random.default_rng(1)
+        m, w = rng.standard_normal((32, 4)).astype(np.float32), rng.standard_normal((4, 16)).astype(np.float32)
+        out, wide = np.zeros(16, np.float32), np.zeros(4, np.float32)
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(self.KERNEL)
+            lower_vector_reads(module, pb.Options())
+            text = str(module)
+            self.assertRegex(text, r"vector\.load .* vector<61xf32>")  # rows 16..31: 15 * 4 + 1 elements
+            self.assertEqual(text.count("vector.shuffle"), 1)
+            self.assertEqual(text.count("vector.transfer_read"), 1)  # the stride-16 column's
+            support.run_kernel(module, "columns", m, w, out, wide)
+        support.assert_close(self, [out, wide], support.xla_cpu(lambda m, w: (m[16:, 2], w[:, 5]), m, w))
+
+
 class BroadcastReadTest(absltest.TestCase):
     # What the vectorizer makes of a Householder step's v[k] * x[k, :]: a read of one
     # element broadcast along the row (the transfer lowering loaded it once per lane).

@@ -660,6 +660,15 @@ class ResultsTest(parameterized.TestCase):
                                   b.astype(jnp.float32).astype(jnp.float64) - b), x, y)
         self._check(lambda b: (b.sum(-1), b.sum(0), jax.nn.softmax(b, -1)), y, rtol=1e-12, atol=1e-12)
 
+    def test_columns_of_narrow_rows(self):
+        # Columns of (N, 4) boxes and of (N, 3) points read as vectors of one contiguous
+        # load and a shuffle each (passes/vector_reads.py), in rows no vector divides too.
+        rng = np.random.default_rng(11)
+        boxes = rng.standard_normal((1000, 4), np.float32)
+        points = rng.standard_normal((333, 3), np.float32)
+        self._check(lambda b, p: ((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1]), p[:, 0] * p[:, 2] + p[:, 1]),
+                    boxes, points)
+
     def test_indivisible_shapes(self):
         rng = np.random.default_rng(2)
         x = rng.standard_normal((3, 5, 7), np.float32)

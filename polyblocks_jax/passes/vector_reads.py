@@ -41,6 +41,9 @@ def lower_vector_reads(module: ir.Module, options: Options) -> bool:
         elif op.name == "vector.transfer_read" and _reads_one_element(op.opview):
             _load_and_broadcast(op)
             changed = True
+        elif op.name == "vector.transfer_read" and _reads_narrow_stride(op.opview):
+            _load_span_and_shuffle(op)
+            changed = True
     return changed
 
 
@@ -57,28 +60,71 @@ def _static_strided(source: ir.Type) -> bool:
 
 def _gather_contiguously(op: ir.Operation) -> None:
     source = op.operands[0]
-    source_type = ir.MemRefType(source.type)
-    rank = source_type.rank
+    rank = ir.MemRefType(source.type).rank
     positions, indices, mask, passthru = op.operands[1:1 + rank], *op.operands[1 + rank:]
-    strides, _ = source_type.get_strides_and_offset()
+    stride = ir.MemRefType(source.type).get_strides_and_offset()[0][-1]
     index = ir.IndexType.get()
     with ir.InsertionPoint(op), op.location:
-        metadata = memref.ExtractStridedMetadataOp(source)
-        span = 1 + sum((size - 1) * stride for size, stride in zip(source_type.shape, strides))
-        dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
-        flat_type = ir.MemRefType.get([span], source_type.element_type,
-                                      ir.StridedLayoutAttr.get(dynamic, [1]), source_type.memory_space)
-        flat = memref.ReinterpretCastOp(flat_type, metadata.base_buffer, [metadata.offset], [], [],
-                                        [dynamic], [span], [1]).result
-        linear = arith.constant(index, 0)
-        for position, stride in zip(positions, strides):
-            linear = arith.addi(linear, arith.muli(position, arith.constant(index, stride)))
+        flat, linear = _flat_span(source, positions)
         index_type = ir.VectorType(indices.type)
         scaled = arith.muli(indices, arith.constant(index_type, ir.DenseElementsAttr.get_splat(
-            index_type, ir.IntegerAttr.get(index, strides[-1]))))
+            index_type, ir.IntegerAttr.get(index, stride))))
         shifted = arith.addi(scaled, vector.broadcast(index_type, linear))
         gathered = vector.gather(op.results[0].type, flat, [arith.constant(index, 0)], shifted, mask, passthru)
     op.results[0].replace_all_uses_with(gathered)
+    op.erase()
+
+
+def _flat_span(source: ir.Value, positions) -> tuple[ir.Value, ir.Value]:
+    """The whole span of the strided memref ``source`` as a contiguous 1-D memref, and the
+    linear index in it of the element at ``positions``."""
+    source_type = ir.MemRefType(source.type)
+    strides, _ = source_type.get_strides_and_offset()
+    index = ir.IndexType.get()
+    metadata = memref.ExtractStridedMetadataOp(source)
+    span = 1 + sum((size - 1) * stride for size, stride in zip(source_type.shape, strides))
+    dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
+    flat_type = ir.MemRefType.get([span], source_type.element_type,
+                                  ir.StridedLayoutAttr.get(dynamic, [1]), source_type.memory_space)
+    flat = memref.ReinterpretCastOp(flat_type, metadata.base_buffer, [metadata.offset], [], [],
+                                    [dynamic], [span], [1]).result
+    linear = arith.constant(index, 0)
+    for position, stride in zip(positions, strides):
+        linear = arith.addi(linear, arith.muli(position, arith.constant(index, stride)))
+    return flat, linear
+
+
+# A strided read loads this many times its elements at most (the stride).
+_MAX_READ_STRIDE = 8
+
+
+def _reads_narrow_stride(read: vector.TransferReadOp) -> bool:
+    """An in-bounds, unmasked 1-D read along the innermost dim of a static memref whose
+    innermost stride is 2 to _MAX_READ_STRIDE (a column of narrow rows: boxes' x0)."""
+    source = read.base.type
+    if not _static_strided(source) or read.mask is not None or ir.VectorType(read.result.type).rank != 1:
+        return False
+    rank = ir.MemRefType(source).rank
+    results = ir.AffineMapAttr(read.permutation_map).value.results
+    stride = ir.MemRefType(source).get_strides_and_offset()[0][-1]
+    return (all(ir.BoolAttr(b).value for b in read.in_bounds) and 2 <= stride <= _MAX_READ_STRIDE
+            and len(results) == 1 and isinstance(results[0], ir.AffineDimExpr)
+            and ir.AffineDimExpr(results[0]).position == rank - 1)
+
+
+def _load_span_and_shuffle(op: ir.Operation) -> None:
+    """The read's elements and those between them as one contiguous vector load, then its
+    lanes at the stride picked out by a shuffle (the transfer lowering loaded and inserted
+    one lane at a time: (N, 4) boxes' (x1 - x0) * (y1 - y0) 0.25 ms, XLA 0.06)."""
+    read = op.opview
+    vtype = ir.VectorType(read.result.type)
+    stride = ir.MemRefType(read.base.type).get_strides_and_offset()[0][-1]
+    lanes = vtype.shape[0]
+    with ir.InsertionPoint(op), op.location:
+        flat, linear = _flat_span(read.base, list(read.indices))
+        span = vector.load(ir.VectorType.get([(lanes - 1) * stride + 1], vtype.element_type), flat, [linear])
+        picked = vector.shuffle(span, span, [lane * stride for lane in range(lanes)])
+    op.results[0].replace_all_uses_with(picked)
     op.erase()
 
 
