@@ -97,6 +97,7 @@ def programs() -> dict[str, tuple[Callable, list]]:
                       [_normal(8, 64, 56, 56), _normal(64, 64, 3, 3, seed=1)]),
         "rgb_normalize": (lambda a: (a - np.float32([0.485, 0.456, 0.406])) / np.float32([0.229, 0.224, 0.225]),
                           [_normal(8, 224, 224, 3)]),
+        "box_areas": (lambda b: (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1]), [_normal(65536, 4)]),
         "uint8_to_float": (lambda a: a.astype(jnp.float32) / 255,
                            [np.random.default_rng(3).integers(0, 256, (8, 224, 224, 3)).astype(np.uint8)]),
         "batchnorm_train": (lambda a: (a - a.mean((0, 1, 2))) / jnp.sqrt(a.var((0, 1, 2)) + 1e-5), [img]),
