@@ -31,7 +31,7 @@ from mlir.dialects import arith, vector
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import templates
 from polyblocks_jax.passes.pipeline import pass_manager
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import FLOAT_EXTREMA, float_constant, walk
 from polyblocks_jax.passes.matrix_units import MatrixUnit, TileShape, UnitOp
 
 DPBF16 = UnitOp("bf16", "bf16", "f32", TileShape(1, 16, 2), pack=2)
@@ -101,7 +101,6 @@ def kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: Til
 
 
 _SIGN_OPS = frozenset({"math.absf", "math.copysign"})  # exact: a loaded subnormal stays one
-_EXTREMA = frozenset({"arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf"})
 _COMPUTING = frozenset({"arith.addf", "arith.subf", "arith.mulf", "arith.divf", "arith.remf", "vector.fma"})
 _CONVERT = "x86vector.avx512.cvt.packed.f32_to_bf16"
 
@@ -146,22 +145,20 @@ def _is_computed(value: ir.Value) -> bool:
     name = _owner_name(value)
     if name == "arith.select":
         return all(_is_computed(v) or _owner_name(v) == "arith.constant" for v in list(value.owner.operands)[1:])
-    return name in _COMPUTING or name in _EXTREMA or name.startswith("math.") and name not in _SIGN_OPS
+    return name in _COMPUTING or name in FLOAT_EXTREMA or name.startswith("math.") and name not in _SIGN_OPS
 
 
 def _is_bf16_extremum(value: ir.Value) -> bool:
     """The max or min of values widened from bf16 (or bf16 constants): one of them, exactly."""
-    return _owner_name(value) in _EXTREMA and all(_is_bf16_value(v) for v in value.owner.operands)
+    return _owner_name(value) in FLOAT_EXTREMA and all(_is_bf16_value(v) for v in value.owner.operands)
 
 
 def _is_bf16_value(value: ir.Value) -> bool:
     name = _owner_name(value)
     if name == "arith.extf":
         return isinstance(ir.VectorType(value.owner.operands[0].type).element_type, ir.BF16Type)
-    if name != "arith.constant" or not isinstance(value.owner.attributes["value"], ir.DenseElementsAttr):
-        return False
-    attr = ir.DenseElementsAttr(value.owner.attributes["value"])
-    return attr.is_splat and struct.unpack("<I", struct.pack("<f", ir.FloatAttr(attr.get_splat_value()).value))[0] & 0xFFFF == 0
+    constant = float_constant(value)
+    return constant is not None and struct.unpack("<I", struct.pack("<f", constant))[0] & 0xFFFF == 0
 
 
 def _high_half(value: ir.Value, result: ir.VectorType) -> ir.Value:

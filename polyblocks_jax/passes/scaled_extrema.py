@@ -16,10 +16,9 @@ from mlir import ir
 from mlir.dialects import tensor
 
 from polyblocks_jax.passes import signed_zeros
-from polyblocks_jax.passes.transform import float_constant, indexing_maps, is_elementwise_generic, walk
+from polyblocks_jax.passes.transform import FLOAT_EXTREMA, float_constant, indexing_maps, is_elementwise_generic, walk
 from polyblocks_jax.stablehlo_import.builders import parallel_generic
 
-_EXTREMA = ("arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf")
 _SCALINGS = ("arith.divf", "arith.mulf")
 
 
@@ -52,7 +51,7 @@ def _is_extremum(op: ir.Operation) -> bool:
     if signed_zeros.is_signed_zero_combiner(accumulator, yielded):
         return True
     combine = yielded.owner
-    return isinstance(combine, ir.OpView) and combine.operation.name in _EXTREMA \
+    return isinstance(combine, ir.OpView) and combine.operation.name in FLOAT_EXTREMA \
         and set(combine.operation.operands) == set(block.arguments)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, vector
 
-from polyblocks_jax.passes.transform import producer, walk
+from polyblocks_jax.passes.transform import float_constant, producer, walk
 
 _MERGES = {"arith.maximumf": "arith.andi", "arith.minimumf": "arith.ori"}
 
@@ -142,15 +142,8 @@ def _wrapped(op: ir.Operation) -> bool:
 
 
 def _nonzero_constant(value: ir.Value) -> bool:
-    owner = value.owner
-    if not isinstance(owner, ir.OpView) or owner.operation.name != "arith.constant":
-        return False
-    attr = owner.operation.attributes["value"]
-    if isinstance(attr, ir.DenseElementsAttr):
-        if not attr.is_splat:
-            return False
-        attr = attr.get_splat_value()
-    return isinstance(attr, ir.FloatAttr) and ir.FloatAttr(attr).value != 0.0
+    constant = float_constant(value)
+    return constant is not None and constant != 0.0
 
 
 def _erase_dead(block: ir.Block) -> None:

@@ -78,12 +78,19 @@ def move_body(source: ir.Operation, target: ir.Operation) -> None:
         point.insert(body_op.operation.detach_from_parent())
 
 
+# Float max and min: exact, one of their operands (NaN aside), in any order.
+FLOAT_EXTREMA = frozenset({"arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf"})
+
+
 def float_constant(value: ir.Value) -> float | None:
-    """The value of ``value`` where an ``arith.constant`` float defines it, else None."""
+    """The value of ``value`` where an ``arith.constant`` float (or a splat of one) defines
+    it, else None."""
     owner = value.owner
     if not isinstance(owner, ir.OpView) or owner.operation.name != "arith.constant":
         return None
     attr = owner.operation.attributes["value"]
+    if isinstance(attr, ir.DenseElementsAttr):
+        attr = attr.get_splat_value() if attr.is_splat else None
     return ir.FloatAttr(attr).value if isinstance(attr, ir.FloatAttr) else None
 
 

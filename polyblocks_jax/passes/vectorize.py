@@ -30,7 +30,7 @@ from polyblocks_jax.passes.collapsed_dims import merge_trailing_dims, merged_dim
 from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.reversals import unreverse_loops
 from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, register_tile
-from polyblocks_jax.passes.transform import (apply_script, has_reversed_index, indexing_maps, is_elementwise_generic,
+from polyblocks_jax.passes.transform import (FLOAT_EXTREMA, apply_script, has_reversed_index, indexing_maps, is_elementwise_generic,
                                              lower_vectors_and_hoist, reduction_loops, walk)
 from polyblocks_jax.passes.transposed_broadcasts import fold_transposed_broadcasts
 from polyblocks_jax.passes.zero_start import NEST_ATTR, WHOLE_NEST_ATTR, start_accumulators_at_zero
@@ -39,8 +39,7 @@ VECTOR_ATTR = "polyblocks.vector"
 _VECTORIZED_OPS = ("linalg.generic", "linalg.reduce")
 # Body ops the linalg vectorizer turns into vector ops one for one.
 _BODY_DIALECTS = ("arith.", "math.", "linalg.index", "affine.apply", "tensor.extract")
-_EXTREMA = frozenset({"arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf",
-                      "arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui"})
+_EXTREMA = FLOAT_EXTREMA | {"arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui"}
 _COMBINERS = _EXTREMA | {"arith.addf", "arith.mulf", "arith.addi", "arith.muli", "arith.andi", "arith.ori", "arith.xori"}
 _CONTRACTIBLE = ("arith.mulf", "arith.addf", "arith.subf")
 _MAX_CHUNK_VECTORS = 16  # an inner-reduction chunk: at most this many vectors in flight
