@@ -29,7 +29,7 @@ def plot(report: dict, path: Path) -> None:
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel("median latency (ms)")
     ax.set_ylim(0, 1.25 * top)
-    size = "small configs" if report["quick"] else "full configs"
+    size = ("small configs" if report["quick"] else "full configs") + (", training steps" if report.get("train") else "")
     ax.set_title(f"{report['machine']} ({report['cpu']}, {report['cores']} cores), {size}; "
                  "label: XLA time / polyblocks time", fontsize=9)
     ax.legend()

@@ -204,3 +204,34 @@ def random_leaf(path, spec: jax.ShapeDtypeStruct, rng: np.random.Generator) -> n
     else:  # kernels and embeddings: LeCun normal, fan-in = all but the last axis
         value = normal / np.sqrt(max(1, int(np.prod(shape[:-1]))))
     return value.astype(spec.dtype)
+
+
+# --- Training ---------------------------------------------------------------
+
+def loss_and_grads(case: ModelCase) -> Callable[[Any, np.ndarray, np.ndarray], tuple[Any, Any]]:
+    """``(variables, x, target) -> (loss, gradients)``: the mean squared error of the
+    model's output against ``target``, differentiated with respect to the trainable
+    parameters (the "params" collection; running statistics are not trained)."""
+    def fn(variables, x, target):
+        def loss(params):
+            y = case.apply({**variables, "params": params}, x)
+            return jnp.mean((y.astype(jnp.float32) - target) ** 2)
+        return jax.value_and_grad(loss)(variables["params"])
+    return fn
+
+
+def train_step(case: ModelCase, learning_rate: float = 0.01) -> Callable[[Any, np.ndarray, np.ndarray], tuple[Any, Any]]:
+    """``(variables, x, target) -> (loss, updated variables)``: one step of plain SGD."""
+    gradients = loss_and_grads(case)
+
+    def fn(variables, x, target):
+        value, grads = gradients(variables, x, target)
+        params = jax.tree_util.tree_map(lambda p, g: p - learning_rate * g, variables["params"], grads)
+        return value, {**variables, "params": params}
+    return fn
+
+
+def training_target(case: ModelCase, seed: int = 0) -> np.ndarray:
+    """A random target shaped as the model's output (class scores, or a UNet's mask)."""
+    shape = jax.eval_shape(case.apply, case.params, case.input).shape
+    return np.random.default_rng(seed + 2).standard_normal(shape).astype(np.float32)

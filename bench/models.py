@@ -3,11 +3,14 @@
 For each model and batch size: compile time (each side's fastest of ``--compiles``, caches
 emptied before each), median latency after warm-up, maximum
 relative error against XLA, and speed ratio (XLA time / polyblocks time). Prints a
-table, writes bench/results/<machine>.json and a PNG chart beside it.
+table, writes bench/results/<machine>.json and a PNG chart beside it. ``--train`` times a
+training step instead of inference: the loss's gradients and an SGD update of the
+parameters (``flax_models.train_step``), written to <machine>-train.json.
 
     python bench/models.py                  # full sizes, batch 1 and 8
     python bench/models.py --quick          # small configurations, under a minute
     python bench/models.py --models vit_tiny --batch 8 --repeat 50
+    python bench/models.py --train --batch 8
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import platform
 import re
 import sys
 from pathlib import Path
+from typing import Callable
 
 if __package__ in (None, ""):  # run as a script: make `bench` importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -49,14 +53,16 @@ class Row:
     error: str = ""
 
 
-def measure(name: str, batch: int, small: bool, repeat: int, compiles: int = 1, dtype: str = "float32") -> Row:
+def measure(name: str, batch: int, small: bool, repeat: int, compiles: int = 1, dtype: str = "float32",
+            train: bool = False) -> Row:
     """One row; each side's compile time is the least of ``compiles`` compiles."""
     case = flax_models.make(name, batch, small, dtype=jnp.dtype(dtype))
-    xla = runner.compile_xla(case.apply, case.params, case.input, compiles=compiles)
+    fn, args = _program(case, train)
+    xla = runner.compile_xla(fn, *args, compiles=compiles)
     expected = runner.flat_numpy(xla.call())
     row = Row(name, batch, xla.compile_s, math.nan)
     try:
-        pbc = runner.compile_polyblocks(case.apply, case.params, case.input, compiles=compiles)
+        pbc = runner.compile_polyblocks(fn, *args, compiles=compiles)
         row.via, row.pb_compile_s = pbc.via, pbc.compile_s
         row.max_rel_error = runner.max_relative_error(runner.flat_numpy(pbc.call()), expected)
         xla_s, pb_s = runner.paired_latency(xla, pbc, repeat)
@@ -67,6 +73,13 @@ def measure(name: str, batch: int, small: bool, repeat: int, compiles: int = 1, 
     if row.pb_ms:
         row.speedup = row.xla_ms / row.pb_ms
     return row
+
+
+def _program(case: flax_models.ModelCase, train: bool) -> tuple[Callable, tuple]:
+    """What a row times: the model's inference, or one training step on a random target."""
+    if train:
+        return flax_models.train_step(case), (case.params, case.input, flax_models.training_target(case))
+    return case.apply, (case.params, case.input)
 
 
 def format_table(rows: list[Row]) -> str:
@@ -115,11 +128,12 @@ def machine_slug() -> str:
 
 def write_results(rows: list[Row], args: argparse.Namespace) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = machine_slug() + ("-quick" if args.quick else "") + ("" if args.dtype == "float32" else f"-{args.dtype}")
+    stem = machine_slug() + ("-quick" if args.quick else "") + ("" if args.dtype == "float32" else f"-{args.dtype}") \
+        + ("-train" if args.train else "")
     report = {
         "machine": machine_slug(), "cpu": cpu_name(), "cores": cores(),
         "jax": jax.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "quick": args.quick, "dtype": args.dtype, "repeat": args.repeat, "compiles": args.compiles,
+        "quick": args.quick, "dtype": args.dtype, "train": args.train, "repeat": args.repeat, "compiles": args.compiles,
         "configs": {name: dataclasses.asdict(flax_models.CONFIGS[name][2 if args.quick else 1])
                     for name in args.models},
         "rows": [dataclasses.asdict(r) for r in rows],
@@ -138,6 +152,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", default="1,8", help="comma-separated batch sizes")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                         help="weights and input (bfloat16: the models in bf16 throughout)")
+    parser.add_argument("--train", action="store_true",
+                        help="time a training step (gradients and an SGD update), not inference")
     parser.add_argument("--repeat", type=int, default=None,
                         help="timed calls per measurement (default 20, 5 with --quick)")
     parser.add_argument("--compiles", type=int, default=None,
@@ -159,10 +175,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name in args.models:
         for batch in args.batch:
-            rows.append(measure(name, batch, args.quick, args.repeat, args.compiles, args.dtype))
+            rows.append(measure(name, batch, args.quick, args.repeat, args.compiles, args.dtype, args.train))
             print(format_table(rows[-1:]).splitlines()[-1], flush=True)
     print(f"\n{machine_slug()} ({cpu_name()}, {cores()} cores), "
-          f"{'small' if args.quick else 'full'} {args.dtype} configs, best of {runner.ROUNDS} medians of {args.repeat}, "
+          f"{'small' if args.quick else 'full'} {args.dtype} configs{', training steps' if args.train else ''}, best of {runner.ROUNDS} medians of {args.repeat}, "
           f"compile times the best of {args.compiles}")
     print(format_table(rows))
     print(f"wrote {write_results(rows, args)}")

@@ -44,6 +44,29 @@ class Bf16ModelsTest(parameterized.TestCase):
                              atol=BF16_MODEL_TOLERANCE * scale, msg=name)
 
 
+class TrainingTest(parameterized.TestCase):
+    """A training step: the loss's gradients through every layer (transposed and strided
+    convolutions, pooling's and normalization's gradients, reductions over the batch)."""
+
+    @parameterized.parameters(*flax_models.MODEL_NAMES)
+    def test_small_model_gradients_match_xla(self, name):
+        case = flax_models.make(name, batch=2, small=True)
+        args = (case.params, case.input, flax_models.training_target(case))
+        expected = support.xla_cpu(flax_models.loss_and_grads(case), *args)
+        actual = on_polyblocks(flax_models.loss_and_grads(case), *args)
+        # Against the largest gradient: some are 0 up to rounding (a bias a normalization
+        # follows), a few ulps of noise on either side.
+        scale = max(float(np.abs(g).max()) for g in expected[1:])
+        support.assert_close(self, actual, expected, rtol=MODEL_RTOL, atol=MODEL_ATOL * scale, msg=name)
+
+    def test_train_step_updates_parameters_as_xla(self):
+        case = flax_models.make("resnet18", batch=2, small=True)
+        args = (case.params, case.input, flax_models.training_target(case))
+        step = flax_models.train_step(case)
+        support.assert_close(self, on_polyblocks(step, *args), support.xla_cpu(step, *args),
+                             rtol=MODEL_RTOL, atol=MODEL_ATOL)
+
+
 class SwitchedOffTest(parameterized.TestCase):
     """Each model with each optimization off in turn: the same results, so that any one of
     them can be measured on its own (bench/ablation.py) without changing what is computed."""
