@@ -15,7 +15,7 @@ from mlir import ir
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import passes
-from polyblocks_jax.passes.conv_tiling import choose_conv_tiles
+from polyblocks_jax.passes.conv_tiling import choose_conv_tiles, padded_channels
 from polyblocks_jax.passes.tiling import Hardware
 from polyblocks_jax.stablehlo_import import import_program
 
@@ -86,6 +86,36 @@ class PointwiseConvTest(parameterized.TestCase):
         def fn(x, w, b):
             return jax.nn.relu(jax.lax.conv_general_dilated(x, w, (1, 1), "VALID", dimension_numbers=_NHWC) + b)
         for options in (pb.Options(), pb.Options(parallel=False), pb.Options(tiling=False)):
+            support.check_against_xla(self, fn, x, w, b, options=options, **ACCUMULATE)
+
+
+class NarrowOutputTest(parameterized.TestCase):
+    """Output channels no vector width divides: the kernel padded with zero columns to the
+    fewest vectors' worth, the result sliced back (scalar loops otherwise)."""
+
+    @parameterized.parameters((1, AVX2, 4), (3, AVX2, 4), (6, AVX2, 8), (17, AVX2, 24), (8, AVX2, 8),
+                              (3, AVX512, 4), (10, AVX512, 16), (17, AVX512, 32), (12, AVX512, 12))
+    def test_padded_channels(self, channels, hw, expected):
+        # A tie in vectors takes the narrowest: 3 channels in one 128-bit vector, not one of 512.
+        self.assertEqual(padded_channels(channels, hw), expected)
+
+    def test_the_convolution_computes_padded_channels(self):
+        text = _conv_after_stage((2, 9, 9, 16), (3, 3, 16, 3), (1, 1), "SAME")
+        self.assertIn("tensor<3x3x16x4xf32>", text)  # the kernel with a zero column
+        self.assertIn("tensor<2x9x9x4xf32>", text)
+        self.assertIn("tensor.extract_slice", text)
+
+    @parameterized.named_parameters(("rgb", (2, 12, 12, 16), (3, 3, 16, 3), (1, 1)),
+                                    ("one_channel_strided", (2, 13, 11, 8), (3, 3, 8, 1), (2, 2)),
+                                    ("five", (1, 10, 10, 4), (5, 5, 4, 5), (1, 1)))
+    def test_results(self, lhs_shape, rhs_shape, strides):
+        rng = np.random.default_rng(sum(lhs_shape))
+        x, w = rng.standard_normal(lhs_shape, np.float32), rng.standard_normal(rhs_shape, np.float32)
+        b = rng.standard_normal(rhs_shape[-1], np.float32)
+
+        def fn(x, w, b):
+            return jax.nn.relu(jax.lax.conv_general_dilated(x, w, strides, "SAME", dimension_numbers=_NHWC) + b)
+        for options in (pb.Options(), pb.Options(tiling=False), pb.Options(vectorize=False)):
             support.check_against_xla(self, fn, x, w, b, options=options, **ACCUMULATE)
 
 

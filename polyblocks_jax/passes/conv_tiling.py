@@ -13,7 +13,10 @@ A 1x1 convolution with unit strides is a matmul on the collapsed image, and one 
 windows tile the image or whose weights outgrow half of L2 a matmul on its im2col rows (for
 a group of images at a time where the whole batch's rows would be large), or, in one
 dimension, a matmul per kernel tap on slices of each image's row:
-``convs_to_matmuls`` (a stage before tiling) hands them to the matmul tiling.
+``convs_to_matmuls`` (a stage before tiling) hands them to the matmul tiling. There too, a
+direct convolution whose output channels fill no vector (an image's 3 colour channels, the
+input gradient of a network's first convolution) gets zero kernel columns up to a width
+that does, and its result is the slice of the real channels.
 """
 from __future__ import annotations
 
@@ -99,13 +102,51 @@ def convs_to_matmuls(module: ir.Module, options: Options, hw: Hardware) -> None:
     """Hand to the matmul tiling the f32 NHWC convolutions it computes better than the direct
     convolution: a 1x1 convolution with unit strides as a matmul on the collapsed image,
     (N*H*W x C) @ (C x F); any other whose weights exceed half of L2 (``im2col_pays``) as a
-    matmul on its gathered input rows, im2col (N*OH*OW x KH*KW*C) @ (KH*KW*C x F)."""
+    matmul on its gathered input rows, im2col (N*OH*OW x KH*KW*C) @ (KH*KW*C x F). A direct
+    convolution whose output channels fill no vector computes ``padded_channels`` of them."""
     for op in list(walk(module.operation)):
-        if _is_static_f32_conv(op) and (_is_pointwise(op) or im2col_pays(op, hw)):
+        if not _is_static_f32_conv(op):
+            continue
+        channels = _shape(op.operands[1])[3]
+        if _is_pointwise(op) or im2col_pays(op, hw):
             with op.location:
                 result = _as_matmul(op)
-            op.results[0].replace_all_uses_with(result)
-            op.erase()
+        elif padded_channels(channels, hw) != channels:
+            with op.location:
+                result = _with_channels(op, padded_channels(channels, hw))
+        else:
+            continue
+        op.results[0].replace_all_uses_with(result)
+        op.erase()
+
+
+def padded_channels(channels: int, hw: Hardware) -> int:
+    """The output channels a direct f32 convolution computes: ``channels`` where a vector
+    width divides them, else the fewest vectors' worth (the narrowest width on a tie).
+    Without vectors the convolution ran as scalar loops: 3x3, 64 -> 3 channels on 8 x 56 x 56,
+    17.6 ms against XLA's 1.7."""
+    if channels % hw.lanes(4, channels) == 0:
+        return channels
+    widths = {-(-channels // lanes) * lanes for lanes in (4, 8, 16) if lanes <= hw.lanes(4)}
+    return min(widths, key=lambda width: (width // hw.lanes(4, width), width))
+
+
+def _with_channels(op: ir.Operation, channels: int) -> ir.Value:
+    """The convolution ``op`` computed for ``channels`` output channels (kernel columns and
+    accumulators past its own zero), sliced back to its own."""
+    image, kernel, init = op.operands
+    n, oh, ow, f = _shape(init)
+    element = ir.RankedTensorType(init.type).element_type
+    with ir.InsertionPoint(op):
+        wide = [0, 0, 0, channels - f]
+        kernel = slices.pad(kernel, 0.0, [0] * 4, wide, [0] * 4)
+        if zero_filled(init):
+            init = linalg.fill(arith.constant(element, 0.0), outs=[tensor.EmptyOp([n, oh, ow, channels], element)])
+        else:
+            init = slices.pad(init, 0.0, [0] * 4, wide, [0] * 4)
+        conv = linalg.conv_2d_nhwc_hwcf(image, kernel, outs=[init], strides=_ints(op, "strides"),
+                                        dilations=_ints(op, "dilations"))
+        return slices.extract_slice(conv, [n, oh, ow, f], [0] * 4)
 
 
 def im2col_pays(op: ir.Operation, hw: Hardware) -> bool:

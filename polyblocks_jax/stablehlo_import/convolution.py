@@ -7,12 +7,15 @@ on the input (a zero-filled tensor with the input inserted at a stride, then cro
 window reversal on the kernel. What is left is a plain strided, rhs-dilated
 convolution: a linalg named op where one exists (later tiling and vectorization
 match those), a linalg.generic for feature groups, batch groups and odd dtypes.
-A transposed convolution whose kernel is as large as its lhs dilation (each output pixel
-reads one tap) is instead a matmul per output residue, with no dilated input.
+A transposed convolution (lhs dilation, unit strides: the input gradient of a strided
+convolution) is instead one plain convolution per output residue modulo the dilation, of
+the undilated input with the kernel taps that residue reads: no dilated input, none of its
+zeros multiplied (3/4 of the products at dilation 2 in 2-D).
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from jaxlib.mlir import ir as jir
 from jaxlib.mlir.dialects import stablehlo
@@ -96,47 +99,70 @@ def convolution(cx, op):
     spatial = [d for d, flip in enumerate(win.reversal) if flip]
     rhs = layout.reverse(layout.transpose(op.operands[1], win.kernel_perm), spatial)
     out_shape = [result.shape[d] for d in win.result_perm]
-    taps = _subpixel_taps(win, builders.shape_of(lhs), builders.shape_of(rhs), out_shape)
-    if taps is not None and {lhs_spec.dtype.name, rhs_spec.dtype.name, result.dtype.name} == {"f32"}:
-        out = _subpixel(lhs, rhs, out_shape, win, taps)
+    residues = _residues(win, builders.shape_of(lhs), builders.shape_of(rhs), out_shape)
+    if residues is not None:
+        out = _by_residues(lhs, rhs, out_shape, win, residues, op)
     else:
-        init = builders.filled(builders.splat(0, element_type(acc)), out_shape)
-        out = convert_value(_convolve(_pad_and_dilate(lhs, win), rhs, init, win, op), acc, result.dtype)
+        out = _convolution(lhs, rhs, out_shape, win, op)
     return [layout.transpose(out, _inverse(win.result_perm))]
 
 
-def _subpixel_taps(win: _Window, lhs: list[int], rhs: list[int], out: list[int]) -> list[list[int]] | None:
-    """Per spatial dim, the kernel tap each output residue (mod the lhs dilation) reads, when
-    the convolution is a transposed one whose kernel is as large as its stride (a UNet's 2x2
-    upsampling) and whose low padding is ``s - 1``: output ``r + s*i`` then reads dilated
-    input ``r + t + s*i - (s - 1)``, nonzero for tap ``t = s - 1 - r`` alone, which is input
-    ``i``. None otherwise."""
-    if win.rank != 2 or win.groups != 1 or win.batch_groups != 1 or set(win.strides + win.rhs_dilation) != {1}:
+def _convolution(lhs: ir.Value, rhs: ir.Value, out_shape: list[int], win: _Window, op) -> ir.Value:
+    """The convolution in the internal layout, of the result's dtype."""
+    result, acc = op.result_specs[0].dtype, _accumulator(op.result_specs[0].dtype)
+    init = builders.filled(builders.splat(0, element_type(acc)), out_shape)
+    return convert_value(_convolve(_pad_and_dilate(lhs, win), rhs, init, win, op), acc, result)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Residue:
+    """The outputs ``r, r + s, ...`` (``count`` of them) of one spatial dim of a transposed
+    convolution with lhs dilation ``s``: output ``r + s*m`` is the sum over ``j < taps`` of
+    input ``m + j - pad[0]`` times kernel tap ``first + s*j``, a plain convolution."""
+    r: int
+    first: int
+    taps: int
+    count: int
+    pad: tuple[int, int]
+
+
+def _residues(win: _Window, lhs: list[int], rhs: list[int], out: list[int]) -> list[list[_Residue]] | None:
+    """Per spatial dim, its output residues, when the convolution is a transposed one
+    (lhs dilation, unit strides and rhs dilation); None otherwise."""
+    if set(win.lhs_dilation) == {1} or set(win.strides + win.rhs_dilation) != {1}:
         return None
-    taps = []
+    dims = []
     for d, s in enumerate(win.lhs_dilation):
-        low, size = win.padding[d][0], lhs[1 + d]
-        if s == 1 or rhs[d] != s or out[1 + d] != s * size or low != s - 1:
-            return None
-        taps.append([s - 1 - r for r in range(s)])
-    return taps
+        low, size, kernel, outputs = win.padding[d][0], lhs[1 + d], rhs[d], out[1 + d]
+        dims.append([])
+        for r in range(min(s, outputs)):
+            # Padded dilated position r + s*m + t is input element (r + s*m + t - low) / s.
+            first = (low - r) % s
+            taps = max(0, -(-(kernel - first) // s))
+            offset = (r + first - low) // s
+            count = -(-(outputs - r) // s)
+            dims[-1].append(_Residue(r, first, taps, count, (-offset, offset + count + taps - 1 - size)))
+    return dims
 
 
-def _subpixel(lhs: ir.Value, rhs: ir.Value, out_shape: list[int], win: _Window, taps: list[list[int]]) -> ir.Value:
-    """The transposed convolution as one matmul per output residue, (N*H*W x C) @ (C x F)
-    into every s-th pixel of an ``out_shape`` tensor (each pixel written once: no fill): no
-    dilated input, none of its zeros multiplied (3/4 of the FLOPs of a 2x2 upsampling)."""
-    n, h, w, c = builders.shape_of(lhs)
-    f = builders.shape_of(rhs)[-1]
-    pixels = layout.collapse(lhs, [[0, 1, 2], [3]], [n * h * w, c])
-    (sh, sw), out = win.lhs_dilation, tensor.EmptyOp(out_shape, builders.elem_type_of(lhs)).result
-    for rh in range(sh):
-        for rw in range(sw):
-            kernel = slices.extract_slice(rhs, [1, 1, c, f], [taps[0][rh], taps[1][rw], 0, 0])
-            zeros = builders.filled(builders.splat(0, builders.elem_type_of(lhs)), [n * h * w, f])
-            product = linalg.matmul(pixels, layout.collapse(kernel, [[0, 1, 2], [3]], [c, f]), outs=[zeros])
-            out = slices.insert_slice(layout.expand(product, [[0, 1, 2], [3]], [n, h, w, f]), out,
-                                      [0, rh, rw, 0], [1, sh, sw, 1])
+def _by_residues(lhs: ir.Value, rhs: ir.Value, out_shape: list[int], win: _Window,
+                 residues: list[list[_Residue]], op) -> ir.Value:
+    """The transposed convolution as one convolution per combination of residues, each
+    written into every s-th output (no fill where every output has a tap)."""
+    dtype = element_type(op.result_specs[0].dtype)
+    whole = all(r.taps for dim in residues for r in dim)
+    out = tensor.EmptyOp(out_shape, dtype).result if whole else builders.filled(builders.splat(0, dtype), out_shape)
+    plain = dataclasses.replace(win, lhs_dilation=[1] * win.rank)
+    c, f = builders.shape_of(rhs)[-2:]
+    for combination in itertools.product(*residues):
+        if not all(r.taps for r in combination):
+            continue
+        kernel = slices.extract_slice(rhs, [*(r.taps for r in combination), c, f],
+                                      [*(r.first for r in combination), 0, 0],
+                                      [*win.lhs_dilation, 1, 1])
+        sub = dataclasses.replace(plain, padding=[r.pad for r in combination])
+        part = _convolution(lhs, kernel, [out_shape[0], *(r.count for r in combination), f], sub, op)
+        out = slices.insert_slice(part, out, [0, *(r.r for r in combination), 0], [1, *win.lhs_dilation, 1])
     return out
 
 
