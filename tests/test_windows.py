@@ -181,6 +181,29 @@ class SelectAndScatterTest(parameterized.TestCase):
             text = str(import_program(lowered, context).module)
         self.assertNotIn("arith.divsi", text)
 
+    def test_overlapping_windows_by_residues(self):
+        # A 3x3 pooling with strides 2 (ResNet's stem): per residue of the operand modulo the
+        # strides, one elementwise op over shifted slices; the selection too, one strided
+        # slice per tap. No division, no gather: vectorized along the channels.
+        lowered = jax.jit(_max_pool_grad((1, 3, 3, 1), (1, 2, 2, 1), "SAME")).trace(
+            np.zeros((2, 9, 8, 16), np.float32)).lower(lowering_platforms=("cpu",))
+        with ir.Context() as context, ir.Location.unknown():
+            text = str(import_program(lowered, context).module)
+        self.assertNotIn("arith.divsi", text)
+        self.assertNotRegex(text, r"tensor\.extract %\w+\[%")  # an element at computed indices
+        self.assertNotIn('"reduction"', text)
+
+    @parameterized.named_parameters(
+        ("3x3_stride2", (1, 3, 3, 1), (1, 2, 2, 1), "SAME"), ("3x3_stride1", (1, 3, 3, 1), (1, 1, 1, 1), "SAME"),
+        ("window_smaller_than_stride", (1, 2, 1, 1), (1, 3, 2, 1), "VALID"),
+        ("1d_k4_stride2", (1, 4, 1), (1, 2, 1), "SAME"),
+        # 25 taps a residue: the general form (windows tested with divisions, gathers).
+        ("5x5_stride1", (1, 5, 5, 1), (1, 1, 1, 1), "SAME"))
+    def test_residue_forms(self, window, strides, padding):
+        shape = (2, 11, 10, 8)[:len(window)]
+        x = np.random.default_rng(len(window)).integers(-3, 4, shape).astype(np.float32)  # ties
+        support.check_against_xla(self, _max_pool_grad(window, strides, padding), x)
+
     def test_flax_max_pool_gradient(self):
         x = support.random_array(np.random.default_rng(1), (2, 6, 6, 4), np.float32, edge=False)
         support.check_against_xla(
@@ -210,6 +233,12 @@ class SelectAndScatterTest(parameterized.TestCase):
         (got,) = pb.compile(text)(x, s)
         np.testing.assert_allclose(got, _select_and_scatter_min(x, s, (3, 2), (2, 2), ((1, 1), (0, 1))),
                                    rtol=1e-6)
+
+
+def _max_pool_grad(window, strides, padding):
+    """The gradient of a max pooling weighted by each window's index (ties: the first)."""
+    pool = _pool(lax.max, _lowest(np.float32), window, strides, padding)
+    return jax.grad(lambda x: (pool(x) * jnp.arange(pool(x).size, dtype=x.dtype).reshape(pool(x).shape)).sum())
 
 
 def _select_and_scatter_min(x, s, window, strides, padding):
