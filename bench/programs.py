@@ -91,6 +91,7 @@ def programs() -> dict[str, tuple[Callable, list]]:
         "depthwise_3x3": (lambda a, w: _conv(w, groups=64)(a), [img, _normal(3, 3, 1, 64, seed=1)]),
         "conv_3x3_stride_2": (lambda a, w: _conv(w, (2, 2))(a), [img, _normal(3, 3, 64, 128, seed=1)]),
         "conv_5x5": (lambda a, w: _conv(w)(a), [img, _normal(5, 5, 64, 64, seed=1)]),
+        "conv_3x3_to_rgb": (lambda a, w: _conv(w)(a), [img, _normal(3, 3, 64, 3, seed=1) / 24]),
         "conv_1d_3": (lambda a, w: _conv(w, (1,), numbers=("NWC", "WIO", "NWC"))(a),
                       [seq, _normal(3, 384, 384, seed=1)]),
         "conv_nchw": (lambda a, w: _conv(w, numbers=("NCHW", "OIHW", "NCHW"))(a),
@@ -135,10 +136,14 @@ def _training() -> dict[str, tuple[Callable, list]]:
     return {
         "grad_conv_weights": (jax.grad(lambda w, a: (_conv(w)(a) ** 2).sum()), [w, img]),
         "grad_conv_input": (jax.grad(lambda a, w: (_conv(w)(a) ** 2).sum()), [img, w]),
+        # A strided convolution's input gradient: a transposed convolution (lhs dilation 2).
+        "grad_conv_input_stride_2": (jax.grad(lambda a, w: (_conv(w, (2, 2))(a) ** 2).sum()), [img, w]),
         "grad_dense_tanh": (jax.grad(lambda w, a: jnp.tanh(a @ w).sum()), [dense, seq]),
         "grad_softmax_cross_entropy": (jax.grad(lambda a: -jax.nn.log_softmax(a, -1)[..., 0].sum()), [seq]),
         "grad_max_pool": (jax.grad(lambda a: _pool(lax.max, -jnp.inf, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")(a).sum()),
                           [img]),
+        "grad_max_pool_3x3_2": (jax.grad(lambda a: _pool(lax.max, -jnp.inf, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")(a).sum()),
+                                [img]),
         "grad_gelu": (jax.grad(lambda a: jax.nn.gelu(a).sum()), [seq]),
         "grad_attention": (jax.grad(attention, argnums=(0, 1, 2)), qkv),
         "adam_update": (lambda p, g, m, v: p - 1e-3 * (0.9 * m + 0.1 * g) / (jnp.sqrt(0.999 * v + 0.001 * g * g) + 1e-8),
