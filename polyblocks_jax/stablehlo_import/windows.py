@@ -210,6 +210,11 @@ def _cumulative(cx, body: jir.Block, xs: list[ir.Value], inits: list[ir.Value],
 
 # ---------------------------------------------------------------- select_and_scatter
 
+# Taps read as slices by one elementwise op (a window's taps for the selection, a residue's
+# for the scatter, two slices each); beyond, the general forms (a large window, unit strides).
+_MAX_SLICED_TAPS = 16
+
+
 @converts("stablehlo.select_and_scatter")
 def select_and_scatter(cx, op):
     x, source, init = op.operands
@@ -238,7 +243,7 @@ def _select(cx, body: jir.Block, x: ir.Value, spec: TensorSpec, win: _Window,
     ins = [_pad(x, 0, win)]
     if win.pads():
         ins.append(_mask(spec.shape, win))
-    if math.prod(win.dims) <= _MAX_RESIDUE_TAPS:
+    if math.prod(win.dims) <= _MAX_SLICED_TAPS:
         return _select_by_taps(cx, body, ins, win, src_spec)
     d = [ir.AffineExpr.get_dim(i) for i in range(2 * rank)]
     read = _map(2 * rank, [d[i] * win.strides[i] + d[rank + i] for i in range(rank)])
@@ -332,11 +337,6 @@ class _Residue:
     window: int
 
 
-# Taps of one residue read as slices (two per tap) by one elementwise op; beyond, the
-# general form (a large window with unit strides).
-_MAX_RESIDUE_TAPS = 16
-
-
 def _scatter_residues(win: _Window, shape: Sequence[int], windows: Sequence[int]) -> list[list[_Residue]] | None:
     """Per dim, the residues of its operand elements modulo the window stride; None where
     padding is negative or the residues read too many taps (select_and_scatter has no dilations)."""
@@ -350,7 +350,7 @@ def _scatter_residues(win: _Window, shape: Sequence[int], windows: Sequence[int]
             taps = max(0, -(-(k - first) // s))
             dims[-1].append(_Residue(r, -(-(n - r) // s), first, taps, (r + low - first) // s))
     taps = max(math.prod(r.taps for r in combination) for combination in itertools.product(*dims))
-    return dims if taps <= _MAX_RESIDUE_TAPS else None
+    return dims if taps <= _MAX_SLICED_TAPS else None
 
 
 def _scatter_by_residues(cx, body: jir.Block, source: ir.Value, selected: ir.Value, init: ir.Value,
