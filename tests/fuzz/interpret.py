@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -33,14 +34,31 @@ def _reduce(x, fn: str, axes):
         return lax.reduce(x, np.array(0, dtype), lax.add, axes)
     if fn == "prod":
         return lax.reduce(x, np.array(1, dtype), lax.mul, axes)
+    return lax.reduce(x, _extremum_init(dtype, fn), lax.min if fn == "min" else lax.max, axes)
+
+
+def _extremum_init(dtype: np.dtype, fn: str) -> np.ndarray:
+    """The identity of a max or min reduction of ``dtype``."""
     if dtype == np.bool_:
-        init = np.array(fn == "min")
-    elif jnp.issubdtype(dtype, jnp.floating):
-        init = np.array(np.inf if fn == "min" else -np.inf, dtype)
-    else:
-        info = jnp.iinfo(dtype)
-        init = np.array(info.max if fn == "min" else info.min, dtype)
-    return lax.reduce(x, init, lax.min if fn == "min" else lax.max, axes)
+        return np.array(fn == "min")
+    if jnp.issubdtype(dtype, jnp.floating):
+        return np.array(np.inf if fn == "min" else -np.inf, dtype)
+    info = jnp.iinfo(dtype)
+    return np.array(info.max if fn == "min" else info.min, dtype)
+
+
+def _window(x, op: dict, v: list):
+    """A pooling (reduce_window), or with ``g`` the gradient of a max or min pooling
+    weighted by ``g`` (select_and_scatter)."""
+    fn = op["fn"]
+    init = np.array(0, x.dtype) if fn == "add" else _extremum_init(x.dtype, fn)
+    body = {"add": lax.add, "max": lax.max, "min": lax.min}[fn]
+
+    def pool(a):
+        return lax.reduce_window(a, init, body, op["dims"], op["strides"], [tuple(p) for p in op["pad"]])
+    if "g" in op:
+        return jax.vjp(pool, x)[1](v[op["g"]])[0]
+    return pool(x)
 
 
 def _conv(x, w, op: dict):
@@ -87,6 +105,8 @@ def _apply(op: dict, v: list):
         return lax.dot_general(x, v[op["y"]], (op["contract"], op["batch"]))
     if k == "conv":
         return _conv(x, v[op["w"]], op)
+    if k == "window":
+        return _window(x, op, v)
     if k == "gather":
         return jnp.take(x, v[op["idx"]], axis=op["axis"], mode=op["mode"])
     if k == "scatter":

@@ -175,6 +175,29 @@ def _gen_conv(p: _Program, x: int) -> None:
           out, dtype)
 
 
+def _gen_window(p: _Program, x: int) -> None:
+    """A max, min or sum pooling (windows of up to 3, strides up to 3, padding less than a
+    window), or a max or min pooling's gradient weighted by a new input (select_and_scatter)."""
+    shape, dtype = p.values[x]
+    if not shape or dtype == "bool":
+        return _gen_unary(p, x)
+    fn = p.draw(st.sampled_from(("max", "min", "add")))
+    dims, strides, pad, out = [], [], [], []
+    for n in shape:
+        k = p.draw(st.integers(1, 3))
+        lo, hi = p.draw(st.integers(0, k - 1)), p.draw(st.integers(0, k - 1))
+        k = min(k, n + lo + hi)
+        stride = p.draw(st.integers(1, 3))
+        dims.append(k), strides.append(stride), pad.append([lo, hi])
+        out.append((n + lo + hi - k) // stride + 1)
+    op = {"op": "window", "fn": fn, "x": x, "dims": dims, "strides": strides, "pad": pad}
+    if fn != "add" and kind(dtype) == "float" and p.draw(st.booleans()):
+        op["g"] = p.new_input(out, dtype)
+        p.add(op, shape, dtype)
+    else:
+        p.add(op, out, dtype)
+
+
 def _gen_gather(p: _Program, x: int) -> None:
     shape, dtype = p.values[x]
     if not shape:
@@ -308,7 +331,7 @@ GENERATORS = {"unary": _gen_unary, "binary": _gen_binary, "compare": _gen_compar
               "concat": _gen_concat, "pad": _gen_pad, "rev": _gen_rev, "dot": _gen_dot,
               "conv": _gen_conv, "gather": _gen_gather, "scatter": _gen_scatter,
               "dynamic_slice": _gen_dynamic_slice, "cond": _gen_cond, "fori": _gen_fori,
-              "sort": _gen_sort, "cumulative": _gen_cumulative}
+              "sort": _gen_sort, "cumulative": _gen_cumulative, "window": _gen_window}
 
 
 @st.composite
