@@ -108,12 +108,13 @@ def convs_to_matmuls(module: ir.Module, options: Options, hw: Hardware) -> None:
         if not _is_static_f32_conv(op):
             continue
         channels = _shape(op.operands[1])[3]
+        padded = padded_channels(channels, hw)
         if _is_pointwise(op) or im2col_pays(op, hw):
             with op.location:
                 result = _as_matmul(op)
-        elif padded_channels(channels, hw) != channels:
+        elif padded != channels:
             with op.location:
-                result = _with_channels(op, padded_channels(channels, hw))
+                result = _with_channels(op, padded)
         else:
             continue
         op.results[0].replace_all_uses_with(result)

@@ -285,11 +285,10 @@ def _select_by_taps(cx, body: jir.Block, ins: list[ir.Value], win: _Window, src_
                 take = arith.andi(take, valid[0])
             cur = arith.select(take, cand, cur)
             cur_pos = arith.select(take, builders.splat(offset, _offset_type()), cur_pos)
-        return [cur_pos]
-    identity = _map(len(windows), [ir.AffineExpr.get_dim(i) for i in range(len(windows))])
+        return cur_pos
     flat = [v for tap in taps for v in tap]
     out = tensor.EmptyOp(windows, _offset_type()).result
-    return builders.generic(flat, [out], [identity] * (len(flat) + 1), ["parallel"] * len(windows), pick)[0]
+    return builders.parallel_generic(flat, out, [ir.AffineMap.get_identity(len(windows))] * len(flat), pick)
 
 
 def _scatter(cx, body: jir.Block, source: ir.Value, selected: ir.Value, out: ir.Value,
@@ -382,10 +381,9 @@ def _scatter_by_residues(cx, body: jir.Block, source: ir.Value, selected: ir.Val
                 (folded,) = cx.import_block(body, [acc, src], scalar=True)
                 hit = arith.cmpi(arith.CmpIPredicate.eq, sel, builders.splat(offset, _offset_type()))
                 acc = arith.select(hit, folded, acc)
-            return [acc]
-        identity = _map(len(shape), [ir.AffineExpr.get_dim(i) for i in range(len(shape))])
-        part = builders.generic(ins, [builders.filled(init, counts)], [identity] * (len(ins) + 1),
-                                ["parallel"] * len(shape), fold)[0]
+            return acc
+        part = builders.parallel_generic(ins, builders.filled(init, counts),
+                                         [ir.AffineMap.get_identity(len(shape))] * len(ins), fold)
         out = slices.insert_slice(part, out, [r.r for r in combination], win.strides)
     return out
 

@@ -188,7 +188,9 @@ def _gen_window(p: _Program, x: int) -> None:
         lo, hi = p.draw(st.integers(0, k - 1)), p.draw(st.integers(0, k - 1))
         k = min(k, n + lo + hi)
         stride = p.draw(st.integers(1, 3))
-        dims.append(k), strides.append(stride), pad.append([lo, hi])
+        dims.append(k)
+        strides.append(stride)
+        pad.append([lo, hi])
         out.append((n + lo + hi - k) // stride + 1)
     op = {"op": "window", "fn": fn, "x": x, "dims": dims, "strides": strides, "pad": pad}
     if fn != "add" and kind(dtype) == "float" and p.draw(st.booleans()):
