@@ -137,6 +137,13 @@ class Im2colTest(parameterized.TestCase):
         self.assertIn("tensor<1024x1152xf32>", text)  # one image's rows
         self.assertNotIn("tensor<3072x1152xf32>", text)
 
+    def test_weights_larger_than_the_rows_take_the_whole_batch(self):
+        # ResNet-18's last stage at batch 8: 2.25 MiB of rows beyond the 2 MiB bound, but each
+        # group would stream the 9 MiB of weights again.
+        text = _conv_after_stage((8, 4, 4, 512), (3, 3, 512, 512), (1, 1), "SAME")
+        self.assertNotIn("scf.for", text)
+        self.assertIn("tensor<128x4608xf32>", text)  # all 8 images' rows
+
     def test_taps_are_gathered_by_one_generic(self):
         # Not a copy per tap: those became a scalar parallel region each after bufferization.
         text = _conv_after_stage((1, 6, 6, 128), (3, 3, 128, 128), (2, 2), "SAME")
@@ -163,6 +170,7 @@ class Im2colTest(parameterized.TestCase):
                                     ("strided_pointwise", (2, 6, 6, 256), (1, 1, 256, 272), (2, 2), "VALID", (1, 1)),
                                     ("patches", (2, 32, 32, 3), (16, 16, 3, 192), (16, 16), "VALID", (1, 1)),
                                     ("image_groups", (3, 32, 32, 128), (3, 3, 128, 64), (1, 1), "SAME", (1, 1)),
+                                    ("weights_beyond_rows", (8, 4, 4, 512), (3, 3, 512, 512), (1, 1), "SAME", (1, 1)),
                                     ("patches_cropped", (1, 35, 33, 3), (8, 8, 3, 512), (8, 8), "VALID", (1, 1)))
     def test_results(self, lhs_shape, rhs_shape, strides, padding, dilation):
         _check_conv_relu(self, lhs_shape, rhs_shape, strides, padding, dilation, _NHWC)

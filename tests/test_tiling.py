@@ -125,11 +125,11 @@ class CostModelTest(parameterized.TestCase):
         self.assertEqual(plan.parts[0].size, (96, 64))
 
 
-def _tiled(fn, *args, options: pb.Options | None = None) -> str:
+def _tiled(fn, *args, options: pb.Options | None = None, hw: Hardware = AVX2) -> str:
     """The module after the shared stages through tiling, as text."""
     lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
     options = options or pb.Options()
-    stages = passes.shared_stages(options, AVX2)
+    stages = passes.shared_stages(options, hw)
     stages = stages[:[s.name for s in stages].index("tiling") + 1]
     with ir.Context() as context, ir.Location.unknown():
         module = import_program(lowered, context).module
@@ -190,6 +190,14 @@ class KernelTest(parameterized.TestCase):
         self.assertNotIn("linalg.fill", _tiled(fn, x, w))
         support.check_against_xla(self, fn, x, w, **ACCUMULATE)
 
+    @parameterized.named_parameters(("one_k_tile", 788, 64, 192), ("k_tiles", 788, 32, 768))
+    def test_peeled_row_blocks_read_no_fill(self, m, n, k):
+        # Two cores: each one's rows in blocks of A in L2, two of 264 rows in a loop, then a
+        # peeled block of 258 (ViT-Tiny's 1576 rows at batch 8: 788 a core), which starts
+        # beside the rows the loop wrote, from zeros too.
+        x, y = np.zeros((m, k), np.float32), np.zeros((k, n), np.float32)
+        self.assertNotIn("linalg.fill", _tiled(lambda a, b: a @ b, x, y, hw=AVX2_2C))
+
     def test_edge_parts_read_the_fill(self):
         # The edge parts (the last row, the last 3 columns) start from the main part's result,
         # which holds the fill where they write.
@@ -207,7 +215,8 @@ _SHAPES = [(1, 1, 1), (7, 7, 7), (5, 16, 3), (24, 48, 17), (64, 64, 64), (197, 1
            (390, 32, 512),  # 65 register rows: one block of 33, then a peeled one of 32
            (64, 64, 3000), (200, 96, 1500),  # k tiles, the first reading zeros for the fill
            (37, 50, 3001),  # four parts, the last k tile of each peeled
-           (103, 128, 700)]  # AVX-512: 5 x 4 vectors, then a 3-row edge part of 3 x 4
+           (103, 128, 700),  # AVX-512: 5 x 4 vectors, then a 3-row edge part of 3 x 4
+           (1576, 192, 192), (1576, 192, 768)]  # ViT-Tiny's at batch 8: peeled blocks of rows
 
 
 class TiledMatmulTest(parameterized.TestCase):

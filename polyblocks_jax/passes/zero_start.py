@@ -19,7 +19,8 @@ and its result goes back over the same slice. A part whose slice is disjoint fro
 written before reads zeros too; where the parts' slices cover the result, the fill goes
 (ViT-Tiny at batch 1: 16 MB of zeros written per call, its 197 rows a split of whole
 register tiles and a remainder). Parts nested in parts (rows and columns; a parallel
-loop's halves, each split again) keep their fill.
+loop's halves, each split again) keep their fill. Within a nest, the block of rows peeled
+after a loop over blocks reads the slice beside what the loop wrote: zeros too.
 
 Some nests write every element of the accumulator they take, marked so: a matmul's of one
 part, a convolution's (its tiles divide the result). Their results may be read by anything,
@@ -208,16 +209,70 @@ def _zero_start(value: ir.Value, k_loop: ir.OpView | None) -> bool:
             unread &= _zero_start(op.results[0], k_loop)
         elif _is_nest(op) and (inner := _region_argument(op.operation, index)) is not None:
             if K_TILES_ATTR not in op.attributes:
-                unread &= _zero_start(inner, k_loop) and _only_written(_loop_result(op.operation, index))
+                unread &= _zero_start(inner, k_loop) and _beside_writes(
+                    _loop_result(op.operation, index), (_loop_region(op, inner),), k_loop)
             elif k_loop is None:
                 unread &= _zero_start(inner, k_loop=op)  # its results: all written
             else:
                 unread = False
-        elif op.name in _WRITES:
-            unread &= all(_only_written(r) for r in op.results)
+        elif op.name == "tensor.insert_slice" and index == 1:
+            unread &= _beside_writes(op.results[0], (_region(op),), k_loop)
         else:
-            unread = False
+            unread &= _write(use, ())
     return unread
+
+
+def _beside_writes(value: ir.Value, written: tuple, k_loop: ir.OpView | None) -> bool:
+    """``value``: the accumulator with the regions ``written`` (None where not static) written
+    over. A slice disjoint from them still holds the accumulator's start: the block of rows
+    peeled after a parallel tile's main block (ViT's 788 rows a core: 396 and 392) reads it
+    as zeros too. Whether nothing else reads ``value``."""
+    unread = True
+    for use in list(value.uses):
+        op, index = use.owner, use.operand_number
+        if op.name == "tensor.extract_slice" and index == 0 and _disjoint(_region(op), written):
+            unread &= _zero_start(op.results[0], k_loop)
+        elif op.name == "tensor.insert_slice" and index == 1:
+            unread &= _beside_writes(op.results[0], (*written, _region(op)), k_loop)
+        else:
+            unread &= _write(use, ())
+    return unread
+
+
+def _loop_region(loop: ir.OpView, accumulator: ir.Value) -> tuple | None:
+    """The region (offsets, sizes) of ``accumulator`` that an scf.for over tiles writes: each
+    iteration inserts a tile a step long at the induction variable in one dim and at the
+    same place in the others (a loop over blocks of rows, before its peeled last block);
+    None for any other loop."""
+    if loop.name != "scf.for":
+        return None
+    bounds = [_constant(v) for v in (loop.lowerBound, loop.upperBound, loop.step)]
+    insert = loop.body.operations[len(loop.body.operations) - 1].operands[
+        list(loop.inner_iter_args).index(accumulator)].owner
+    # (one dynamic offset: operands source, dest and that offset)
+    if None in bounds or not isinstance(insert, (ir.Operation, ir.OpView)) \
+            or insert.name != "tensor.insert_slice" or list(insert.operands) != [
+            insert.operands[0], accumulator, loop.induction_variable]:
+        return None
+    offsets, sizes, strides = (list(ir.DenseI64ArrayAttr(insert.attributes[f"static_{name}"]))
+                               for name in ("offsets", "sizes", "strides"))
+    dynamic = [d for d, o in enumerate(offsets) if o == ir.ShapedType.get_dynamic_size()]
+    if len(dynamic) != 1 or sizes[dynamic[0]] != bounds[2] or any(s != 1 for s in strides):
+        return None  # (the dynamic operand a size, or tiles not a step long)
+    (lower, upper, _), dim = bounds, dynamic[0]
+    offsets[dim], sizes[dim] = lower, upper - lower
+    return tuple(offsets), tuple(sizes)
+
+
+def _constant(value: ir.Value) -> int | None:
+    owner = value.owner
+    if isinstance(owner, (ir.Operation, ir.OpView)) and owner.name == "arith.constant":
+        return ir.IntegerAttr(owner.attributes["value"]).value
+    return None
+
+
+def _disjoint(region: tuple | None, others: tuple) -> bool:
+    return region is not None and all(o is not None and not _overlap(region, o) for o in others)
 
 
 def _masked(read: ir.OpView) -> bool:
@@ -225,10 +280,20 @@ def _masked(read: ir.OpView) -> bool:
     return list(ir.DenseI32ArrayAttr(read.attributes["operandSegmentSizes"]))[-1] > 0
 
 
-def _only_written(value: ir.Value) -> bool:
+def _only_written(value: ir.Value, written: tuple = ()) -> bool:
     """Whether ``value`` (a tile written into the accumulator) is only written into and yielded."""
-    return all(use.owner.name in _WRITES and all(_only_written(r) for r in use.owner.results)
-               for use in value.uses)
+    return all(_write(use, written) for use in value.uses)
+
+
+def _write(use: ir.OpOperand, written: tuple) -> bool:
+    """Whether ``use`` writes its value into a tensor then only written into and yielded, or,
+    once tiles are inserted, reads a slice beside the ``written`` regions: that holds the
+    accumulator's start, which ``_beside_writes`` zero-starts (or the fill stays)."""
+    op, index = use.owner, use.operand_number
+    if op.name == "tensor.extract_slice" and index == 0 and written and _disjoint(_region(op), written):
+        return True
+    inserted = (*written, _region(op)) if op.name == "tensor.insert_slice" else ()
+    return op.name in _WRITES and all(_only_written(r, inserted) for r in op.results)
 
 
 def _region_argument(loop: ir.Operation, operand: int) -> ir.Value | None:
