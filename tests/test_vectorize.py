@@ -262,7 +262,7 @@ class StageTest(absltest.TestCase):
     def test_rows_strided_by_two_are_read_as_spans(self):
         # a[:, 1::2]: each vector of the result read as one span of twice its length (masked
         # at the row's end), every second element kept by a shuffle; not element by element.
-        module = support.module_after("strided-copies-vectors", lambda x: x[:, 1::2], np.zeros((4, 70), np.float32),
+        module = support.module_after("copy-vectors", lambda x: x[:, 1::2], np.zeros((4, 70), np.float32),
                                       hardware=AVX512)
         text = str(module)
         self.assertNotIn("linalg.copy", text)
@@ -342,6 +342,46 @@ class StageTest(absltest.TestCase):
         text = _staged(jnp.exp, np.zeros((4, 64), np.float32))
         self.assertRegex(text, r"arith\.mulf .* fastmath<contract> : vector<")
         self.assertRegex(text, r"arith\.addf .* fastmath<contract> : vector<")
+
+
+def _max_pool_3x3_2(x):
+    return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))
+
+
+class CopyVectorsTest(parameterized.TestCase):
+    """Copies between views and fills of other values than zero, as vector loops
+    (``passes/copies.py`` ``vectorize_copies``); LLVM's loop idioms turn the rest into
+    memset and memcpy."""
+
+    def test_pooling_padding_and_interior_copy_run_on_vectors(self):
+        # A max pooling of an argument: its padding of -inf (which no memset writes) and the
+        # argument copied into the padded buffer's interior, both by vectors along rows.
+        text = str(support.module_after("copy-vectors", _max_pool_3x3_2, np.zeros((2, 9, 9, 64), np.float32),
+                                        hardware=AVX512))
+        self.assertNotIn("linalg.fill", text)
+        self.assertNotIn("linalg.copy", text)
+        self.assertRegex(text, r"vector\.broadcast %\w+ : f32 to vector<\d+xf32>")
+
+    def test_zero_fills_are_left_to_memset(self):
+        text = str(support.module_after("copy-vectors", lambda x: jnp.pad(x, ((1, 1), (0, 0))) + 1.0,
+                                        np.zeros((64, 64), np.float32), hardware=AVX512))
+        self.assertNotIn("vector.broadcast", text)
+
+    def test_short_rows_merge_with_the_dims_before(self):
+        # 3 channels of a padded image: rows of 7 x 3 elements, contiguous on both sides.
+        pad = lambda x: jnp.pad(x, ((0, 0), (1, 1), (0, 0), (0, 0)), constant_values=-1.0)
+        text = str(support.module_after("copy-vectors", pad, np.zeros((2, 5, 7, 3), np.float32), hardware=AVX512))
+        self.assertIn("memref.collapse_shape", text)
+        self.assertNotIn("linalg.copy", text)
+
+    @parameterized.named_parameters(
+        ("pool_of_argument", _max_pool_3x3_2, (2, 9, 9, 64)),
+        ("pool_rows_not_whole_vectors", _max_pool_3x3_2, (2, 7, 9, 24)),
+        ("padded_image", lambda x: jnp.pad(x, ((0, 0), (2, 1), (1, 2), (0, 0)), constant_values=-1.0), (2, 5, 7, 3)),
+        ("padded_rows", lambda x: jnp.pad(x, ((1, 0), (3, 0)), constant_values=2.5), (33, 37)))
+    def test_results(self, fn, shape):
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        support.check_against_xla(self, fn, x, rtol=0, atol=0)
 
 
 class TransposedBroadcastTest(absltest.TestCase):

@@ -17,7 +17,7 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes import INLINE_LAYERS, VECTOR_TRANSFERS, Stage
 from polyblocks_jax.passes.arena import plan_arena
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
-from polyblocks_jax.passes.copies import vectorize_strided_copies
+from polyblocks_jax.passes.copies import vectorize_copies
 from polyblocks_jax.passes.iteration_buffers import hoist_iteration_buffers
 from polyblocks_jax.passes.parallel import parallelize_loops
 from polyblocks_jax.passes.pipeline import pass_manager
@@ -25,7 +25,7 @@ from polyblocks_jax.passes.vector_reads import lower_vector_reads
 
 
 def cpu_stages(options: Options) -> list[Stage]:
-    vectors = [Stage("strided-copies-vectors", _vectorize_strided_copies)] if options.vectorize else []
+    vectors = [Stage("copy-vectors", _vectorize_copies)] if options.vectorize else []
     # After the parallel stage: the loop over a parallel iteration's tiles is final there.
     # The host rounds f32 vectors to bf16 in one instruction (avx512_bf16.py).
     roundings = [Stage("vector-bf16-rounding", round_computed_vectors)
@@ -71,8 +71,8 @@ def cpu_stages(options: Options) -> list[Stage]:
     ]
 
 
-def _vectorize_strided_copies(module: ir.Module, options: Options) -> bool:
-    return vectorize_strided_copies(module, lanes=host().vector_bits // 32)
+def _vectorize_copies(module: ir.Module, options: Options) -> bool:
+    return vectorize_copies(module, lanes=host().vector_bits // 32)
 
 
 _TO_LLVM = (
