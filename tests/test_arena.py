@@ -12,7 +12,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl.testing import absltest
+from absl.testing import absltest, parameterized
 from mlir import ir
 from mlir.dialects import func
 
@@ -360,6 +360,31 @@ class ArenaMemoryTest(absltest.TestCase):
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         self.assertIn("raised True the intermediates of this program need", done.stdout)
         self.assertIn("alive", done.stdout)
+
+
+class ReshapedResultTest(parameterized.TestCase):
+    """A result that is a reshape of a computed buffer is computed in its out-parameter
+    (passes/results.py ``reshaped_results_in_place``), not in a buffer then copied."""
+
+    def test_gathered_rows_are_written_into_the_result(self):
+        table, rows = np.zeros((64, 32), np.float32), np.zeros((4, 8), np.int32)
+        module = support.module_after("reshaped-results", lambda t, i: jnp.take(t, i, axis=0), table, rows,
+                                      hardware=cpu.host().hardware())
+        text = str(module)
+        self.assertNotIn("memref.copy", text)
+        self.assertRegex(text, r"memref\.expand_shape %arg2 \[\[0\], \[1, 2\], \[3\]\]")
+
+    @parameterized.named_parameters(
+        ("gather", lambda t, i: jnp.take(t, i, axis=0) + 0 * i[0, 0]),
+        ("flattened", lambda t, i: (t * 2.0 + i[0, 0]).reshape(-1)),
+        ("reshaped_twice", lambda t, i: (t * 2.0 + i[0, 0])[None].reshape(8, 8, 32)),
+        ("two_reshapes_of_one_buffer", lambda t, i: ((t * 2.0).reshape(-1), (t * 2.0).reshape(32, 64), i)),
+        ("also_reduced", lambda t, i: ((y := t * 2.0).reshape(-1), y.sum(0), i)),
+        ("argument_reshaped", lambda t, i: (t.reshape(-1), i + 1)))
+    def test_results(self, fn):
+        table = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+        rows = np.random.default_rng(1).integers(0, 64, (4, 8)).astype(np.int32)
+        support.check_against_xla(self, fn, table, rows, rtol=1e-6, atol=1e-5)  # (a sum's order)
 
 
 class SplitEmptyTensorsTest(absltest.TestCase):

@@ -15,7 +15,7 @@ from polyblocks_jax.passes.fusion import fuse_elementwise
 from polyblocks_jax.passes.in_place import compute_in_place
 from polyblocks_jax.passes.matrix_forms import inline_matrix_units, map_matrix_units, select_unit
 from polyblocks_jax.passes.pipeline import Stage, run_stages
-from polyblocks_jax.passes.results import drop_aliased_results, prepare_results
+from polyblocks_jax.passes.results import drop_aliased_results, prepare_results, reshaped_results_in_place
 from polyblocks_jax.passes.shared_layers import inline_shared_layers, share_repeated_layers
 from polyblocks_jax.passes.tile_fusion import contractions_into_groups, tile_and_fuse
 from polyblocks_jax.passes.tiling import Hardware, tile_contractions
@@ -99,6 +99,8 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         Stage("out-params", "buffer-results-to-out-params{hoist-static-allocs modify-public-functions}, "
               "expand-realloc{emit-deallocs=false}, ownership-based-buffer-deallocation, "
               "buffer-deallocation-simplification, bufferization-lower-deallocations, cse, canonicalize"),
+        # A reshaped result computed in its out-parameter, not in a buffer then copied.
+        Stage("reshaped-results", reshaped_results_in_place),
         Stage("strided-copies", strided_copies_to_linalg),
     ]
     return stages
