@@ -20,6 +20,7 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes.arena import identity_layout
 from polyblocks_jax.passes.transform import walk
 from polyblocks_jax.passes.vectorize import is_32_bit
+from polyblocks_jax.passes.zero_start import zero_constant
 
 
 def strided_copies_to_linalg(module: ir.Module, options: Options) -> None:
@@ -38,7 +39,7 @@ _MIN_FILL_VECTORS = 4
 
 
 def vectorize_copies(module: ir.Module, lanes: int) -> bool:
-    """Copies between views, and fills of a constant other than +0, as loops of vectors of
+    """Copies between views, and fills of anything but a constant +0, as loops of vectors of
     ``lanes`` elements along their rows. LLVM's loop vectorizer is off (see cpu/codegen.py):
     its loop idioms make a zero fill a memset and a contiguous copy a memcpy, but a copy into
     a padded buffer's interior moved one element at a time, and a max pooling's padding of
@@ -63,7 +64,7 @@ def _rows(op: ir.Operation, lanes: int) -> tuple[int, int] | None:
     source's stride along it (1 for a fill)."""
     if op.name == "linalg.copy":
         types = [v.type for v in op.operands]
-    elif op.name == "linalg.fill" and _nonzero_constant(op.operands[0]):
+    elif op.name == "linalg.fill" and not zero_constant(op.operands[0]):  # (zeros: a memset)
         types = [op.operands[1].type]
     else:
         return None
@@ -84,17 +85,6 @@ def _rows(op: ir.Operation, lanes: int) -> tuple[int, int] | None:
     if row < lanes or (op.name == "linalg.fill" and math.prod(shape) < _MIN_FILL_VECTORS * lanes):
         return None
     return merged, stride
-
-
-def _nonzero_constant(value: ir.Value) -> bool:
-    """Whether ``value`` is a constant whose bits are not all zero (a memset's fill)."""
-    owner = value.owner
-    if not (isinstance(owner, (ir.Operation, ir.OpView)) and owner.name == "arith.constant"):
-        return False
-    attr = owner.attributes["value"]
-    if isinstance(attr, ir.FloatAttr):
-        return ir.FloatAttr(attr).value != 0 or math.copysign(1.0, ir.FloatAttr(attr).value) < 0
-    return ir.IntegerAttr(attr).value != 0
 
 
 def _by_rows(op: ir.Operation, merged: int, stride: int, lanes: int) -> None:

@@ -17,9 +17,9 @@ from mlir.dialects import arith, memref
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.arena import ALIGNMENT, escapes, slot_bytes
-from polyblocks_jax.passes.parallel import constant_index, dim_trips, loop_bounds
+from polyblocks_jax.passes.parallel import dim_trips, loop_bounds
 from polyblocks_jax.passes.shared_layers import PREFIX as LAYER_PREFIX
-from polyblocks_jax.passes.transform import defined_functions, walk
+from polyblocks_jax.passes.transform import constant_index, defined_functions, walk
 
 # Smaller buffers come from malloc's caches, which keep their pages.
 _MIN_BYTES = 64 << 10

@@ -19,7 +19,7 @@ from mlir import ir
 from mlir.dialects import scf
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import constant_index, walk
 
 PARALLEL_ATTR = "polyblocks.parallel"  # i64: how many outer dims run in parallel
 # Estimated operations per entry below which a fork/join (some microseconds with an
@@ -84,13 +84,6 @@ def loop_bounds(op: ir.Operation) -> list[tuple[ir.Value, ir.Value, ir.Value]]:
     if op.name == "scf.for":
         return [(view.lowerBound, view.upperBound, view.step)]
     return list(zip(view.lowerBound, view.upperBound, view.step))
-
-
-def constant_index(value: ir.Value) -> int | None:
-    owner = value.owner  # an OpView for results, a Block for arguments
-    if isinstance(owner, ir.OpView) and owner.operation.name == "arith.constant":
-        return ir.IntegerAttr(owner.operation.attributes["value"]).value
-    return None
 
 
 def _outermost_parallel(op: ir.Operation):

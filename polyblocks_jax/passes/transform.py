@@ -94,6 +94,14 @@ def float_constant(value: ir.Value) -> float | None:
     return ir.FloatAttr(attr).value if isinstance(attr, ir.FloatAttr) else None
 
 
+def constant_index(value: ir.Value) -> int | None:
+    """The value of ``value`` where an integer ``arith.constant`` defines it, else None."""
+    owner = value.owner  # an OpView for results, a Block for arguments
+    if isinstance(owner, ir.OpView) and owner.operation.name == "arith.constant":
+        return ir.IntegerAttr(owner.operation.attributes["value"]).value
+    return None
+
+
 def has_reversed_index(op: ir.Operation) -> bool:
     """Whether an indexing map scales a loop index by a non-positive constant (a reversal,
     n - 1 - d): upstream tiling asserts on it, aborting the process."""

@@ -34,7 +34,7 @@ import math
 from mlir import ir
 from mlir.dialects import arith, scf
 
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import constant_index, walk
 
 NEST_ATTR = "polyblocks.nest"       # on a contraction's loops over tiles of its result
 K_TILES_ATTR = "polyblocks.k_tiles"  # on a matmul's k-tile loop
@@ -50,9 +50,13 @@ _PART_READS = ("vector.transfer_read", "vector.transfer_write", "tensor.insert_s
 def zero_filled(value: ir.Value) -> bool:
     """Whether ``value`` is a linalg.fill of a constant +0 (the usual dot accumulator)."""
     fill = value.owner
-    if not isinstance(fill, (ir.Operation, ir.OpView)) or fill.name != "linalg.fill":
-        return False
-    constant = fill.operands[0].owner
+    return isinstance(fill, (ir.Operation, ir.OpView)) and fill.name == "linalg.fill" \
+        and zero_constant(fill.operands[0])
+
+
+def zero_constant(value: ir.Value) -> bool:
+    """Whether ``value`` is a constant +0, all of its bits zero (what a memset writes)."""
+    constant = value.owner
     if not isinstance(constant, (ir.Operation, ir.OpView)) or constant.name != "arith.constant":
         return False
     attr = constant.attributes["value"]
@@ -246,7 +250,7 @@ def _loop_region(loop: ir.OpView, accumulator: ir.Value) -> tuple | None:
     None for any other loop."""
     if loop.name != "scf.for":
         return None
-    bounds = [_constant(v) for v in (loop.lowerBound, loop.upperBound, loop.step)]
+    bounds = [constant_index(v) for v in (loop.lowerBound, loop.upperBound, loop.step)]
     insert = loop.body.operations[len(loop.body.operations) - 1].operands[
         list(loop.inner_iter_args).index(accumulator)].owner
     # (one dynamic offset: operands source, dest and that offset)
@@ -262,13 +266,6 @@ def _loop_region(loop: ir.OpView, accumulator: ir.Value) -> tuple | None:
     (lower, upper, _), dim = bounds, dynamic[0]
     offsets[dim], sizes[dim] = lower, upper - lower
     return tuple(offsets), tuple(sizes)
-
-
-def _constant(value: ir.Value) -> int | None:
-    owner = value.owner
-    if isinstance(owner, (ir.Operation, ir.OpView)) and owner.name == "arith.constant":
-        return ir.IntegerAttr(owner.attributes["value"]).value
-    return None
 
 
 def _disjoint(region: tuple | None, others: tuple) -> bool:
