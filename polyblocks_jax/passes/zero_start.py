@@ -198,46 +198,34 @@ def _is_nest(op: ir.OpView) -> bool:
     return NEST_ATTR in op.attributes or K_TILES_ATTR in op.attributes
 
 
-def _zero_start(value: ir.Value, k_loop: ir.OpView | None) -> bool:
+def _zero_start(value: ir.Value, k_loop: ir.OpView | None, written: tuple = ()) -> bool:
     """Rewrite the reads of ``value``, the accumulator or a slice of it, in the first k tile
     (within ``k_loop``'s first iteration, or anywhere without one); whether nothing else
     reads it. Values are followed into the nest's loops (a tile's value in an iteration of a
     loop over m or n tiles: the earlier iterations wrote other tiles; any other loop, a
-    reduction's not hoisted out, stops it), not through what writes them."""
+    reduction's not hoisted out, stops it), not through what writes them, but for the
+    regions ``written`` (None where not static) over ``value`` since its start: a slice
+    disjoint from them still holds the start (the block of rows peeled after a parallel
+    tile's loop over blocks: ViT's 788 rows a core, 2 x 264 and 260), read as zeros too."""
     unread = True
     for use in list(value.uses):
         op, index = use.owner, use.operand_number
-        if op.name == "vector.transfer_read" and index == 0 and not _masked(op):
-            _read_zeros(op, k_loop)
-        elif op.name == "tensor.extract_slice" and index == 0:
+        if op.name == "tensor.extract_slice" and index == 0 and (not written or _disjoint(_region(op), written)):
             unread &= _zero_start(op.results[0], k_loop)
+        elif op.name == "tensor.insert_slice" and index == 1:
+            unread &= _zero_start(op.results[0], k_loop, (*written, _region(op)))
+        elif written:  # any other read may see what was written
+            unread &= _write(use, ())
+        elif op.name == "vector.transfer_read" and index == 0 and not _masked(op):
+            _read_zeros(op, k_loop)
         elif _is_nest(op) and (inner := _region_argument(op.operation, index)) is not None:
             if K_TILES_ATTR not in op.attributes:
-                unread &= _zero_start(inner, k_loop) and _beside_writes(
-                    _loop_result(op.operation, index), (_loop_region(op, inner),), k_loop)
+                unread &= _zero_start(inner, k_loop) and _zero_start(
+                    _loop_result(op.operation, index), k_loop, (_loop_region(op, inner),))
             elif k_loop is None:
                 unread &= _zero_start(inner, k_loop=op)  # its results: all written
             else:
                 unread = False
-        elif op.name == "tensor.insert_slice" and index == 1:
-            unread &= _beside_writes(op.results[0], (_region(op),), k_loop)
-        else:
-            unread &= _write(use, ())
-    return unread
-
-
-def _beside_writes(value: ir.Value, written: tuple, k_loop: ir.OpView | None) -> bool:
-    """``value``: the accumulator with the regions ``written`` (None where not static) written
-    over. A slice disjoint from them still holds the accumulator's start: the block of rows
-    peeled after a parallel tile's main block (ViT's 788 rows a core: 396 and 392) reads it
-    as zeros too. Whether nothing else reads ``value``."""
-    unread = True
-    for use in list(value.uses):
-        op, index = use.owner, use.operand_number
-        if op.name == "tensor.extract_slice" and index == 0 and _disjoint(_region(op), written):
-            unread &= _zero_start(op.results[0], k_loop)
-        elif op.name == "tensor.insert_slice" and index == 1:
-            unread &= _beside_writes(op.results[0], (*written, _region(op)), k_loop)
         else:
             unread &= _write(use, ())
     return unread
@@ -285,7 +273,7 @@ def _only_written(value: ir.Value, written: tuple = ()) -> bool:
 def _write(use: ir.OpOperand, written: tuple) -> bool:
     """Whether ``use`` writes its value into a tensor then only written into and yielded, or,
     once tiles are inserted, reads a slice beside the ``written`` regions: that holds the
-    accumulator's start, which ``_beside_writes`` zero-starts (or the fill stays)."""
+    accumulator's start, which ``_zero_start`` zero-starts (or the fill stays)."""
     op, index = use.owner, use.operand_number
     if op.name == "tensor.extract_slice" and index == 0 and written and _disjoint(_region(op), written):
         return True
