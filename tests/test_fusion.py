@@ -49,6 +49,11 @@ def _attention(q, k, v):
     return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
 
 
+def _flax_attention(q, k, v):  # (batch, tokens, heads, dims), as Flax's attention einsums
+    p = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q / 4.0, k), axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+
 def _conv_epilogue(x, w, scale, shift, residual):
     y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=_NHWC)
     return jax.nn.relu(y * scale + shift + residual)
@@ -273,13 +278,10 @@ class TileFusionTest(parameterized.TestCase):
 
     def test_flax_attention_with_transposed_probabilities_is_grouped(self):
         # Flax's einsums: jax computes the second contraction as V^T P^T. Where the scores
-        # outgrow L2 (here 1 MiB against AVX2's 512 KiB), it becomes P V, transposed after,
-        # and groups like any attention; no copy of P transposed.
-        def attention(q, k, v):
-            p = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q / 4.0, k), axis=-1)
-            return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+        # are larger than the values and the result, it becomes P V, transposed after, and
+        # groups like any attention; no copy of P transposed.
         q = np.random.default_rng(6).standard_normal((2, 256, 2, 16), np.float32)
-        module = _after("fusion", attention, q, q, q)
+        module = _after("fusion", _flax_attention, q, q, q)
         body = module.body.operations[0].regions[0].blocks[0]
         with module.context:
             (group,) = tile_fusion.fusion_groups(body, AVX2)
@@ -288,7 +290,20 @@ class TileFusionTest(parameterized.TestCase):
         self.assertIn("reduction", str(group.root.attributes["iterator_types"]))
         transposed = [op for op in walk(module.operation) if op.name == "linalg.transpose"]
         self.assertNotIn("256x256", " ".join(str(op.results[0].type) for op in transposed))
-        support.check_against_xla(self, attention, q, q * 0.5, q + 1.0, **ACCUMULATE)
+        support.check_against_xla(self, _flax_attention, q, q * 0.5, q + 1.0, **ACCUMULATE)
+
+    def test_attention_of_one_row_tiles_is_left_to_the_matmul_tiling(self):
+        # ViT-Tiny at batch 1: 197 rows (prime) and 3 heads, too few to share out a head each
+        # with a peeled remainder of rows. A group would compute one row a tile; the two
+        # contractions stay matmuls, the second as P V all the same (P is the larger to transpose).
+        q = np.random.default_rng(7).standard_normal((1, 197, 3, 16), np.float32)
+        module = _after("fused-contractions", _flax_attention, q, q, q)
+        self.assertLen([op for op in walk(module.operation) if op.name == "linalg.batch_matmul"], 2)
+        module = _after("tiling", _flax_attention, q, q, q)
+        transposed = " ".join(str(op.results[0].type) for op in walk(module.operation) if op.name == "linalg.transpose")
+        self.assertNotIn("197x197", transposed)
+        self.assertIn("3x197x16", transposed)  # P V's result, back to the query-major layout
+        support.check_against_xla(self, _flax_attention, q, q * 0.5, q + 1.0, **ACCUMULATE)
 
     def test_group_intermediates_are_tile_sized(self):
         # Each tile's scores live in a buffer of the tile's size (in cache), not in a slice of

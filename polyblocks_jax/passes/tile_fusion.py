@@ -433,14 +433,14 @@ def contractions_into_groups(module: ir.Module, options: Options, hw: Hardware) 
     (192 columns, then 768 at ViT-Tiny) fail that test and are left to the matmul tiling,
     which packs the weights once for all rows (grouped on a 2 MiB L2, ViT-Tiny b1 took 25.8
     ms, not 16.3, the MLP re-read for every row of a prime count). Whether it changed any."""
-    reordered = _probabilities_on_the_left(module, hw)
+    reordered = _probabilities_on_the_left(module)
     marked = []
     for op in walk(module.operation):
         if op.name in _CONTRACTIONS:
             first = _contraction_above_reduction(op.operands[0])
             if (first is not None and all(_vectorizable_contraction(c, hw) for c in (first, op))
                     and _rhs_slice_bytes(first) + _rhs_slice_bytes(op) <= hw.l2_bytes // 2
-                    and _columns(first) > _columns(op)):
+                    and _columns(first) > _columns(op) and _rows_in_steps(op)):
                 marked += [first, op]
     for op in marked:
         op.attributes[FUSED_CONTRACTION_ATTR] = ir.UnitAttr.get()
@@ -449,19 +449,21 @@ def contractions_into_groups(module: ir.Module, options: Options, hw: Hardware) 
     return reordered or bool(marked)
 
 
-def _probabilities_on_the_left(module: ir.Module, hw: Hardware) -> bool:
+def _probabilities_on_the_left(module: ir.Module) -> bool:
     """A batch matmul of values by transposed probabilities (Flax's attention: jax orders the
     einsum ``hqk,khd->qhd`` as V^T P^T, its result transposed after) computed as P V instead,
-    then transposed: the form the attention groups match. Where the probabilities outgrow
-    L2: ViT-Tiny b8's attention made five passes over 3.7 MB of scores a layer, P^T copied
-    among them (131 ms, not 153, grouped); at b1 (0.47 MB) they stay in cache, and the group's
-    tiles of one row (197 is prime) were 3% slower. Whether there was one."""
+    then transposed: the form the attention groups match, and where the probabilities are
+    larger than the values and the result, less to transpose (V and P V, not P). ViT-Tiny b8's
+    attention made five passes over 3.7 MB of scores a layer, P^T copied among them (131 ms,
+    not 153, grouped); at b1, left to the matmul tiling (``_rows_in_steps``), the transposes
+    of V and P V took less than P's, one element at a time (197 x 197: 17.9-18.8 -> 17.2-17.9
+    ms). Whether there was one."""
     reordered = False
     for op in [o for o in walk(module.operation) if o.name == "linalg.batch_matmul"]:
         lhs, rhs, init = op.operands
         untransposed = _transposed_source(rhs)
         fill = init.owner
-        if (untransposed is None or _tensor_bytes(ir.RankedTensorType(rhs.type)) <= hw.l2_bytes
+        if (untransposed is None or _elements(rhs) <= _elements(lhs) + _elements(op.results[0])
                 or _contraction_above_reduction(untransposed[0]) is None
                 or _contraction_above_reduction(lhs) is not None
                 or not isinstance(fill, ir.OpView) or fill.operation.name != "linalg.fill"):
@@ -480,6 +482,10 @@ def _probabilities_on_the_left(module: ir.Module, hw: Hardware) -> bool:
         op.erase()
         reordered = True
     return reordered
+
+
+def _elements(value: ir.Value) -> int:
+    return math.prod(ir.RankedTensorType(value.type).shape)
 
 
 def _swapped(value: ir.Value) -> list[int]:
@@ -519,6 +525,15 @@ def _vectorizable_contraction(op: ir.Operation, hw: Hardware) -> bool:
     *_, rows, columns = result.shape
     lanes = hw.lanes(4)
     return isinstance(result.element_type, ir.F32Type) and columns >= lanes and rows >= _MIN_CONTRACTION_ROWS
+
+
+def _rows_in_steps(op: ir.Operation) -> bool:
+    """Whether a group under the contraction ``op`` would step through its rows several at a
+    time (``_row_group``): rows a multiple of a step, or enough coarse tiles (batches, heads)
+    to share out, each peeling a remainder of rows. Else each tile would compute one row (197
+    tokens, 3 heads: ViT-Tiny b1), in one-row register tiles; the matmul tiling does better."""
+    *batches, rows, _ = ir.RankedTensorType(op.results[0].type).shape
+    return any(rows % step == 0 for step in range(2, _MAX_ROWS + 1)) or math.prod(batches) >= _MIN_COARSE_TILES
 
 
 def _columns(op: ir.Operation) -> int:
