@@ -40,6 +40,28 @@ func.func @f(%a: memref<512x512xf32>, %b: memref<8xf32>) {
 }
 """
 
+_RESIDUAL_ADD = """
+func.func @f(%a: memref<197x192xf32>, %b: memref<197x192xf32>, %c: memref<192xf32>, %out: memref<197x192xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c64 = arith.constant 64 : index
+  %c192 = arith.constant 192 : index
+  %c197 = arith.constant 197 : index
+  %zero = arith.constant 0.0 : f32
+  scf.parallel (%i) = (%c0) to (%c197) step (%c1) {
+    scf.for %j = %c0 to %c192 step %c64 {
+      %x = vector.transfer_read %a[%i, %j], %zero {in_bounds = [true]} : memref<197x192xf32>, vector<64xf32>
+      %y = vector.transfer_read %b[%i, %j], %zero {in_bounds = [true]} : memref<197x192xf32>, vector<64xf32>
+      %z = vector.transfer_read %c[%j], %zero {in_bounds = [true]} : memref<192xf32>, vector<64xf32>
+      %s = arith.addf %x, %z : vector<64xf32>
+      %t = arith.addf %s, %y : vector<64xf32>
+      vector.transfer_write %t, %out[%i, %j] {in_bounds = [true]} : vector<64xf32>, memref<197x192xf32>
+    }
+  }
+  return
+}
+"""
+
 _DIMS = """
 func.func @f(%a: memref<8192x8192xf32>) {
   %c0 = arith.constant 0 : index
@@ -71,12 +93,22 @@ class CostModelTest(absltest.TestCase):
     def test_only_large_outermost_nest_stays_parallel(self):
         with ir.Context(), ir.Location.unknown():
             module = ir.Module.parse(_NESTS)
-            self.assertEqual(parallel.work(_ops(module, "scf.parallel")[0]), 512 * 512)  # one store per iteration
+            # one store per iteration, an access weighted as the few cycles it takes
+            self.assertEqual(parallel.work(_ops(module, "scf.parallel")[0]), parallel._MEMORY_COST * 512 * 512)
             parallel.parallelize_loops(module, pb.Options(), threads=2)
             loops = _ops(module, "scf.parallel")
             self.assertEqual(len(loops), 1)  # nested, small and per-row nests were serialized
             self.assertIn(parallel.PARALLEL_ATTR, loops[0].attributes)
             self.assertEqual(len(_ops(module, "scf.for")), 4)  # 3 serialized + the row loop
+
+    def test_memory_bound_residual_add_is_shared_out(self):
+        # ViT-Tiny b1's bias and residual add: 197 x 192 of three operands, few operations
+        # but three reads and a write a vector; counted as operations alone it stayed serial.
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(_RESIDUAL_ADD)
+            parallel.parallelize_loops(module, pb.Options(), threads=2)
+            (loop,) = _ops(module, "scf.parallel")
+            self.assertIn(parallel.PARALLEL_ATTR, loop.attributes)
 
     def test_shares_out_only_the_outer_dims_needed(self):
         with ir.Context(), ir.Location.unknown():
