@@ -7,6 +7,7 @@ The matmuls accumulate in another order than XLA: rtol/atol 1e-5, as in test_fus
 import dataclasses
 import glob
 import os
+import re
 import tempfile
 
 import jax
@@ -78,6 +79,36 @@ func.func @main(%arena: memref<1024xi8>) {
   }
   scf.for %i = %c0 to %c16 step %c1 {
     memref.store %one, %third[%c0] : memref<8xf32>
+  }
+  return
+}
+"""
+
+# Two loops alike but for the constant slice of %w they read (and the arena view they
+# write), then one reading a slice of another shape.
+_SLICES = """
+func.func @main(%w: memref<4x16xf32>, %arena: memref<1024xi8>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  %c16 = arith.constant 16 : index
+  %c64 = arith.constant 64 : index
+  %first = memref.view %arena[%c0][] : memref<1024xi8> to memref<16xf32>
+  %second = memref.view %arena[%c64][] : memref<1024xi8> to memref<16xf32>
+  %tap0 = memref.subview %w[1, 0] [1, 16] [1, 1] : memref<4x16xf32> to memref<16xf32, strided<[1], offset: 16>>
+  %tap1 = memref.subview %w[3, 0] [1, 16] [1, 1] : memref<4x16xf32> to memref<16xf32, strided<[1], offset: 48>>
+  %lone = memref.subview %w[2, 0] [1, 8] [1, 1] : memref<4x16xf32> to memref<8xf32, strided<[1], offset: 32>>
+  scf.for %i = %c0 to %c16 step %c1 {
+    %x = memref.load %tap0[%i] : memref<16xf32, strided<[1], offset: 16>>
+    memref.store %x, %first[%i] : memref<16xf32>
+  }
+  scf.for %i = %c0 to %c16 step %c1 {
+    %x = memref.load %tap1[%i] : memref<16xf32, strided<[1], offset: 48>>
+    memref.store %x, %second[%i] : memref<16xf32>
+  }
+  scf.for %i = %c0 to %c8 step %c1 {
+    %x = memref.load %lone[%i] : memref<8xf32, strided<[1], offset: 32>>
+    memref.store %x, %first[%i] : memref<16xf32>
   }
   return
 }
@@ -197,6 +228,20 @@ class OutlineIrTest(absltest.TestCase):
             module.operation.verify()
             self.assertLen(_functions(module), 3)  # main, the shared kernel, the other one
 
+    def test_kernels_differing_only_in_constant_slices_share_a_function(self):
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(_SLICES)
+            outline.outline_kernels(module, pb.Options())
+            module.operation.verify()
+            functions = _functions(module)
+            self.assertLen(functions, 3)  # main, the shared kernel, the other one
+            calls = [op for op in walk(functions["main"]) if op.name == "func.call"]
+            self.assertEqual(calls[0].attributes["callee"], calls[1].attributes["callee"])
+            shared = functions[ir.FlatSymbolRefAttr(calls[0].attributes["callee"]).value]
+            self.assertIn("memref.reinterpret_cast", [op.name for op in walk(shared)])  # a slice at an offset passed
+            lone = functions[ir.FlatSymbolRefAttr(calls[2].attributes["callee"]).value]
+            self.assertIn("offset: 32>", str(lone))  # no other kernel like it: its constant slice stays
+
     def test_function_without_loops_is_unchanged(self):
         with ir.Context(), ir.Location.unknown():
             module = ir.Module.parse("func.func @main(%a: memref<4xf32>) { return }")
@@ -221,6 +266,20 @@ class OutlineProgramTest(absltest.TestCase):
         texts = [_outlined_dump(layers, x, *[w] * n, options=pb.Options()) for n in (3, 5)]
         self.assertEqual(*[t.count("func.func private @kernel") for t in texts])
         support.check_against_xla(self, layers, x, w, w * 0.5, w * 2, rtol=1e-5, atol=1e-5)
+
+    def test_transposed_convolution_taps_share_their_kernels(self):
+        # Stride 2, a 2 x 2 kernel: each tap is a matmul of its slice of the weights into every
+        # other pixel of the output, and a copy of it: four calls of two kernels, not eight
+        # kernels (then the bias, a kernel of its own).
+        def upsample(x, w, b):
+            return jax.lax.conv_transpose(x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) + b
+        rng = np.random.default_rng(3)
+        args = (rng.standard_normal((2, 8, 8, 32), np.float32), rng.standard_normal((2, 2, 32, 16), np.float32),
+                rng.standard_normal(16, np.float32))
+        text = _outlined_dump(upsample, *args, options=pb.Options())
+        kernels = re.findall(r"func.func private @(\w+)\(", text)
+        self.assertEqual(sorted(text.count(f"call @{k}(") for k in kernels), [1, 4, 4])
+        support.check_against_xla(self, upsample, *args, rtol=1e-5, atol=1e-5)
 
     def test_matches_xla(self):
         support.check_against_xla(self, _mlp, *_mlp_args(), rtol=1e-5, atol=1e-5)
