@@ -192,12 +192,18 @@ def _slices_as_arguments(calls: list[tuple[ir.Operation, func.FuncOp]]) -> list[
     one kernel reading its slice of the weights and writing every other pixel: UNet, 17% of
     its LLVM code) takes those offsets as arguments. Elsewhere a constant offset stays: a
     slice at a runtime offset is more code for nothing (ResNet-18's module, 1% larger)."""
-    variants = {}
+    # Compared whole (a copy of each, rewritten) only among kernels whose entry blocks hold
+    # the same ops on the same argument types: most have no twin (ResNet-18: none).
+    sliced = collections.defaultdict(list)
     for call, kernel in calls:
-        if any(_constant_slice(op) for op in kernel.entry_block.operations):
-            variant = kernel.operation.clone(ir.InsertionPoint(kernel)).opview
-            offsets = _slice_offsets_as_arguments(variant)
-            variants[callee(call)] = (variant, offsets, _unnamed_bytecode(variant))
+        ops = list(kernel.entry_block.operations)
+        if any(_constant_slice(op) for op in ops):
+            sliced[(str(kernel.type), tuple(op.name for op in ops))].append((call, kernel))
+    variants = {}
+    for call, kernel in [pair for alike in sliced.values() if len(alike) > 1 for pair in alike]:
+        variant = kernel.operation.clone(ir.InsertionPoint(kernel)).opview
+        offsets = _slice_offsets_as_arguments(variant)
+        variants[callee(call)] = (variant, offsets, _unnamed_bytecode(variant))
     shared = collections.Counter(key for _, _, key in variants.values())
     taken = []
     for call, kernel in calls:
