@@ -332,8 +332,9 @@ def _offset_may_vary(view: ir.Value) -> bool:
 
 
 def _slice_at(subview: ir.Operation, offset: ir.Value) -> None:
-    """Replace the constant ``subview`` of a kernel argument by the same slice at ``offset``
-    elements (an argument), and the views of it by views at an offset known at run time."""
+    """Replace the constant ``subview`` (of a kernel argument, or of a view of one) by the same
+    slice at ``offset`` elements from its source's base (an argument), and the views of it by
+    views at an offset known at run time."""
     type_ = ir.MemRefType(subview.result.type)
     strides, _ = type_.get_strides_and_offset()
     dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
