@@ -38,6 +38,8 @@ class ProgramsTest(parameterized.TestCase):
         ("max_min_reductions", lambda x: (x.max(), x.min(0), x.max(1)), (16, 64)),
         # XLA CPU's max reduction drops NaN operands where we keep them: no edge values.
         ("softmax", lambda x: jax.nn.softmax(x, -1), (8, 64), False),
+        # rows of whole vectors, tiled: its division by the row sum is a product (1 ulp at most)
+        ("softmax_rows", lambda x: jax.nn.softmax(x, -1), (4, 16, 256), False),
         ("select_clamp_abs", lambda x: (jnp.where(x > 0, x, -x), jnp.clip(x, -0.5, 0.5), jnp.abs(x)), (4, 40)),
         # default-fcb0d78ab1.json: abs and neg in the branches of a bf16 condition
         ("cond_abs_neg", lambda x: lax.cond(x[0] > 0, jnp.abs, jnp.negative, x), (5,)),
@@ -144,6 +146,61 @@ class RoundingInstructionTest(absltest.TestCase):
         self.assertRegex(text, r"arith\.truncf %\d+ : vector<32xf32> to vector<32xbf16>\n.*arith\.extf")
         self.assertEqual(len(re.findall(r"arith\.shrui .* : vector<32xi32>", text)), 1)
         self.assertNotRegex(text, r"arith\.mulf .* : vector<32xbf16>")
+
+    def test_assembled_parts_round_with_the_instruction(self):
+        # exp's result: its 16-lane VSCALEFPS parts inserted into the polynomial's vector, a
+        # computed value too; inserted into an argument, not.
+        module_text = """
+        func.func @f(%a: vector<16xf32>, %b: vector<16xf32>, %n: vector<16xf32>, %c: vector<32xf32>)
+            -> vector<32xbf16> {
+          %m = arith.constant -1 : i16
+          %r = arith.constant 4 : i32
+          %sum = arith.addf %c, %c : vector<32xf32>
+          %sa = x86vector.avx512.mask.scalef %a, %n, %a, %m, %r : vector<16xf32>
+          %sb = x86vector.avx512.mask.scalef %b, %n, %b, %m, %r : vector<16xf32>
+          %low = vector.insert_strided_slice %sa, DEST {offsets = [0], strides = [1]} : vector<16xf32> into vector<32xf32>
+          %both = vector.insert_strided_slice %sb, %low {offsets = [16], strides = [1]} : vector<16xf32> into vector<32xf32>
+          %rounded = arith.truncf %both : vector<32xf32> to vector<32xbf16>
+          return %rounded : vector<32xbf16>
+        }
+        """
+        for dest, instructions in (("%sum", 2), ("%c", 0)):
+            with ir.Context(), ir.Location.unknown():
+                module = ir.Module.parse(module_text.replace("DEST", dest))
+                round_computed_vectors(module, pb.Options())
+                self.assertEqual(str(module).count("x86vector.avx512.cvt.packed.f32_to_bf16"), instructions, dest)
+
+    def test_division_by_a_loop_invariant_is_a_product(self):
+        # A softmax's division by its row sum: the reciprocal once, before the loop; a
+        # division by a value of the loop, or one whose f32 quotient is used, stays.
+        module_text = """
+        func.func @f(%m: memref<64xbf16>, %o: memref<64xbf16>, %w: memref<64xf32>, %s: f32) {
+          %c0 = arith.constant 0 : index
+          %c1 = arith.constant 1 : index
+          %c4 = arith.constant 4 : index
+          %sum = vector.broadcast %s : f32 to vector<16xf32>
+          %den = arith.truncf %sum : vector<16xf32> to vector<16xbf16>
+          scf.for %i = %c0 to %c4 step %c1 {
+            %x = vector.load %m[%c0] : memref<64xbf16>, vector<16xbf16>
+            %q = arith.divf %x, %den : vector<16xbf16>
+            vector.store %q, %o[%c0] : memref<64xbf16>, vector<16xbf16>
+            %y = arith.divf %den, %x : vector<16xbf16>
+            vector.store %y, %o[%c1] : memref<64xbf16>, vector<16xbf16>
+            %wx = arith.extf %x : vector<16xbf16> to vector<16xf32>
+            %f = arith.divf %wx, %sum : vector<16xf32>
+            vector.store %f, %w[%c0] : memref<64xf32>, vector<16xf32>
+          }
+          return
+        }
+        """
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(module_text)
+            round_computed_vectors(module, pb.Options())
+            text = str(module)
+        before_loop, loop = text.split("scf.for")
+        self.assertEqual(before_loop.count("arith.divf"), 1)
+        self.assertEqual(loop.count("arith.divf"), 2)
+        self.assertEqual(loop.count("arith.mulf"), 1)
 
     def test_bits_as_xla(self):
         # Halfway cases, values rounding to the largest finite and past it, computed subnormals

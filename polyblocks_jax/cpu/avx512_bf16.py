@@ -101,7 +101,8 @@ def kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: Til
 
 
 _SIGN_OPS = frozenset({"math.absf", "math.copysign"})  # exact: a loaded subnormal stays one
-_COMPUTING = frozenset({"arith.addf", "arith.subf", "arith.mulf", "arith.divf", "arith.remf", "vector.fma"})
+_COMPUTING = frozenset({"arith.addf", "arith.subf", "arith.mulf", "arith.divf", "arith.remf", "vector.fma",
+                        "x86vector.avx512.mask.scalef"})
 _CONVERT = "x86vector.avx512.cvt.packed.f32_to_bf16"
 
 
@@ -112,6 +113,7 @@ def round_computed_vectors(module: ir.Module, options: Options) -> bool:
     there was one."""
     pass_manager("builtin.module(func.func(arith-emulate-unsupported-floats{source-types=bf16 target-type=f32}))",
                  module.context).run(module.operation)
+    _invariant_divisions_as_products(module)
     rewrites = [(op, kind) for op in walk(module.operation) if op.name == "arith.truncf"
                 for kind in [_rounding(op)] if kind is not None]
     for op, kind in rewrites:
@@ -119,6 +121,35 @@ def round_computed_vectors(module: ir.Module, options: Options) -> bool:
             op.results[0].replace_all_uses_with(kind(op.operands[0], ir.VectorType(op.results[0].type)))
         op.erase()
     return bool(rewrites)
+
+
+def _invariant_divisions_as_products(module: ir.Module) -> None:
+    """A bf16 division by a value computed outside its loop (a softmax's row sum) becomes a
+    product with that value's reciprocal, computed there: VDIVPS takes five times a multiply's
+    cycles. The f32 product's error (at most 1.5 ulp of f32) vanishes in the rounding to bf16,
+    but where the quotient lies within it of a midpoint between two bf16 values (1 in 2^15
+    or so): then it may round the other way, one bf16 ulp."""
+    for op in walk(module.operation):
+        if op.name != "arith.divf" or not _only_rounded_to_bf16(op.results[0]):
+            continue
+        divisor = op.operands[1]
+        if not isinstance(divisor.owner, (ir.Operation, ir.OpView)) or divisor.owner.operation.block == op.block:
+            continue
+        with ir.InsertionPoint.after(divisor.owner.operation), op.location:
+            one = arith.constant(divisor.type, ir.DenseElementsAttr.get_splat(
+                divisor.type, ir.FloatAttr.get(ir.VectorType(divisor.type).element_type, 1.0)))
+            reciprocal = arith.divf(one, divisor)
+        with ir.InsertionPoint(op), op.location:
+            op.results[0].replace_all_uses_with(arith.mulf(op.operands[0], reciprocal))
+        op.erase()
+
+
+def _only_rounded_to_bf16(value: ir.Value) -> bool:
+    """An f32 vector whose every use rounds it to bf16."""
+    uses = list(value.uses)
+    return isinstance(value.type, ir.VectorType) and bool(uses) and all(
+        use.owner.name == "arith.truncf" and isinstance(ir.VectorType(use.owner.results[0].type).element_type,
+                                                         ir.BF16Type) for use in uses)
 
 
 def _rounding(op: ir.Operation) -> Callable[[ir.Value, ir.VectorType], ir.Value] | None:
@@ -141,10 +172,12 @@ def _owner_name(value: ir.Value) -> str:
 
 
 def _is_computed(value: ir.Value) -> bool:
-    """Computed by arithmetic (a select between such values and constants included)."""
+    """Computed by arithmetic (a select between such values and constants included, and a
+    vector assembled from computed parts: exp's 16-lane VSCALEFPS results)."""
     name = _owner_name(value)
-    if name == "arith.select":
-        return all(_is_computed(v) or _owner_name(v) == "arith.constant" for v in list(value.owner.operands)[1:])
+    if name in ("arith.select", "vector.insert_strided_slice"):
+        values = list(value.owner.operands)[name == "arith.select":]  # not a select's condition
+        return all(_is_computed(v) or _owner_name(v) == "arith.constant" for v in values)
     return name in _COMPUTING or name in FLOAT_EXTREMA or name.startswith("math.") and name not in _SIGN_OPS
 
 
