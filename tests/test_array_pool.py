@@ -18,6 +18,17 @@ def _lent(array: np.ndarray) -> bool:
     return isinstance(base, array_pool._Lease)
 
 
+class DataAddressTest(absltest.TestCase):
+    def test_as_numpy_for_every_kind_of_array(self):
+        # writable (the ctypes view), a view from an offset, read-only, empty and strided
+        # (numpy's ctypes.data)
+        base = np.arange(64, dtype=np.float32)
+        read_only = base.copy()
+        read_only.flags.writeable = False
+        for array in (base, base[5:], read_only, base[:0], base[::3], aligned_empty((4, 4), F32)):
+            self.assertEqual(array_pool.data_address(array), array.ctypes.data)
+
+
 class ArrayPoolTest(absltest.TestCase):
     def test_a_result_reuses_the_memory_of_one_that_is_gone(self):
         first = aligned_empty(SHAPE, F32)

@@ -12,6 +12,7 @@ dropped first), its pages still mapped. The ops benchmark's convolutions: 7.5 ->
 from __future__ import annotations
 
 import collections
+import ctypes
 import threading
 
 import numpy as np
@@ -22,10 +23,22 @@ MIN_BYTES = 1 << 20
 _IDLE_BYTES = 256 << 20
 
 
+def data_address(array: np.ndarray) -> int:
+    """The address of ``array``'s data, read on every call: a writable array's through a
+    ctypes view of its buffer, in a third of the time of numpy's ``ctypes.data`` (0.35
+    against 1.0 us); any other's through ``ctypes.data``."""
+    if array.flags.writeable:
+        try:
+            return ctypes.addressof(ctypes.c_char.from_buffer(array))
+        except (TypeError, ValueError):  # not C-contiguous, or empty
+            pass
+    return array.ctypes.data
+
+
 def aligned_bytes(nbytes: int) -> np.ndarray:
     """A new uninitialized uint8 array of ``nbytes`` whose data starts on a 64-byte boundary."""
     raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-    start = -raw.ctypes.data % ALIGNMENT
+    start = -data_address(raw) % ALIGNMENT
     return raw[start:start + nbytes]
 
 
@@ -65,7 +78,7 @@ class _Lease:
     def __init__(self, block: np.ndarray, pool: _Pool) -> None:
         self._block, self._pool = block, pool
         self.__array_interface__ = {"shape": (block.nbytes,), "typestr": "|u1", "version": 3,
-                                    "data": (block.ctypes.data, False)}
+                                    "data": (data_address(block), False)}
 
     def __del__(self) -> None:
         self._pool.give_back(self._block)

@@ -37,6 +37,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from polyblocks_jax import dtypes
+from polyblocks_jax.cpu.array_pool import data_address
 from polyblocks_jax.cpu.memref import DescriptorFactory, aligned_empty
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.errors import CompilationError, ResourceExhaustedError
@@ -112,13 +113,13 @@ class CpuExecutable:
     def run(self, args: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """Execute into ``outs``; arrays C-contiguous with the right specs, an aliased output its input."""
         fresh = [o for o, a in zip(outs, self.aliases) if a is None]
-        self.run_addresses([a.ctypes.data for a in (*args, *fresh)])
+        self.run_addresses([data_address(a) for a in (*args, *fresh)])
 
     def run_addresses(self, data: Sequence[int]) -> None:
         """``run`` on data addresses: the inputs, then the outputs that alias no input (the plugin's path)."""
         arena = self._take_arena() if self.arena_bytes else None
         try:
-            addresses = [*data, arena.ctypes.data] if arena is not None else data
+            addresses = [*data, data_address(arena)] if arena is not None else data
             if self._factories is None:
                 self._entry(*addresses)
             else:

@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 from pypjrt._abi import pjrt_0_114 as abi
 
-from polyblocks_jax.cpu.array_pool import ALIGNMENT
+from polyblocks_jax.cpu.array_pool import ALIGNMENT, data_address
 from polyblocks_jax.cpu.memref import aligned_empty, contiguous_strides
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.errors import PjrtError, unimplemented
@@ -52,7 +52,7 @@ class Buffer:
                  writable: bool = True) -> None:
         self.array: np.ndarray | None = array
         self.writable = writable  # whether compiled code may write the memory (donation)
-        self.address = array.ctypes.data if address is None else address
+        self.address = data_address(array) if address is None else address
         self.type = TYPE_OF_NUMPY[array.dtype]
         self.num_dims = array.ndim
         self.dims = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
@@ -82,7 +82,7 @@ class Buffer:
     def to_host(self, destination: int) -> int:
         """Copy to host address ``destination``; returns the (ready) PJRT_Event of the copy."""
         array = self.data()
-        ctypes.memmove(destination, array.ctypes.data, array.nbytes)
+        ctypes.memmove(destination, data_address(array), array.nbytes)
         return READY
 
     def host_copy(self) -> np.ndarray:
@@ -118,4 +118,4 @@ def host_view(data: int, dtype: np.dtype, dims: tuple[int, ...], byte_strides: t
 
 def can_alias(view: np.ndarray) -> bool:
     """Whether a host array may back a buffer as is: C-contiguous and 64-byte aligned."""
-    return view.flags.c_contiguous and view.ctypes.data % ALIGNMENT == 0
+    return view.flags.c_contiguous and data_address(view) % ALIGNMENT == 0

@@ -19,6 +19,7 @@ import ctypes
 import json
 import struct
 
+from polyblocks_jax.cpu.array_pool import data_address
 from polyblocks_jax.pjrt import device_assignment, handles
 from polyblocks_jax.pjrt.buffer import TYPE_OF_NUMPY, Buffer, aligned_copy, aligned_empty
 from polyblocks_jax.pjrt.device import MEMORY_KIND, HandleArray, Text
@@ -137,7 +138,7 @@ class LoadedExecutable:
         for i in exe.overwritten:
             if not (i in given and buffers[i].writable):
                 copies[i] = aligned_copy(buffers[i].data())
-                addresses[i] = copies[i].ctypes.data
+                addresses[i] = data_address(copies[i])
         results = [Buffer(aligned_empty(shape, dtype), device) if i is None else None
                    for (shape, dtype), i in zip(exe.out_shapes, exe.aliases)]
         exe.compiled.run_addresses(addresses + [r.address for r in results if r is not None])
