@@ -113,28 +113,29 @@ def round_computed_vectors(module: ir.Module, options: Options) -> bool:
     there was one."""
     pass_manager("builtin.module(func.func(arith-emulate-unsupported-floats{source-types=bf16 target-type=f32}))",
                  module.context).run(module.operation)
-    _invariant_divisions_as_products(module)
+    products = _invariant_divisions_as_products(module)
     rewrites = [(op, kind) for op in walk(module.operation) if op.name == "arith.truncf"
                 for kind in [_rounding(op)] if kind is not None]
     for op, kind in rewrites:
         with ir.InsertionPoint(op), op.location:
             op.results[0].replace_all_uses_with(kind(op.operands[0], ir.VectorType(op.results[0].type)))
         op.erase()
-    return bool(rewrites)
+    return products or bool(rewrites)
 
 
-def _invariant_divisions_as_products(module: ir.Module) -> None:
+def _invariant_divisions_as_products(module: ir.Module) -> bool:
     """A bf16 division by a value computed outside its loop (a softmax's row sum) becomes a
     product with that value's reciprocal, computed there: VDIVPS takes five times a multiply's
     cycles. The f32 product's error (at most 1.5 ulp of f32) vanishes in the rounding to bf16,
     but where the quotient lies within it of a midpoint between two bf16 values (1 in 2^15
-    or so): then it may round the other way, one bf16 ulp."""
+    or so): then it may round the other way, one bf16 ulp. Whether there was one."""
+    rewritten = False
     for op in walk(module.operation):
         if op.name != "arith.divf" or not _only_rounded_to_bf16(op.results[0]):
             continue
         divisor = op.operands[1]
-        if not isinstance(divisor.owner, (ir.Operation, ir.OpView)) or divisor.owner.operation.block == op.block:
-            continue
+        if not _owner_name(divisor) or divisor.owner.operation.block == op.block:
+            continue  # a block argument (a loop's), or computed in the division's block
         with ir.InsertionPoint.after(divisor.owner.operation), op.location:
             one = arith.constant(divisor.type, ir.DenseElementsAttr.get_splat(
                 divisor.type, ir.FloatAttr.get(ir.VectorType(divisor.type).element_type, 1.0)))
@@ -142,6 +143,8 @@ def _invariant_divisions_as_products(module: ir.Module) -> None:
         with ir.InsertionPoint(op), op.location:
             op.results[0].replace_all_uses_with(arith.mulf(op.operands[0], reciprocal))
         op.erase()
+        rewritten = True
+    return rewritten
 
 
 def _only_rounded_to_bf16(value: ir.Value) -> bool:
@@ -176,7 +179,8 @@ def _is_computed(value: ir.Value) -> bool:
     vector assembled from computed parts: exp's 16-lane VSCALEFPS results)."""
     name = _owner_name(value)
     if name in ("arith.select", "vector.insert_strided_slice"):
-        values = list(value.owner.operands)[name == "arith.select":]  # not a select's condition
+        operands = list(value.owner.operands)
+        values = operands[1:] if name == "arith.select" else operands  # not a select's condition
         return all(_is_computed(v) or _owner_name(v) == "arith.constant" for v in values)
     return name in _COMPUTING or name in FLOAT_EXTREMA or name.startswith("math.") and name not in _SIGN_OPS
 
