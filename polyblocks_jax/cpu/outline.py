@@ -307,9 +307,13 @@ def _passing(call: ir.Operation, kernel: func.FuncOp, offsets: list[int]) -> ir.
 
 
 def _constant_slice(op: ir.Operation) -> bool:
-    """Whether ``op`` is a subview of constant offsets, sizes and strides that could be
-    taken at any offset (``_offset_may_vary``)."""
-    return op.name == "memref.subview" and len(op.operands) == 1 and _offset_may_vary(op.result)
+    """Whether ``op`` is a subview of constant offsets, sizes and strides whose layout is
+    constant too (of a source at a runtime offset, a loop's row, the slice's offset from
+    the buffer's base is not known), that could be taken at any offset (``_offset_may_vary``)."""
+    if op.name != "memref.subview" or len(op.operands) != 1:
+        return False
+    strides, offset = ir.MemRefType(op.result.type).get_strides_and_offset()
+    return ir.ShapedType.get_dynamic_stride_or_offset() not in (*strides, offset) and _offset_may_vary(op.result)
 
 
 # Views whose offset may be a runtime value (their own then is one too), and the accesses
