@@ -7,7 +7,7 @@ into an ``Executable`` called with numpy arrays; ``Executable.serialize`` and
 """
 from __future__ import annotations
 
-from polyblocks_jax.errors import (CompilationError, InvalidArgumentError, InvalidProgramError,
+from polyblocks_jax.errors import (CallbackError, CompilationError, InvalidArgumentError, InvalidProgramError,
                                    PolyblocksError, ResourceExhaustedError, UnsupportedError)
 from polyblocks_jax.options import Options
 from polyblocks_jax.runtime.executable import Executable, deserialize  # no MLIR: loads anywhere
@@ -15,7 +15,8 @@ from polyblocks_jax.runtime.executable import Executable, deserialize  # no MLIR
 __version__ = "0.1.0"
 
 __all__ = ["compile", "deserialize", "Executable", "Options", "PolyblocksError", "UnsupportedError",
-           "CompilationError", "InvalidProgramError", "InvalidArgumentError", "ResourceExhaustedError"]
+           "CompilationError", "InvalidProgramError", "InvalidArgumentError", "ResourceExhaustedError",
+           "CallbackError"]
 
 
 def compile(program, options: Options | None = None, donate_argnums=None):  # noqa: A001 (mirrors jax's naming)

@@ -22,7 +22,7 @@ from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import results
 from polyblocks_jax.runtime.executable import Executable, deserialize  # noqa: F401 (compiler.deserialize)
-from polyblocks_jax.stablehlo_import import ImportedProgram, import_program, reader
+from polyblocks_jax.stablehlo_import import ImportedProgram, host_callbacks, import_program, reader
 
 CACHE_CAPACITY = 256
 
@@ -146,10 +146,11 @@ def _compile_imported(imported: ImportedProgram, options: Options, key: str,
                       donated: donation.Donation) -> Executable:
     if donated.aliases:
         results.mark_donated_arguments(imported.module, donated.aliases)
+    callbacks = host_callbacks.entries(imported.module)
     stages = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
     timings = passes.run_stages(imported.module, stages, options, label=key)
     recorded = results.output_aliases(imported.module)
     aliases = None if recorded is None else [None if a < 0 else a for a in recorded]
     exe = cpu.build(imported.module, imported.inputs, imported.outputs, options, aliases,
                     overwritten=donated.aliases)  # the donors bufferization may write
-    return Executable(exe, key, timings, donated.donated)
+    return Executable(exe, key, timings, donated.donated, callbacks)

@@ -32,3 +32,8 @@ class ResourceExhaustedError(PolyblocksError, MemoryError):
 
 class InvalidArgumentError(PolyblocksError, ValueError):
     """Arguments passed to an executable do not match its signature."""
+
+
+class CallbackError(PolyblocksError):
+    """A Python function that the program calls back (jax.debug.print, pure_callback,
+    io_callback) raised; the original exception is the cause, its traceback in the message."""

@@ -9,6 +9,7 @@ from mlir.dialects import func
 from polyblocks_jax.cpu.avx512_bf16 import round_computed_vectors
 from polyblocks_jax.cpu.bf16 import bits_for_bf16_moves, define_truncsfbf2
 from polyblocks_jax.cpu.heap import check_heap_buffers
+from polyblocks_jax.cpu.host_callbacks import define_host_callbacks
 from polyblocks_jax.cpu.matrix_units import lower_matrix_units
 from polyblocks_jax.cpu.outline import OUTLINED, bare_pointer, outline_kernels, outline_layer_kernels
 from polyblocks_jax.cpu.prefetch import prefetch_next_tiles
@@ -42,6 +43,8 @@ def cpu_stages(options: Options) -> list[Stage]:
         # One scf.parallel per large nest stays (its outermost); every other becomes scf.for.
         Stage("parallel", functools.partial(parallelize_loops, threads=host().cores)),
         *prefetches,
+        # Calls back into Python: after the parallel stage, which they must stay out of.
+        Stage("host-callbacks", define_host_callbacks),
         Stage("bool-buffers", widen_bool_buffers),
         Stage("bf16-bits", bits_for_bf16_moves),
         # A parallel loop's large buffers (packing): one slot per iteration, before the loop.

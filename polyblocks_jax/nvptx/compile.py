@@ -15,7 +15,7 @@ import json
 import numpy as np
 
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.errors import InvalidProgramError
+from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
 from polyblocks_jax.nvptx.plan import LaunchPlan
 from polyblocks_jax.nvptx.target import NvptxTarget, target as target_of
 from polyblocks_jax.options import Options
@@ -71,7 +71,7 @@ def compile_gpu(program, chip: str = "sm_90", options: Options | None = None) ->
     from polyblocks_jax import compiler, passes
     from polyblocks_jax.nvptx import lowering, ptx
     from polyblocks_jax.nvptx.host import read_plan
-    from polyblocks_jax.stablehlo_import import import_program, reader
+    from polyblocks_jax.stablehlo_import import host_callbacks, import_program, reader
 
     options = _without_host_choices(options or Options.from_env())
     target = target_of(chip)
@@ -79,6 +79,8 @@ def compile_gpu(program, chip: str = "sm_90", options: Options | None = None) ->
     key = compiler.fingerprint(source, options) + "-" + chip
     with ir.Context() as context, ir.Location.unknown():
         imported = import_program(source, context)
+        if host_callbacks.entries(imported.module):  # the host target calls them (cpu/host_callbacks.py)
+            raise UnsupportedError(host_callbacks.PREFIX, "calls back into Python from a GPU program")
         stages = passes.shared_stages(options, target.hardware()) + \
             lowering.nvptx_stages(options, target, ptx.find_toolkit())
         timings = passes.run_stages(imported.module, stages, options, label=key)

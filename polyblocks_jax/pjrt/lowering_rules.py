@@ -8,9 +8,9 @@ and triangular_solve) or XLA's custom calls for its own expansions (qr: "Qr" and
 "ProductOfElementaryHouseholderReflectors"), computed in stablehlo_import/linear_algebra.py.
 eigh has platform rules only: we register the TPU's (QDWH, ending in XLA's "Eigh" custom
 call: stablehlo_import/symmetric_eigen.py), and svd's generic rule calls eigh. The other
-primitives with platform rules only (eig, schur, hessenberg, tridiagonal, geqp3,
-debug_callback, debug_print) fail at lowering with JAX's own error naming the primitive and
-the platform ("MLIR translation rule for primitive 'eig' not found for platform polyblocks").
+primitives with platform rules only (eig, schur, hessenberg, tridiagonal, geqp3) fail at
+lowering with JAX's own error naming the primitive and the platform ("MLIR translation rule
+for primitive 'eig' not found for platform polyblocks"); callbacks are host_callbacks.py's.
 
 erf, erfc, top_k, argmax and argmin: a program reaches a PJRT plugin as a portable
 artifact, and jaxlib expands every chlo op into StableHLO on the way (erfc: three

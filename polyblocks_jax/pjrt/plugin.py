@@ -18,9 +18,10 @@ PRIORITY = -100
 def initialize() -> None:
     try:
         from jax._src import xla_bridge  # register_plugin has no public alias
-        from polyblocks_jax.pjrt import api, lowering_rules, persistent_cache
+        from polyblocks_jax.pjrt import api, host_callbacks, lowering_rules, persistent_cache
         persistent_cache.register()
         xla_bridge.register_plugin(PLATFORM, priority=PRIORITY, c_api=api.capsule())
         lowering_rules.register()
+        host_callbacks.register()
     except Exception as e:  # noqa: BLE001 (a broken install must not break `import jax`)
         logger.warning("polyblocks PJRT plugin not registered: %s: %s", type(e).__name__, e)

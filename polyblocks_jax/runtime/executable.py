@@ -3,9 +3,11 @@
 ``Executable`` is what ``polyblocks_jax.compile`` returns and the PJRT plugin runs;
 ``serialize`` / ``deserialize`` carry it to another process as a shared library plus a
 header (signature, donation, arena size, target, checksum). Loading needs no MLIR, LLVM or jax.
+A program that calls back into Python runs in the process that compiled it only.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import struct
@@ -16,7 +18,8 @@ import numpy as np
 from polyblocks_jax.cpu.executable import CpuExecutable
 from polyblocks_jax.cpu.target import host
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.errors import InvalidProgramError
+from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
+from polyblocks_jax.runtime import host_callbacks as callbacks
 from polyblocks_jax.runtime.specs import spec_from_json, spec_to_json
 
 # Serialized executables: magic, format version, header length, JSON header, shared library.
@@ -33,15 +36,18 @@ class Executable:
     Donation: ``donated`` are the inputs the caller gives up (JAX deletes them after a
     call), ``overwritten`` those whose memory the code may write, ``aliases[k]`` the input
     whose buffer holds output ``k`` (None: fresh memory). Calling with numpy arrays writes
-    into such input arrays (see CpuExecutable).
+    into such input arrays (see CpuExecutable). ``host_callbacks``: the Python functions the
+    code calls, kept alive with it; an exception one raises is raised by the call.
     """
 
     def __init__(self, target_executable: CpuExecutable, fingerprint: str, timings: dict[str, float],
-                 donated: frozenset[int] = frozenset()) -> None:
+                 donated: frozenset[int] = frozenset(),
+                 host_callbacks: Sequence[callbacks.HostCallback] = ()) -> None:
         self._exe = target_executable
         self.fingerprint = fingerprint
         self.timings = timings
         self.donated = frozenset(donated)
+        self.host_callbacks = tuple(host_callbacks)
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -65,15 +71,24 @@ class Executable:
         return self._exe.arena_bytes
 
     def __call__(self, *arrays) -> tuple[np.ndarray, ...]:
-        return self._exe(*arrays)
+        with self._calling_back():
+            return self._exe(*arrays)
 
     def run(self, args: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """Execute into caller-allocated ``outs`` (C-contiguous, right specs; an aliased output is its input)."""
-        self._exe.run(args, outs)
+        with self._calling_back():
+            self._exe.run(args, outs)
 
     def run_addresses(self, data: Sequence[int]) -> None:
         """``run`` on data addresses: the inputs, then the outputs that alias no input."""
-        self._exe.run_addresses(data)
+        if not self.host_callbacks:  # the plugin's per-call path, kept short
+            self._exe.run_addresses(data)
+            return
+        with callbacks.running():
+            self._exe.run_addresses(data)
+
+    def _calling_back(self):
+        return callbacks.running() if self.host_callbacks else contextlib.nullcontext()
 
     def serialize(self) -> bytes:
         """Bytes that ``deserialize`` turns back into this executable in another process.
@@ -81,6 +96,8 @@ class Executable:
         The code travels as the shared library it runs from, so loading needs no MLIR and
         no recompilation; the header pins the target it was built for.
         """
+        if self.host_callbacks:
+            raise UnsupportedError("serialize", "the program calls back into Python functions of this process")
         library = self._exe.library
         header = json.dumps({
             "fingerprint": self.fingerprint, "target": host().description(),

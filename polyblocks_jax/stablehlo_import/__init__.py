@@ -14,7 +14,7 @@ from polyblocks_jax.stablehlo_import.registry import CONVERTERS, FAMILY
 # Op families: each registers its converters on import.
 from polyblocks_jax.stablehlo_import import (  # noqa: F401
     bit_ops, calls, constants, control_flow, convert, convolution, custom_call, dot, elementwise,
-    indexing, linear_algebra, reduce, rng, shape_ops, sort, windows)
+    host_callbacks, indexing, linear_algebra, reduce, rng, shape_ops, sort, windows)
 
 __all__ = ["import_program", "ImportedProgram", "CONVERTERS", "FAMILY"]
 

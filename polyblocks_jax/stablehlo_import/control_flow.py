@@ -10,7 +10,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, scf
 
-from polyblocks_jax.stablehlo_import import builders
+from polyblocks_jax.stablehlo_import import builders, host_callbacks
 from polyblocks_jax.stablehlo_import.registry import converts
 
 
@@ -22,7 +22,10 @@ def while_(cx, op):
     before = loop.before.blocks.append(*types)
     with ir.InsertionPoint(before):
         (pred,) = cx.import_block(cond, list(before.arguments))
-        scf.ConditionOp(builders.to_scalar(pred), list(before.arguments))
+        pred = builders.to_scalar(pred)
+        if host_callbacks.calls_back(cx, op.op):  # a callback that raised ends the loop
+            pred = host_callbacks.unless_failed(pred)
+        scf.ConditionOp(pred, list(before.arguments))
     after = loop.after.blocks.append(*types)
     with ir.InsertionPoint(after):
         scf.YieldOp(cx.import_block(body, list(after.arguments)))

@@ -5,14 +5,15 @@ Sharding and placement annotations are identities on one device. ApproxTopK is w
 first k), and so do we. XLA's Householder QR ("Qr") and the product of its reflectors are
 what jnp.linalg.qr lowers to off LAPACK: computed as LAPACK's geqrf and orgqr
 (linear_algebra.py); so are the LAPACK routines a program lowered for the CPU calls for
-them (lapack.py). Any other target (other LAPACK routines, host callbacks, ...) raises
-UnsupportedError naming it.
+them (lapack.py). Calls back into Python are host_callbacks.py's. Any other target (other
+LAPACK routines, XLA's own callbacks, ...) raises UnsupportedError naming it.
 """
 from __future__ import annotations
 
 from jaxlib.mlir import ir as jir
 
-from polyblocks_jax.stablehlo_import import lapack, linear_algebra, sort, symmetric_eigen
+from polyblocks_jax.runtime import host_callbacks as runtime_callbacks
+from polyblocks_jax.stablehlo_import import host_callbacks, lapack, linear_algebra, sort, symmetric_eigen
 from polyblocks_jax.stablehlo_import.registry import converts
 
 # Targets that only annotate their operands (sharding, memory placement, ...); with one
@@ -40,6 +41,8 @@ def custom_call(cx, op):
         return []
     if target == "ApproxTopK":
         return _approx_top_k(cx, op)
+    if target == runtime_callbacks.TARGET:
+        return host_callbacks.call(cx, op)
     if target in _DECOMPOSITIONS:
         return _DECOMPOSITIONS[target](op)
     if (results := lapack.lapack_call(op, target)) is not None:

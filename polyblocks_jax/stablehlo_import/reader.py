@@ -103,8 +103,14 @@ def location(op: jir.Operation) -> str:
     return " ".join(p for p in (name, where) if p) or text
 
 
+# A token orders side effects and holds no data; JAX passes and returns it as bool[0].
+_TOKEN_SPEC = TensorSpec((0,), dtypes.dtype("i1"))
+
+
 def tensor_spec(type_: jir.Type, op_name: str, loc: str) -> TensorSpec:
-    """Shape and dtype of a ranked, static tensor type; UnsupportedError otherwise."""
+    """Shape and dtype of a ranked, static tensor type (or a token); UnsupportedError otherwise."""
+    if stablehlo.TokenType.isinstance(type_):
+        return _TOKEN_SPEC
     if not isinstance(type_, jir.RankedTensorType):
         raise UnsupportedError(op_name, f"type {type_} is not a ranked tensor", loc)
     t = jir.RankedTensorType(type_)
