@@ -67,6 +67,19 @@ class DebugPrintTest(absltest.TestCase):
         self.assertEqual(pb_text, xla_text)
         self.assertTrue(pb_text.endswith("cond 22.0\nbig 22.0\n"), pb_text)
 
+    def test_loop_invariant_prints_run_every_iteration(self):
+        def fn(x, y):
+            def body(i, c):
+                jax.debug.print("tick", ordered=True)
+                jax.debug.print("y {y}", y=y, ordered=True)
+                return c + y
+            return lax.fori_loop(0, 3, body, x)
+
+        (pb_out, pb_text), (xla_out, xla_text) = _both(fn, np.float32(0.0), np.float32(5.0))
+        support.assert_close(self, pb_out, xla_out)
+        self.assertEqual(pb_text, xla_text)
+        self.assertEqual(pb_text, "tick\ny 5.0\n" * 3)
+
     def test_prints_under_vmap_and_grad_as_xla(self):
         def loss(x):
             jax.debug.print("x {x}", x=x)
