@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
+import math
 import threading
 import traceback
 import weakref
@@ -24,6 +25,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from polyblocks_jax.cpu.array_pool import data_address
 from polyblocks_jax.errors import CallbackError
 
 # The custom_call target of a callback; its backend_config is the key, in decimal.
@@ -38,8 +40,8 @@ class HostCallback:
 
     def __init__(self, key: int, function: Callable, operands: Sequence[Spec], results: Sequence[Spec]) -> None:
         self.key, self.function = key, function
-        self.operands = [(tuple(s), np.dtype(d)) for s, d in operands]
-        self.results = [(tuple(s), np.dtype(d)) for s, d in results]
+        self.operands = [_Buffer(s, d) for s, d in operands]
+        self.results = [_Buffer(s, d) for s, d in results]
 
     def __call__(self, *args):
         return self.function(*args)
@@ -48,6 +50,15 @@ class HostCallback:
 _REGISTRY: weakref.WeakValueDictionary[int, HostCallback] = weakref.WeakValueDictionary()
 _KEYS = itertools.count(1)
 _LOCK = threading.Lock()
+
+
+class _Buffer:
+    """What one operand or result buffer holds."""
+    __slots__ = ("shape", "dtype", "nbytes")
+
+    def __init__(self, shape: Sequence[int], dtype) -> None:
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
 
 
 def register(function: Callable, operands: Sequence[Spec], results: Sequence[Spec]) -> HostCallback:
@@ -114,7 +125,7 @@ def _trampoline(key: int, pointers: int) -> None:
         _zero(entry.results, outputs)
         return
     try:
-        arguments = [_read(spec, address) for spec, address in zip(entry.operands, addresses)]
+        arguments = [_read(buffer, address) for buffer, address in zip(entry.operands, addresses)]
         _write(entry.results, outputs, entry.function(*arguments))
     except BaseException as e:  # noqa: BLE001 (re-raised by running(), never into compiled code)
         _zero(entry.results, outputs)
@@ -131,37 +142,33 @@ def _failed() -> int:
     return int(bool(calls) and calls[-1].error is not None)
 
 
-def _read(spec: Spec, address: int | None) -> np.ndarray:
+def _read(buffer: _Buffer, address: int | None) -> np.ndarray:
     """A read-only copy of an operand: the buffer is the program's, gone after the call."""
-    shape, dtype = spec
-    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    data = np.empty(shape, dtype)
-    if size:
-        ctypes.memmove(data.ctypes.data, address, size)
+    data = np.empty(buffer.shape, buffer.dtype)
+    if buffer.nbytes:
+        ctypes.memmove(data_address(data), address, buffer.nbytes)
     data.flags.writeable = False
     return data
 
 
-def _write(specs: Sequence[Spec], addresses: Sequence[int | None], values) -> None:
+def _write(buffers: Sequence[_Buffer], addresses: Sequence[int | None], values) -> None:
     values = tuple(values) if values is not None else ()
-    if len(values) != len(specs):
-        raise RuntimeError(f"the callback returned {len(values)} values, the program expects {len(specs)}")
-    for i, ((shape, dtype), address, value) in enumerate(zip(specs, addresses, values)):
+    if len(values) != len(buffers):
+        raise RuntimeError(f"the callback returned {len(values)} values, the program expects {len(buffers)}")
+    for i, (buffer, address, value) in enumerate(zip(buffers, addresses, values)):
         value = np.asarray(value)
-        if value.shape != shape or value.dtype != dtype:
+        if value.shape != buffer.shape or value.dtype != buffer.dtype:
             raise RuntimeError(f"result {i} of the callback is {value.dtype}{list(value.shape)}, "
-                               f"the program expects {dtype}{list(shape)}")
-        if value.size:
-            value = np.ascontiguousarray(value)
-            ctypes.memmove(address, value.ctypes.data, value.nbytes)
+                               f"the program expects {buffer.dtype}{list(buffer.shape)}")
+        if buffer.nbytes:
+            ctypes.memmove(address, data_address(np.ascontiguousarray(value)), buffer.nbytes)
 
 
-def _zero(specs: Sequence[Spec], addresses: Sequence[int | None]) -> None:
+def _zero(buffers: Sequence[_Buffer], addresses: Sequence[int | None]) -> None:
     """Results of a callback that failed or was skipped: defined values, not stale memory."""
-    for (shape, dtype), address in zip(specs, addresses):
-        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if size:
-            ctypes.memset(address, 0, size)
+    for buffer, address in zip(buffers, addresses):
+        if buffer.nbytes:
+            ctypes.memset(address, 0, buffer.nbytes)
 
 
 # Alive as long as the process: compiled code holds their addresses.
