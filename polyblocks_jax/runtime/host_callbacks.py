@@ -34,6 +34,15 @@ TARGET = "polyblocks.host_callback"
 Spec = tuple[tuple[int, ...], np.dtype]
 
 
+class _Buffer:
+    """What one operand or result buffer holds."""
+    __slots__ = ("shape", "dtype", "nbytes")
+
+    def __init__(self, shape: Sequence[int], dtype) -> None:
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
+
+
 class HostCallback:
     """A registered callback: ``function(*operands)`` returns one array per result spec."""
     __slots__ = ("key", "function", "operands", "results", "__weakref__")
@@ -43,22 +52,14 @@ class HostCallback:
         self.operands = [_Buffer(s, d) for s, d in operands]
         self.results = [_Buffer(s, d) for s, d in results]
 
-    def __call__(self, *args):
+    def __call__(self, *args) -> Sequence:
+        """JAX's host callbacks are callables: this one is its function."""
         return self.function(*args)
 
 
 _REGISTRY: weakref.WeakValueDictionary[int, HostCallback] = weakref.WeakValueDictionary()
 _KEYS = itertools.count(1)
 _LOCK = threading.Lock()
-
-
-class _Buffer:
-    """What one operand or result buffer holds."""
-    __slots__ = ("shape", "dtype", "nbytes")
-
-    def __init__(self, shape: Sequence[int], dtype) -> None:
-        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
 
 
 def register(function: Callable, operands: Sequence[Spec], results: Sequence[Spec]) -> HostCallback:
