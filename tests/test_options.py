@@ -98,7 +98,7 @@ class GarbageCollectionTest(absltest.TestCase):
         def spy(*args, **kwargs):
             seen.append(gc.isenabled())
             return real(*args, **kwargs)
-        with mock.patch.object(compiler, "_compile_uncached", spy):
+        with mock.patch.object(compiler, "_compile_uncached", spy), support.in_process():
             exe = pb.compile(_lowered(fn, np.ones(4, np.float32)))
         return exe, seen
 
@@ -112,7 +112,8 @@ class GarbageCollectionTest(absltest.TestCase):
 
     def test_resumed_after_a_failed_compile(self):
         gc.enable()
-        with mock.patch.object(compiler, "_compile_uncached", side_effect=pb.CompilationError("x", "failed")):
+        with (mock.patch.object(compiler, "_compile_uncached", side_effect=pb.CompilationError("x", "failed")),
+              support.in_process()):
             with self.assertRaises(pb.CompilationError):
                 pb.compile(_lowered(lambda a: a - 1.0, np.ones(4, np.float32)))
         self.assertTrue(gc.isenabled())
