@@ -2,7 +2,10 @@
 reproducer that replays; the process, its cache and the next compiles go on."""
 import os
 import signal
+import subprocess
+import sys
 import tempfile
+import textwrap
 import threading
 import time
 from unittest import mock
@@ -88,6 +91,14 @@ class CrashTest(absltest.TestCase):
                 pb.compile(_lowered(_layers, x), pb.Options(dump_dir=dump))
             self.assertTrue([f for f in os.listdir(dump) if f.startswith("crash-") and f.endswith(".mlir")])
 
+    def test_a_crash_through_jax_jit_is_an_error_and_jax_goes_on(self):
+        x = np.linspace(-1, 1, 48 * 48, dtype=np.float32).reshape(48, 48)
+        on_device = jax.device_put(x, jax.devices("polyblocks")[0])
+        with _Killer(signal.SIGKILL), self.assertRaisesRegex(Exception, r"the compile worker crashed \(killed by SIGKILL\)"):
+            jax.jit(_layers)(on_device)
+        support.assert_close(self, [np.asarray(jax.jit(_layers)(on_device))], support.xla_cpu(_layers, x),
+                             rtol=1e-5, atol=1e-5)
+
     def test_a_worker_killed_while_idle_is_replaced_silently(self):
         x = np.arange(8, dtype=np.float32)
         support.check_against_xla(self, lambda a: a + 1.0, x)
@@ -97,6 +108,21 @@ class CrashTest(absltest.TestCase):
             os.kill(worker.pid, signal.SIGKILL)
             worker.process.wait()
         support.check_against_xla(self, lambda a: a - 3.0, x)
+
+
+class ScriptTest(absltest.TestCase):
+    def test_an_unguarded_script_runs_once_and_keeps_its_stdout(self):
+        script = textwrap.dedent("""
+            import numpy as np, jax, polyblocks_jax as pb
+            print("top level ran")
+            x = np.arange(4, dtype=np.float32)
+            exe = pb.compile(jax.jit(lambda a: a * 2.0).trace(x).lower(lowering_platforms=("cpu",)))
+            print("result", exe(x)[0].tolist())
+        """)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertEqual(done.stdout, "top level ran\nresult [0.0, 2.0, 4.0, 6.0]\n")
+        self.assertNotIn("top level ran", done.stderr)
 
 
 class ErrorTest(absltest.TestCase):

@@ -33,6 +33,11 @@ class FlagsTest(absltest.TestCase):
         with self.assertRaises(pb.PolyblocksError):
             pb.Options.from_flags("opt-level=high")
 
+    def test_flags_give_back_the_code_generation_options(self):
+        for o in (pb.Options(), pb.Options(fusion=False, opt_level=3, matrix_unit="fma", dump_dir="/x", in_process=True)):
+            self.assertEqual(pb.Options.from_flags(o.flags()).cache_key(), o.cache_key())
+        self.assertEqual(pb.Options(fusion=False, opt_level=3).flags(), "no-fusion,opt-level=3")
+
     def test_env(self):
         old = os.environ.get("POLYBLOCKS_FLAGS")
         os.environ["POLYBLOCKS_FLAGS"] = "no-fusion"

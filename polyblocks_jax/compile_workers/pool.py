@@ -69,7 +69,10 @@ class Worker:
         try:
             kind, device_kind = self._replies.recv()
         except (EOFError, OSError):
-            return f"it ended ({crashes.death(self._exit_code())}) before it was ready:\n{self._output_text()}"
+            code = self._exit_code()
+            self._forwarder.join(timeout=2)
+            output = self._output_text().rstrip()
+            return f"it ended ({crashes.death(code)}) before it was ready" + (f":\n{output}" if output else "")
         from polyblocks_jax.cpu.target import host
         if kind != protocol.READY or device_kind != host().description():
             self.kill()
