@@ -3,8 +3,10 @@
 Compiled executables are cached in memory, keyed by the program printed without its
 debug locations (the same program traced from two source lines compiles once), the
 options that change code generation and the requested donation; the cache is bounded
-and evicts the least recently used entry. This module loads MLIR: the runtime
-(``polyblocks_jax.runtime``) runs what it builds without it.
+and evicts the least recently used entry. A program missing from the cache compiles in a
+compile worker (``polyblocks_jax.compile_workers``), so that a crash of MLIR or LLVM is a
+CompilationError and not the end of this process; ``Options.in_process`` compiles here.
+This module loads MLIR: the runtime (``polyblocks_jax.runtime``) runs what it builds without it.
 """
 from __future__ import annotations
 
@@ -13,11 +15,11 @@ import contextlib
 import gc
 import hashlib
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 from mlir import ir
 
-from polyblocks_jax import cpu, donation, passes
+from polyblocks_jax import compile_workers, cpu, donation, passes
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import results
@@ -73,10 +75,21 @@ def compile(program, options: Options | None = None,  # noqa: A001 (public API n
     cached = CACHE.get(key)
     if cached is not None:
         return cached
-    with _cyclic_gc_paused():
-        exe = _compile_uncached(source, options, key, marks, donate_argnums)
+    exe = None
+    if not options.in_process:  # None: no worker could start (logged), compile here
+        exe = compile_workers.compile(compile_workers.Job(source, options, key, marks, donate_argnums), text)
+    if exe is None:
+        exe = compile_in_process(source, options, key, marks, donate_argnums)
     CACHE.put(key, exe)
     return exe
+
+
+def compile_in_process(source: str | bytes, options: Options, key: str, marks: dict[int, int | None],
+                       donate_argnums: Sequence[int] | None,
+                       on_stage: Callable[[str], None] | None = None) -> Executable:
+    """Compile here, uncached (what a compile worker runs); ``on_stage`` is told each stage's name."""
+    with _cyclic_gc_paused():
+        return _compile_uncached(source, options, key, marks, donate_argnums, on_stage or _ignore)
 
 
 _gc_pauses = 0
@@ -123,34 +136,43 @@ def _key(text: str, options: Options, donate_argnums: Sequence[int] | None) -> s
     return hashlib.sha256(text.encode()).hexdigest()[:32] + "-" + options.cache_key() + requested
 
 
+def _ignore(stage: str) -> None:
+    pass
+
+
 def _compile_uncached(source: str | bytes, options: Options, key: str,
                       marks: dict[int, int | None] | None = None,
-                      donate_argnums: Sequence[int] | None = None) -> Executable:
+                      donate_argnums: Sequence[int] | None = None,
+                      on_stage: Callable[[str], None] = _ignore) -> Executable:
+    """Compile in this process; ``on_stage`` is told each stage's name as it starts."""
     with ir.Context() as context, ir.Location.unknown():
+        on_stage("import")
         imported = import_program(source, context)
         inputs, outputs = imported.inputs, imported.outputs
         donated = donation.plan(donation.requested_marks(marks or {}, donate_argnums, len(inputs)), inputs, outputs)
         try:
-            return _compile_imported(imported, options, key, donated)
+            return _compile_imported(imported, options, key, donated, on_stage)
         except CompilationError as e:
             if e.stage != "bufferize" or not donated.aliases:
                 raise
     # Bufferization cannot always honour a tie (a loop carrying the donated argument may
     # leave a conflict it cannot resolve): compile again with the inputs given up, not reused.
     with ir.Context() as context, ir.Location.unknown():
+        on_stage("import")
         imported = import_program(source, context)
-        return _compile_imported(imported, options, key, donation.Donation(donated.donated))
+        return _compile_imported(imported, options, key, donation.Donation(donated.donated), on_stage)
 
 
 def _compile_imported(imported: ImportedProgram, options: Options, key: str,
-                      donated: donation.Donation) -> Executable:
+                      donated: donation.Donation, on_stage: Callable[[str], None]) -> Executable:
     if donated.aliases:
         results.mark_donated_arguments(imported.module, donated.aliases)
     callbacks = host_callbacks.entries(imported.module)
     stages = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
-    timings = passes.run_stages(imported.module, stages, options, label=key)
+    timings = passes.run_stages(imported.module, stages, options, label=key, on_stage=on_stage)
     recorded = results.output_aliases(imported.module)
     aliases = None if recorded is None else [None if a < 0 else a for a in recorded]
+    on_stage("codegen")  # translation to LLVM IR here, then LLVM's tools in processes of their own
     exe = cpu.build(imported.module, imported.inputs, imported.outputs, options, aliases,
                     overwritten=donated.aliases)  # the donors bufferization may write
     return Executable(exe, key, timings, donated.donated, callbacks)

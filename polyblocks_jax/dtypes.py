@@ -8,17 +8,26 @@ from ``DType.is_unsigned``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
-import ml_dtypes
 import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
 class DType:
     name: str
-    numpy: np.dtype
+    numpy_name: str  # numpy's name of the type (bf16's is ml_dtypes')
     bits: int
     kind: str  # "float", "sint", "uint" or "bool"
+
+    @functools.cached_property
+    def numpy(self) -> np.dtype:
+        """The numpy dtype. ml_dtypes loads with the first bf16 asked for: a compile worker,
+        which imports no jax, starts without it (its import is a second of the worker's start)."""
+        if self.numpy_name == "bfloat16":
+            import ml_dtypes
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(self.numpy_name)
 
     @property
     def is_float(self) -> bool:
@@ -42,14 +51,14 @@ class DType:
 
 
 def _d(name: str, numpy_type, bits: int, kind: str) -> DType:
-    return DType(name, np.dtype(numpy_type), bits, kind)
+    return DType(name, numpy_type if isinstance(numpy_type, str) else np.dtype(numpy_type).name, bits, kind)
 
 
 DTYPES: dict[str, DType] = {d.name: d for d in (
     _d("f64", np.float64, 64, "float"),
     _d("f32", np.float32, 32, "float"),
     _d("f16", np.float16, 16, "float"),
-    _d("bf16", ml_dtypes.bfloat16, 16, "float"),
+    _d("bf16", "bfloat16", 16, "float"),
     _d("i1", np.bool_, 1, "bool"),
     _d("i8", np.int8, 8, "sint"),
     _d("i16", np.int16, 16, "sint"),
@@ -61,7 +70,7 @@ DTYPES: dict[str, DType] = {d.name: d for d in (
     _d("ui64", np.uint64, 64, "uint"),
 )}
 
-_BY_NUMPY = {d.numpy: d for d in DTYPES.values()}
+_BY_NUMPY_NAME = {d.numpy_name: d for d in DTYPES.values()}
 
 
 def dtype(name: str) -> DType | None:
@@ -70,7 +79,9 @@ def dtype(name: str) -> DType | None:
 
 
 def from_numpy(np_dtype) -> DType | None:
-    return _BY_NUMPY.get(np.dtype(np_dtype))
+    np_dtype = np.dtype(np_dtype)
+    found = _BY_NUMPY_NAME.get(np_dtype.name)
+    return found if found is not None and found.numpy == np_dtype else None  # (not a byte-swapped one)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 Every optimization is a boolean field that ``no-<name>`` switches off, so each can
 be measured on its own. Fields that change generated code are part of the cache key;
-``dump_dir`` only changes what is written beside it.
+``dump_dir`` only changes what is written beside it, ``in_process`` only where the compiler
+runs (see ``polyblocks_jax.compile_workers``): ``POLYBLOCKS_FLAGS=in-process`` compiles in the
+calling process, for pdb and profilers, where a crash of MLIR or LLVM ends that process.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ MATRIX_UNITS = ("auto", "amx", "avx512bf16", "fma")
 PRECISIONS = ("fp32", "tf32", "mixed_bf16_fp32")
 
 # Fields that do not influence generated code, hence stay out of the cache key.
-_NOT_IN_KEY = frozenset({"dump_dir"})
+_NOT_IN_KEY = frozenset({"dump_dir", "in_process"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Options:
     precision: str = "fp32"      # f32 matmuls/convs: fp32 (exact) | tf32 (GPU tensor cores; exact on the host)
                                  # | mixed_bf16_fp32 (bf16 operands, f32 sums)
     dump_dir: str | None = None  # write the module after every stage, and stage timings
+    in_process: bool = False     # compile in this process, not in a compile worker (debuggers, profilers)
 
     def __post_init__(self) -> None:
         if self.opt_level not in (0, 1, 2, 3):
@@ -66,7 +69,7 @@ class Options:
     @classmethod
     def switches(cls) -> list[str]:
         """The optimizations that can be switched off by name (``no-<name>``): the flags."""
-        return [f.name for f in dataclasses.fields(cls) if f.type in (bool, "bool")]
+        return [f.name for f in dataclasses.fields(cls) if f.type in (bool, "bool") and f.name not in _NOT_IN_KEY]
 
     @classmethod
     def from_env(cls) -> "Options":
@@ -74,6 +77,17 @@ class Options:
 
     def replace(self, **changes) -> "Options":
         return dataclasses.replace(self, **changes)
+
+    def flags(self) -> str:
+        """The ``POLYBLOCKS_FLAGS`` value giving these options' code generation (defaults left out)."""
+        tokens = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in _NOT_IN_KEY or value == f.default:
+                continue
+            name = f.name.replace("_", "-")
+            tokens.append((name if value else f"no-{name}") if isinstance(value, bool) else f"{name}={value}")
+        return ",".join(tokens)
 
     def cache_key(self) -> str:
         items = sorted((k, v) for k, v in dataclasses.asdict(self).items() if k not in _NOT_IN_KEY)

@@ -110,6 +110,13 @@ def module_after(stage: str, fn: Callable, *args, hardware: passes.Hardware,
     return module
 
 
+def in_process():
+    """Compile in this process while the context lasts, as when no compile worker can start:
+    for tests that patch the compiler's functions, which a worker would not see."""
+    from polyblocks_jax import compile_workers
+    return mock.patch.object(compile_workers, "compile", lambda job, text: None)
+
+
 def without_flags(test: absltest.TestCase) -> None:
     """``POLYBLOCKS_FLAGS`` unset until ``test`` ends: for tests of what the default pipeline
     does through jax.jit (a donated buffer reused), which a run of the suite with an

@@ -65,7 +65,7 @@ class CodegenTest(parameterized.TestCase):
             pieces.extend(ir_parts.balanced_parts(text, parts))
             return pieces
         args = _arguments()
-        with mock.patch.object(codegen, "balanced_parts", forced):
+        with mock.patch.object(codegen, "balanced_parts", forced), support.in_process():
             got = support.polyblocks(_layers, *args)
         self.assertLen(pieces, parts)
         support.assert_close(self, got, support.xla_cpu(_layers, *args), rtol=1e-5, atol=1e-5)
@@ -103,7 +103,7 @@ class CodegenTest(parameterized.TestCase):
                              rtol=1e-5, atol=1e-5)
 
     def test_a_tool_that_fails_names_its_stage(self):
-        with mock.patch.object(codegen, "_OPTIMIZER_OPTIONS", ("-no-such-option",)):
+        with mock.patch.object(codegen, "_OPTIMIZER_OPTIONS", ("-no-such-option",)), support.in_process():
             with self.assertRaises(CompilationError) as raised:
                 pb.compile(_lowered(_arguments()))
         self.assertEqual(raised.exception.stage, "optimize")
@@ -258,7 +258,7 @@ class LargeConstantTest(absltest.TestCase):
             for blob in blobs:  # declared, not defined, in the IR
                 self.assertRegex(text, rf"llvm.mlir.global external constant @{blob.symbol}\(\)")
             return blobs
-        with mock.patch.object(cpu.constants, "detach_large_constants", recorded):
+        with mock.patch.object(cpu.constants, "detach_large_constants", recorded), support.in_process():
             got = support.polyblocks(fn, x)
         self.assertEqual(sorted(len(b.data) for b in detached), [18000, 20000, 98304])
         support.assert_close(self, got, support.xla_cpu(fn, x), rtol=1e-5, atol=1e-5)

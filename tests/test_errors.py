@@ -4,6 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 
+import support
+
 import polyblocks_jax as pb
 from polyblocks_jax.stablehlo_import import reader
 
@@ -96,7 +98,7 @@ class MissingToolTest(absltest.TestCase):
         f = lambda x: jnp.tanh(x) * 3.0
         x = np.linspace(-2, 2, 37, dtype=np.float32)
         lowered = jax.jit(f).lower(x)
-        with mock.patch.object(codegen, "_LINKER", "/nonexistent/cc"):
+        with mock.patch.object(codegen, "_LINKER", "/nonexistent/cc"), support.in_process():
             with self.assertRaisesRegex(pb.CompilationError, "cannot run /nonexistent/cc"):
                 pb.compile(lowered)
         got = pb.compile(lowered)(x)[0]  # compiled afresh once the linker is back

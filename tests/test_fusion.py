@@ -193,7 +193,7 @@ class ScaledExtremaTest(parameterized.TestCase):
             return jax.nn.softmax(x / 3.0, axis=-1)
         x = self._inputs()
         (moved,) = support.polyblocks(fn, x)
-        with mock.patch.object(fusion, "reduce_before_scaling", lambda module: False):
+        with mock.patch.object(fusion, "reduce_before_scaling", lambda module: False), support.in_process():
             compiler.CACHE.clear()  # the same program, compiled again
             (kept,) = support.polyblocks(fn, x)
         # the same bits but for NaN payloads (the max tree's NaN is the OR of two lanes)

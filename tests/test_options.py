@@ -33,6 +33,11 @@ class FlagsTest(absltest.TestCase):
         with self.assertRaises(pb.PolyblocksError):
             pb.Options.from_flags("opt-level=high")
 
+    def test_flags_give_back_the_code_generation_options(self):
+        for o in (pb.Options(), pb.Options(fusion=False, opt_level=3, matrix_unit="fma", dump_dir="/x", in_process=True)):
+            self.assertEqual(pb.Options.from_flags(o.flags()).cache_key(), o.cache_key())
+        self.assertEqual(pb.Options(fusion=False, opt_level=3).flags(), "no-fusion,opt-level=3")
+
     def test_env(self):
         old = os.environ.get("POLYBLOCKS_FLAGS")
         os.environ["POLYBLOCKS_FLAGS"] = "no-fusion"
@@ -98,7 +103,7 @@ class GarbageCollectionTest(absltest.TestCase):
         def spy(*args, **kwargs):
             seen.append(gc.isenabled())
             return real(*args, **kwargs)
-        with mock.patch.object(compiler, "_compile_uncached", spy):
+        with mock.patch.object(compiler, "_compile_uncached", spy), support.in_process():
             exe = pb.compile(_lowered(fn, np.ones(4, np.float32)))
         return exe, seen
 
@@ -112,7 +117,8 @@ class GarbageCollectionTest(absltest.TestCase):
 
     def test_resumed_after_a_failed_compile(self):
         gc.enable()
-        with mock.patch.object(compiler, "_compile_uncached", side_effect=pb.CompilationError("x", "failed")):
+        with (mock.patch.object(compiler, "_compile_uncached", side_effect=pb.CompilationError("x", "failed")),
+              support.in_process()):
             with self.assertRaises(pb.CompilationError):
                 pb.compile(_lowered(lambda a: a - 1.0, np.ones(4, np.float32)))
         self.assertTrue(gc.isenabled())

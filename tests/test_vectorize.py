@@ -534,7 +534,8 @@ class ExpScalingTest(parameterized.TestCase):
             self.skipTest("the host has no AVX-512: the scaling instruction is not used")
         (scaled,) = support.polyblocks(jnp.exp, x, options=pb.Options())  # vectorized, whatever the flags
         expand = vector_math.expand_vector_math
-        with mock.patch.object(vector_math, "expand_vector_math", lambda module, _scales: expand(module, False)):
+        with (mock.patch.object(vector_math, "expand_vector_math", lambda module, _scales: expand(module, False)),
+              support.in_process()):
             compiler.CACHE.clear()  # the same program, compiled again
             (halves,) = support.polyblocks(jnp.exp, x, options=pb.Options())
         bits = np.dtype(f"i{scaled.itemsize}")

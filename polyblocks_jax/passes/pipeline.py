@@ -31,12 +31,17 @@ class Stage:
 
 
 def run_stages(module: ir.Module, stages: Sequence[Stage], options: Options,
-               label: str = "program") -> dict[str, float]:
-    """Run ``stages`` in order on ``module`` in place; returns seconds per stage."""
+               label: str = "program", on_stage: Callable[[str], None] | None = None) -> dict[str, float]:
+    """Run ``stages`` in order on ``module`` in place; returns seconds per stage.
+
+    ``on_stage`` is told each stage's name as it starts: a compile worker reports it to its
+    parent, which then names the stage a crash of MLIR or LLVM ended the worker in."""
     timings: dict[str, float] = {}
     dump = _Dumper(options.dump_dir, label)
     dump.write("input", module)
     for stage in stages:
+        if on_stage is not None:
+            on_stage(stage.name)
         start = time.perf_counter()
         _run_stage(stage, module, options)
         timings[stage.name] = time.perf_counter() - start

@@ -1,0 +1,36 @@
+"""Compiling in worker processes, so that no compile can end the caller's process.
+
+An abort or a segfault inside MLIR or LLVM ends the process it happens in. The host's
+programs therefore compile in compile workers (``pool``): processes of the same Python
+running ``worker``, started when a compile finds none idle (up to one per core this
+process may run on), kept for the next compiles, replaced after a crash. A job travels as
+the program's StableHLO, the options and the requested donation; the executable comes back
+serialized, the in-memory cache stays here. A worker that dies during a compile becomes a
+CompilationError naming the stage it died in, with the program saved to replay (``crashes``);
+an error raised in the worker reaches the caller with its type and message (``protocol``).
+
+``POLYBLOCKS_FLAGS=in-process`` (``Options(in_process=True)``) compiles in the calling
+process instead, for pdb and profilers; so does every compile when no worker can start
+(a warning says why). The GPU path (``nvptx``) compiles in process.
+
+A worker's start (Python, numpy, MLIR and the compiler: over a second) overlaps the
+caller's: ``polyblocks_jax.compile`` starts one before importing the compiler itself.
+"""
+from __future__ import annotations
+
+from polyblocks_jax.compile_workers.pool import POOL
+from polyblocks_jax.compile_workers.protocol import Job
+from polyblocks_jax.runtime.executable import Executable
+
+__all__ = ["Job", "compile", "prestart"]
+
+
+def compile(job: Job, text: str) -> Executable | None:  # noqa: A001 (the driver's verb)
+    """``job`` compiled in a worker (``text``: the program without locations, for a reproducer);
+    None when no worker can start."""
+    return POOL.compile(job, text)
+
+
+def prestart() -> None:
+    """Start a worker unless one runs, without waiting for it."""
+    POOL.prestart()

@@ -1,0 +1,264 @@
+"""Compile workers: processes that compile for this one, started on demand and kept warm.
+
+A worker is ``python -m polyblocks_jax.compile_workers.worker``, not a multiprocessing
+child: "spawn" and "forkserver" would run the user's unguarded top-level script again in
+the child, and "fork" copies a process whose JAX threads may hold locks. Jobs and replies
+travel on two pipes of their own; the worker's stdout and stderr, merged, are forwarded to
+this process's stderr, their last lines kept for a crash report. A worker runs in a session
+of its own, so that Ctrl-C at a terminal interrupts the compile here, which then ends it.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import os
+import subprocess
+import sys
+import threading
+
+import polyblocks_jax
+from polyblocks_jax.compile_workers import crashes, protocol
+from polyblocks_jax.runtime.executable import Executable, deserialize
+
+logger = logging.getLogger(__name__)
+
+_OUTPUT_LINES = 60            # of a worker's output, kept for the report of its crash
+_EXIT_WAIT_S = 10             # for a worker that closed its pipe to exit, before it is killed
+
+
+class Worker:
+    """One compile process; one job at a time."""
+
+    def __init__(self) -> None:
+        job_out, job_in = os.pipe()
+        reply_out, reply_in = os.pipe()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-P", "-X", "faulthandler", "-m", "polyblocks_jax.compile_workers.worker",
+                 str(job_out), str(reply_in)],
+                pass_fds=(job_out, reply_in), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, env=_environment(), start_new_session=True)
+        except BaseException:
+            os.close(job_in)
+            os.close(reply_out)
+            raise
+        finally:  # the worker's ends
+            os.close(job_out)
+            os.close(reply_in)
+        self._jobs, self._replies = protocol.writer(job_in), protocol.reader(reply_out)
+        self.ready = False
+        self.stage: str | None = None  # the stage of the job under way, as the worker reported it
+        self._output: collections.deque[bytes] = collections.deque(maxlen=_OUTPUT_LINES)
+        self._forwarder = threading.Thread(target=self._forward_output, name="polyblocks-compile-worker-output",
+                                           daemon=True)
+        self._forwarder.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None and not self._jobs.closed
+
+    def start_failure(self) -> str | None:
+        """Wait until the worker has imported the compiler: None, or why it cannot compile."""
+        if self.ready:
+            return None
+        try:
+            kind, device_kind = self._replies.recv()
+        except (EOFError, OSError):
+            code = self._exit_code()
+            self._forwarder.join(timeout=2)
+            output = self._output_text().rstrip()
+            return f"it ended ({crashes.death(code)}) before it was ready" + (f":\n{output}" if output else "")
+        from polyblocks_jax.cpu.target import host
+        if kind != protocol.READY or device_kind != host().description():
+            self.kill()
+            return f"it sees another CPU ({device_kind!r}, this process {host().description()!r})"
+        self.ready = True
+        return None
+
+    def compile(self, job: protocol.Job, text: str) -> Executable:
+        """Run ``job``; raises what the compile raised, or a CompilationError if the worker died."""
+        self.stage = None
+        self._output.clear()
+        try:
+            self._jobs.send(job)
+            reply = self._replies.recv()
+            while reply[0] == protocol.STAGE:
+                self.stage = reply[1]
+                reply = self._replies.recv()
+        except (EOFError, OSError):
+            raise self._crash_error(job, text) from None
+        except BaseException:  # interrupted here: the worker's state is unknown
+            self.kill()
+            raise
+        if reply[0] == protocol.ERROR:
+            raise protocol.decode_error(reply[1], self.stage or "worker")
+        exe = deserialize(reply[1])
+        exe.timings = reply[2]
+        return exe
+
+    def close(self) -> None:
+        """No more jobs: the worker exits when it reads the end of its pipe."""
+        self._jobs.close()
+        self._replies.close()
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        self.close()
+
+
+    def _crash_error(self, job: protocol.Job, text: str) -> BaseException:
+        code = self._exit_code()
+        self._forwarder.join(timeout=2)  # the last of the output, the crash's own message
+        try:
+            reproducer = crashes.save_reproducer(text, job.source, job.options, job.donate_argnums, job.key)
+        except OSError as e:
+            reproducer = f"(not saved: {e})"
+        self.close()
+        return crashes.crash_error(self.stage or "worker", code, self._output_text(), reproducer)
+
+    def _exit_code(self) -> int:
+        try:
+            return self.process.wait(timeout=_EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def _output_text(self) -> str:
+        return b"".join(self._output).decode(errors="replace")
+
+    def _forward_output(self) -> None:
+        stream = self.process.stdout
+        try:
+            for line in iter(stream.readline, b""):
+                self._output.append(line)
+                try:
+                    os.write(2, line)
+                except OSError:  # no stderr left: the line is still kept
+                    pass
+        except (OSError, ValueError):  # closed under us (a forked child forgetting it)
+            pass
+
+
+class Pool:
+    """Up to ``size`` workers, started when a job finds none idle; thread safe.
+
+    ``unavailable`` says why no worker can start (logged once): jobs then compile in process."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.unavailable: str | None = None
+        self._idle: list[Worker] = []
+        self._busy: set[Worker] = set()
+        self._changed = threading.Condition()
+
+    def compile(self, job: protocol.Job, text: str) -> Executable | None:
+        """Compile ``job`` in a worker; None if no worker can start."""
+        worker = self._acquire()
+        if worker is None:
+            return None
+        try:
+            failure = worker.start_failure()
+            if failure is not None:
+                self._give_up(failure)
+                return None
+            return worker.compile(job, text)
+        finally:
+            self._release(worker)
+
+    def prestart(self) -> None:
+        """Start a worker now, if none is: it imports the compiler while this process goes on."""
+        with self._changed:
+            if not self._idle and not self._busy and self.unavailable is None:
+                worker = self._spawn()
+                if worker is not None:
+                    self._idle.append(worker)
+
+    def busy(self) -> list[Worker]:
+        with self._changed:
+            return list(self._busy)
+
+    def close(self) -> None:
+        with self._changed:
+            for worker in self._idle:
+                worker.close()
+            self._idle.clear()
+
+    def forget_after_fork(self) -> None:
+        """A forked child shares its parent's workers' pipes: it must not use them."""
+        self._changed = threading.Condition()
+        for worker in (*self._idle, *self._busy):
+            worker.close()  # (its output stream stays: its lock may be held by a thread the child lacks)
+        self._idle, self._busy = [], set()
+
+    def _acquire(self) -> Worker | None:
+        with self._changed:
+            while self.unavailable is None:
+                while self._idle:
+                    worker = self._idle.pop()
+                    if worker.alive:
+                        self._busy.add(worker)
+                        return worker
+                    worker.close()  # died idle (killed from outside): not this job's crash
+                if len(self._busy) < self.size:
+                    worker = self._spawn()
+                    if worker is not None:
+                        self._busy.add(worker)
+                    return worker
+                self._changed.wait()
+            return None
+
+    def _release(self, worker: Worker) -> None:
+        with self._changed:
+            self._busy.discard(worker)
+            if worker.alive:
+                self._idle.append(worker)
+                self._changed.notify()
+                return
+            worker.close()
+            if self.unavailable is None:  # crashed or interrupted: a fresh one, warm by the next job
+                replacement = self._spawn()
+                if replacement is not None:
+                    self._idle.append(replacement)
+            self._changed.notify()
+
+    def _spawn(self) -> Worker | None:
+        try:
+            return Worker()
+        except OSError as e:
+            self._give_up(f"it does not start: {e}")
+            return None
+
+    def _give_up(self, reason: str) -> None:
+        with self._changed:
+            if self.unavailable is None:
+                self.unavailable = reason
+                logger.warning("polyblocks_jax compiles in this process, where a crash of MLIR or LLVM "
+                               "ends it: no compile worker (%s)", reason)
+            self._changed.notify_all()
+
+
+def _environment() -> dict[str, str]:
+    """This process's environment, with this very polyblocks_jax first on the worker's path."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(polyblocks_jax.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONUNBUFFERED"] = "1"  # a line printed before a crash is not lost in a buffer
+    return env
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this system
+        return os.cpu_count() or 1
+
+
+POOL = Pool(_cores())
+atexit.register(POOL.close)
+os.register_at_fork(after_in_child=POOL.forget_after_fork)

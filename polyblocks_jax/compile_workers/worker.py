@@ -1,0 +1,36 @@
+"""A compile worker's process: ``python -m polyblocks_jax.compile_workers.worker REQUESTS REPLIES``.
+
+Reads jobs from the pipe ``REQUESTS`` and answers on ``REPLIES`` (file descriptors its
+parent passed; see ``protocol``) until its parent closes the requests. It imports the
+compiler, not jax: it compiles what it is handed, with the options it is handed.
+"""
+from __future__ import annotations
+
+import sys
+
+from polyblocks_jax.compile_workers import protocol
+
+
+def main(requests_fd: int, replies_fd: int) -> None:
+    requests, replies = protocol.reader(requests_fd), protocol.writer(replies_fd)
+    from polyblocks_jax import compiler
+    from polyblocks_jax.cpu import host
+    replies.send((protocol.READY, host().description()))
+    while True:
+        try:
+            job = requests.recv()
+        except EOFError:  # the parent closed the pipe, or exited
+            return
+        replies.send(_compile(compiler, job, lambda stage: replies.send((protocol.STAGE, stage))))
+
+
+def _compile(compiler, job: protocol.Job, on_stage) -> tuple:
+    try:
+        exe = compiler.compile_in_process(job.source, job.options, job.key, job.marks, job.donate_argnums, on_stage)
+        return protocol.DONE, exe.serialize(), exe.timings
+    except Exception as e:  # noqa: BLE001 (every error goes back to the caller, as raised)
+        return protocol.ERROR, protocol.encode_error(e)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
