@@ -23,6 +23,7 @@ from polyblocks_jax import compile_workers, cpu, donation, passes
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import results
+from polyblocks_jax.runtime import host_callbacks as runtime_callbacks
 from polyblocks_jax.runtime.executable import Executable, deserialize  # noqa: F401 (compiler.deserialize)
 from polyblocks_jax.stablehlo_import import ImportedProgram, host_callbacks, import_program, reader
 
@@ -76,9 +77,11 @@ def compile(program, options: Options | None = None,  # noqa: A001 (public API n
     if cached is not None:
         return cached
     exe = None
-    if not options.in_process:  # None: no worker could start (logged), compile here
+    # A program calling back into Python compiles here: its callbacks are objects of this
+    # process, and its code calls them at this process's addresses.
+    if not options.in_process and runtime_callbacks.TARGET not in text:
         exe = compile_workers.compile(compile_workers.Job(source, options, key, marks, donate_argnums), text)
-    if exe is None:
+    if exe is None:  # in process, or no worker could start (logged)
         exe = compile_in_process(source, options, key, marks, donate_argnums)
     CACHE.put(key, exe)
     return exe
