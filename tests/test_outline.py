@@ -139,6 +139,25 @@ func.func @main(%w: memref<4x2x16xf32>, %row: index, %arena: memref<1024xi8>) {
 }
 """
 
+# A k loop carrying AMX accumulator tiles (a matmul of one block of tiles): tiles live in
+# tile registers and cannot be a function's arguments or results.
+_TILE_LOOP = """
+func.func @main(%a: memref<16x64xbf16>, %b: memref<32x32xbf16>, %c: memref<16x16xf32>) {
+  %c0 = arith.constant 0 : index
+  %c2 = arith.constant 2 : index
+  %c1 = arith.constant 1 : index
+  %zero = amx.tile_zero : !amx.tile<16x16xf32>
+  %sum = scf.for %k = %c0 to %c2 step %c1 iter_args(%acc = %zero) -> (!amx.tile<16x16xf32>) {
+    %x = amx.tile_load %a[%c0, %c0] : memref<16x64xbf16> into !amx.tile<16x32xbf16>
+    %y = amx.tile_load %b[%c0, %c0] : memref<32x32xbf16> into !amx.tile<16x32xbf16>
+    %next = amx.tile_mulf %x, %y, %acc : !amx.tile<16x32xbf16>, !amx.tile<16x32xbf16>, !amx.tile<16x16xf32>
+    scf.yield %next : !amx.tile<16x16xf32>
+  }
+  amx.tile_store %c[%c0, %c0], %sum : memref<16x16xf32>, !amx.tile<16x16xf32>
+  return
+}
+"""
+
 
 def _functions(module: ir.Module) -> dict[str, ir.Operation]:
     return {ir.StringAttr(op.attributes["sym_name"]).value: op.operation for op in module.body.operations
@@ -274,6 +293,13 @@ class OutlineIrTest(absltest.TestCase):
             module.operation.verify()
             self.assertNotIn("memref.reinterpret_cast", str(module))
             self.assertNotIn(str(ir.ShapedType.get_dynamic_stride_or_offset()), str(module))
+
+    def test_loops_carrying_amx_tiles_stay_in_their_function(self):
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(_TILE_LOOP)
+            outline.outline_kernels(module, pb.Options())
+            module.operation.verify()
+            self.assertEqual(list(_functions(module)), ["main"])
 
     def test_function_without_loops_is_unchanged(self):
         with ir.Context(), ir.Location.unknown():

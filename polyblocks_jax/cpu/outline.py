@@ -98,14 +98,22 @@ def _outline(module: ir.Module, functions: list[func.FuncOp]) -> bool:
 
 
 def _outermost_loops(op: ir.Operation) -> Iterator[ir.Operation]:
-    """The loops in ``op`` not nested in another loop (looking into ifs, whiles, ...)."""
+    """The loops in ``op`` not nested in another loop (looking into ifs, whiles, ...) whose
+    values can cross a call; inside one that carries values which cannot, the loops in it."""
     for region in op.regions:
         for block in region.blocks:
             for child in block.operations:
-                if child.operation.name in _LOOPS:
+                if child.operation.name in _LOOPS and _crosses_calls(child.operation):
                     yield child.operation
                 else:
                     yield from _outermost_loops(child.operation)
+
+
+def _crosses_calls(loop: ir.Operation) -> bool:
+    """Whether the values ``loop`` takes and yields can be a function's arguments and results:
+    not AMX tiles (a k loop carrying its accumulator tiles), which live in tile registers and
+    have no lowering as arguments."""
+    return not any(str(value.type).startswith("!amx.") for value in (*loop.operands, *loop.results))
 
 
 def _calls(op: ir.Operation) -> Iterator[ir.Operation]:
