@@ -1,10 +1,10 @@
 """Linalg ops on tensors that iterate over nothing give their init values back.
 
 A loop with no iterations has no tile: upstream tiling (``TilingInterface``, which the tile
-fusion, the matmul tiling and the vectorize stage all run through) reads a tile size of 0 as
-"not tiled", so the full extent of a loop that is 0 long reads as one too many untiled
-loops, and ``computeAllSliceParameters`` asserts, aborting the process (a reduction over a
-dim of size 0, ``jnp.sum`` of a (3, 0) array along its last axis). Such an op computes
+fusion, the matmul tiling and the vectorize stage all run through) takes a tile size of 0 to
+mean "not tiled", and the slice of a loop of extent 0 has size 0, so
+``computeAllSliceParameters`` finds one offset more than it has nonzero sizes and asserts,
+aborting the process (``jnp.sum`` of a (3, 0) array along its last axis). Such an op computes
 nothing: its results are its inits (a reduction's filled start, or a tensor of no
 elements). Upstream's canonicalizer erases these ops on buffers only (``EraseDeadLinalgOp``).
 
