@@ -166,6 +166,49 @@ class ReduceTest(parameterized.TestCase):
         support.check_against_xla(self, lambda x, z: (lax.reduce(z, np.float32(7), lax.add, (0,)),
                                                       lax.reduce(x, np.float32(7), lax.add, ())), x, z)
 
+    def test_empty_reduced_dims_of_computed_operands(self):
+        # Reductions over a dim of size 0 of a computed operand (a broadcast, an exp) or of an
+        # argument, as jnp writes them: the init values. Tiling such an op (tile fusion, the
+        # vectorize stage) aborted the process in upstream's slice computation.
+        x = np.zeros((3, 0), np.float32)
+        support.check_against_xla(self, lambda x: (
+            jnp.nanprod(x, 1, dtype=jnp.float16), jnp.sum(x, 1), jnp.mean(jnp.exp(x), 1),
+            jnp.max(x + 1, 1, initial=-2.0), jnp.sum(jnp.exp(x), 0), jnp.exp(x) * 2), x)
+
+    def test_ops_over_no_elements_give_their_inits(self):
+        # The linalg ops of a reduction over a dim of size 0 (the broadcast it reads too) are
+        # gone before any stage tiles them; the result is the reduction's filled start.
+        from polyblocks_jax.passes.empty_loops import fold_empty_loops
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(self.EMPTY_REDUCTION)
+            self.assertTrue(fold_empty_loops(module, pb.Options()))
+            self.assertTrue(module.operation.verify())
+            names = [op.name for op in walk(module.operation)]
+            self.assertEqual(names.count("linalg.generic"), 0)
+            returned = next(op for op in walk(module.operation) if op.name == "func.return").operands[0]
+            self.assertEqual(returned.owner.name, "linalg.fill")
+            self.assertFalse(fold_empty_loops(module, pb.Options()))
+
+    EMPTY_REDUCTION = """
+    func.func @main() -> tensor<3xf16> {
+      %one = arith.constant 1.0 : f16
+      %e = tensor.empty() : tensor<3x0xf16>
+      %b = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>], iterator_types = ["parallel", "parallel"]}
+          outs(%e : tensor<3x0xf16>) {
+      ^bb0(%out: f16):
+        linalg.yield %one : f16
+      } -> tensor<3x0xf16>
+      %r = tensor.empty() : tensor<3xf16>
+      %start = linalg.fill ins(%one : f16) outs(%r : tensor<3xf16>) -> tensor<3xf16>
+      %p = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0)>],
+                           iterator_types = ["parallel", "reduction"]} ins(%b : tensor<3x0xf16>) outs(%start : tensor<3xf16>) {
+      ^bb0(%in: f16, %acc: f16):
+        %m = arith.mulf %acc, %in : f16
+        linalg.yield %m : f16
+      } -> tensor<3xf16>
+      return %p : tensor<3xf16>
+    }"""
+
     def test_bodies(self):
         # Single-op bodies other than add, and argmax/argmin's two-operand, multi-op body.
         rng = np.random.default_rng(9)

@@ -148,6 +148,20 @@ class CumulativeTest(parameterized.TestCase):
         self.assertEqual(text.count("linalg.transpose"), 2)
         self.assertIn("tensor<1x16xf32>", text)  # the running slice
 
+    def test_scans_of_no_elements(self):
+        # Scans along a dim of 4 or 3 of arrays with another dim of size 0: the scan loop's
+        # slices of them were rejected by the verifier (an offset into a dim of size 0).
+        x, y = np.zeros((0, 4), np.int8), np.zeros((3, 0), np.float32)
+        support.check_against_xla(self, lambda x, y: (
+            jnp.cumsum(x, axis=-1), jnp.cumulative_sum(x, axis=-1, dtype=bool, include_initial=True),
+            lax.cumprod(y, axis=0, reverse=True), jnp.cumsum(y, axis=1)), x, y)
+        # imported as empty tensors: nothing computed
+        with ir.Context() as context, ir.Location.unknown():
+            text = str(import_program(jax.jit(lambda v: jnp.cumsum(v, axis=1)).trace(x).lower(
+                lowering_platforms=("cpu",)), context).module)
+        self.assertNotIn("scf.for", text)
+        self.assertIn("tensor.empty() : tensor<0x4xi8>", text)
+
     def test_long_scan(self):
         x = np.random.default_rng(0).random((2, 3000)).astype(np.float32)
         support.check_against_xla(self, lambda v: jnp.cumsum(v, axis=1), x, rtol=1e-5)

@@ -11,6 +11,7 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes.arena import split_empty_tensors
 from polyblocks_jax.passes.conv_tiling import convs_to_matmuls
 from polyblocks_jax.passes.copies import strided_copies_to_linalg
+from polyblocks_jax.passes.empty_loops import fold_empty_loops
 from polyblocks_jax.passes.fusion import fuse_elementwise
 from polyblocks_jax.passes.in_place import compute_in_place
 from polyblocks_jax.passes.matrix_forms import inline_matrix_units, map_matrix_units, select_unit
@@ -40,6 +41,9 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
     stages = [
         # arith/math ops on whole tensors (what the importer emits) become linalg.generic.
         Stage("elementwise-to-linalg", "func.func(convert-elementwise-to-linalg)"),
+        # Ops over tensors of no elements give their inits back: no stage after tiles a loop
+        # of no iterations (upstream tiling aborts on one).
+        Stage("empty-loops", fold_empty_loops),
     ]
     if options.share_layers:
         # A layer traced n times: one function called n times through bufferization, so

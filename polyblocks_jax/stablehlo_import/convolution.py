@@ -92,8 +92,6 @@ def convolution(cx, op):
     if (lhs_spec.dtype.is_float or rhs_spec.dtype.is_float) and not result.dtype.is_float:
         raise op.unsupported(f"float operands with an integer result ({lhs_spec.dtype.name}, "
                              f"{rhs_spec.dtype.name} -> {result.dtype.name})")
-    if 0 in result.shape:
-        return [builders.empty(result)]
     acc = _accumulator(result.dtype)
     lhs = layout.transpose(op.operands[0], win.input_perm)
     spatial = [d for d, flip in enumerate(win.reversal) if flip]

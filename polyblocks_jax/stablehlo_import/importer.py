@@ -20,6 +20,10 @@ from polyblocks_jax.stablehlo_import.registry import CONVERTERS
 from polyblocks_jax.stablehlo_import.types import element_type, tensor_type
 
 _TERMINATORS = ("func.return", "stablehlo.return")
+# Ops that may do more than compute their results (a host callback, in a custom call or in a
+# body they run): converted even when their results hold no elements.
+_EFFECTFUL = ("stablehlo.custom_call", "stablehlo.composite", "stablehlo.while", "stablehlo.if",
+              "stablehlo.case", "func.call")
 
 
 @dataclasses.dataclass
@@ -121,6 +125,11 @@ class Importer:
     def scalar(self) -> bool:
         return self._scalar_depth > 0
 
+    def _computes_nothing(self, view: OpView) -> bool:
+        """Whether every result of ``view`` is a tensor of no elements, of an op with no effects."""
+        return (not self.scalar and bool(view.result_specs) and view.name not in _EFFECTFUL
+                and all(spec.size == 0 for spec in view.result_specs))
+
     def _convert(self, op: jir.Operation, operands: list[ir.Value]) -> Sequence[ir.Value]:
         loc = reader.location(op)
         converter = CONVERTERS.get(op.name)
@@ -131,6 +140,10 @@ class Importer:
                       [reader.tensor_spec(r.type, op.name, loc) for r in op.results],
                       self.scalar)
         with ir.Location.name(f"{op.name} {loc}"):
+            if self._computes_nothing(view):
+                # A tensor of no elements is its type alone; converters then never build
+                # slices or loops over a dim of size 0, which the verifier rejects.
+                return [builders.empty(spec) for spec in view.result_specs]
             results = list(converter(self, view))
         if len(results) != len(op.results):
             raise AssertionError(f"converter of {op.name} returned {len(results)} values")
