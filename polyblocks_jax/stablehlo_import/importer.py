@@ -15,12 +15,11 @@ from mlir.dialects import func
 
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
-from polyblocks_jax.stablehlo_import import builders, reader
+from polyblocks_jax.stablehlo_import import builders, narrow_ops, reader
 from polyblocks_jax.stablehlo_import.registry import CONVERTERS
 from polyblocks_jax.stablehlo_import.types import element_type, tensor_type
 
 _TERMINATORS = ("func.return", "stablehlo.return")
-
 
 @dataclasses.dataclass
 class OpView:
@@ -131,7 +130,11 @@ class Importer:
                       [reader.tensor_spec(r.type, op.name, loc) for r in op.results],
                       self.scalar)
         with ir.Location.name(f"{op.name} {loc}"):
-            results = list(converter(self, view))
+            if narrow_ops.computes_wider(view):
+                results = narrow_ops.in_compute_types(self, converter, view)
+            else:
+                results = list(converter(self, view))
         if len(results) != len(op.results):
             raise AssertionError(f"converter of {op.name} returned {len(results)} values")
         return results
+
