@@ -56,7 +56,7 @@ FORMATS: dict[str, NarrowFloat] = {
     "f4E2M1FN": NarrowFloat(4, 2, 1, 1, 0x7, 0x7, 0x8, nan_signed=False, kind="none"),
 }
 
-_WIDE = {32: (ir.F32Type, 23, 127), 64: (ir.F64Type, 52, 1023)}  # type, mantissa bits, bias
+_WIDE = {32: (23, 127), 64: (52, 1023)}  # a source width: its mantissa bits and exponent bias
 
 
 def _int_like(x: ir.Value, bits: int) -> ir.Type:
@@ -113,7 +113,7 @@ def encode(x: ir.Value, dtype: DType, from_16_bits: bool = False) -> ir.Value:
     """
     f = FORMATS[dtype.name]
     width = ir.FloatType(builders.elem_type_of(x)).width
-    _, wide_mantissa, wide_bias = _WIDE[width]
+    wide_mantissa, wide_bias = _WIDE[width]
     int_t = _int_like(x, width)
 
     def c(value: int) -> ir.Value:
@@ -160,9 +160,12 @@ def encode(x: ir.Value, dtype: DType, from_16_bits: bool = False) -> ir.Value:
 def _encode_e8m0(magnitude: ir.Value, width: int, c) -> ir.Value:
     """The e8m0 exponent of a positive f32 or f64 magnitude, as XLA rounds it: half away
     from zero on the bits, with its own rules between 2**-127 and 2**-126 (zero is NaN's)."""
-    _, mantissa, bias = _WIDE[width]
+    mantissa, bias = _WIDE[width]
     result = arith.subi(arith.shrui(arith.addi(magnitude, c(1 << (mantissa - 1))), c(mantissa)), c(bias - 127))
-    below = (lambda bound: arith.cmpi(I.ult, magnitude, c(bound)))
+
+    def below(bound: int) -> ir.Value:
+        return arith.cmpi(I.ult, magnitude, c(bound))
+
     if width == 32:  # f32 subnormals: up to 2**-127 is 2**-127, beyond it 2**-126
         return arith.select(below(0x400001), c(0), result)
     # From f64, XLA gives 2**-127 as far as f32 truncation keeps it, 2**-126 beyond, and
