@@ -4,6 +4,10 @@ The spelling (``"f32"``, ``"ui8"``, ...) is the currency between the two MLIR
 libraries: the importer reads it from jaxlib's types and builds upstream types from it.
 Unsigned integers become signless MLIR integers; converters pick unsigned arithmetic
 from ``DType.is_unsigned``.
+
+Narrow types (the float8 family, float4, int4, int2) are stored one element per byte, as
+numpy and the PJRT host buffers hold them; as in XLA, ops other than conversions and
+data movement compute in a wider type (``DType.compute``) and round back.
 """
 from __future__ import annotations
 
@@ -19,15 +23,20 @@ class DType:
     numpy_name: str  # numpy's name of the type (bf16's is ml_dtypes')
     bits: int
     kind: str  # "float", "sint", "uint" or "bool"
+    compute: str | None = None  # narrow types: the dtype their arithmetic runs in
+
+    @property
+    def is_narrow(self) -> bool:
+        return self.compute is not None
 
     @functools.cached_property
     def numpy(self) -> np.dtype:
-        """The numpy dtype. ml_dtypes loads with the first bf16 asked for: a compile worker,
-        which imports no jax, starts without it (its import is a second of the worker's start)."""
-        if self.numpy_name == "bfloat16":
-            import ml_dtypes
-            return np.dtype(ml_dtypes.bfloat16)
-        return np.dtype(self.numpy_name)
+        """The numpy dtype. ml_dtypes loads with the first of its types asked for: a compile
+        worker, which imports no jax, starts without it (its import is a second of the worker's start)."""
+        if self.numpy_name != "bfloat16" and not self.is_narrow:
+            return np.dtype(self.numpy_name)
+        import ml_dtypes
+        return np.dtype(getattr(ml_dtypes, self.numpy_name))
 
     @property
     def is_float(self) -> bool:
@@ -50,8 +59,8 @@ class DType:
         return self.numpy.itemsize
 
 
-def _d(name: str, numpy_type, bits: int, kind: str) -> DType:
-    return DType(name, numpy_type if isinstance(numpy_type, str) else np.dtype(numpy_type).name, bits, kind)
+def _d(name: str, numpy_type, bits: int, kind: str, compute: str | None = None) -> DType:
+    return DType(name, numpy_type if isinstance(numpy_type, str) else np.dtype(numpy_type).name, bits, kind, compute)
 
 
 DTYPES: dict[str, DType] = {d.name: d for d in (
@@ -68,6 +77,21 @@ DTYPES: dict[str, DType] = {d.name: d for d in (
     _d("ui16", np.uint16, 16, "uint"),
     _d("ui32", np.uint32, 32, "uint"),
     _d("ui64", np.uint64, 64, "uint"),
+    # XLA CPU normalizes the float8 and float4 types to f16, float8_e8m0fnu (exponents
+    # beyond f16's) to f32, and 4- and 2-bit integers to 8-bit ones.
+    _d("f8E4M3FN", "float8_e4m3fn", 8, "float", "f16"),
+    _d("f8E5M2", "float8_e5m2", 8, "float", "f16"),
+    _d("f8E4M3FNUZ", "float8_e4m3fnuz", 8, "float", "f16"),
+    _d("f8E5M2FNUZ", "float8_e5m2fnuz", 8, "float", "f16"),
+    _d("f8E4M3B11FNUZ", "float8_e4m3b11fnuz", 8, "float", "f16"),
+    _d("f8E3M4", "float8_e3m4", 8, "float", "f16"),
+    _d("f8E4M3", "float8_e4m3", 8, "float", "f16"),
+    _d("f8E8M0FNU", "float8_e8m0fnu", 8, "float", "f32"),
+    _d("f4E2M1FN", "float4_e2m1fn", 4, "float", "f16"),
+    _d("i4", "int4", 4, "sint", "i8"),
+    _d("ui4", "uint4", 4, "uint", "ui8"),
+    _d("i2", "int2", 2, "sint", "i8"),
+    _d("ui2", "uint2", 2, "uint", "ui8"),
 )}
 
 _BY_NUMPY_NAME = {d.numpy_name: d for d in DTYPES.values()}

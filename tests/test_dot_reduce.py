@@ -130,11 +130,6 @@ class DotTest(parameterized.TestCase):
             lambda a, b, c, d: (a.astype(np.int32) @ b.astype(np.int32), c.astype(np.float32) @ d),
             a, b, c, d))
 
-    def test_algorithm_is_unsupported(self):
-        x = np.ones((2, 2), np.float32)
-        with self.assertRaisesRegex(pb.UnsupportedError, "dot_general.*algorithm"):
-            support.polyblocks(lambda a: lax.dot(a, a, precision=lax.DotAlgorithmPreset.F32_F32_F32), x)
-
 
 class ReduceTest(parameterized.TestCase):
     def test_dimensions(self):

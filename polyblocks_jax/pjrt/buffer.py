@@ -34,6 +34,16 @@ NUMPY_OF_TYPE: dict[int, np.dtype] = {code: np.dtype(t) for code, t in (
     (abi.PJRT_Buffer_Type_C64, np.complex64), (abi.PJRT_Buffer_Type_C128, np.complex128),
     (abi.PJRT_Buffer_Type_F8E5M2, ml_dtypes.float8_e5m2),
     (abi.PJRT_Buffer_Type_F8E4M3FN, ml_dtypes.float8_e4m3fn),
+    (abi.PJRT_Buffer_Type_F8E4M3FNUZ, ml_dtypes.float8_e4m3fnuz),
+    (abi.PJRT_Buffer_Type_F8E5M2FNUZ, ml_dtypes.float8_e5m2fnuz),
+    (abi.PJRT_Buffer_Type_F8E4M3B11FNUZ, ml_dtypes.float8_e4m3b11fnuz),
+    (abi.PJRT_Buffer_Type_F8E3M4, ml_dtypes.float8_e3m4),
+    (abi.PJRT_Buffer_Type_F8E4M3, ml_dtypes.float8_e4m3),
+    (abi.PJRT_Buffer_Type_F8E8M0FNU, ml_dtypes.float8_e8m0fnu),
+    (abi.PJRT_Buffer_Type_F4E2M1FN, ml_dtypes.float4_e2m1fn),
+    # 4- and 2-bit integers: one element per byte, as numpy holds them and JAX hands them over.
+    (abi.PJRT_Buffer_Type_S4, ml_dtypes.int4), (abi.PJRT_Buffer_Type_U4, ml_dtypes.uint4),
+    (abi.PJRT_Buffer_Type_S2, ml_dtypes.int2), (abi.PJRT_Buffer_Type_U2, ml_dtypes.uint2),
 )}
 TYPE_OF_NUMPY: dict[np.dtype, int] = {d: code for code, d in NUMPY_OF_TYPE.items()}
 

@@ -18,8 +18,10 @@ def call(cx, op):
 @converts("stablehlo.composite")
 def composite(cx, op):
     """A named group of ops (``composite_attributes`` describe it): computed our way where
-    we have one for its name and types, else its decomposition runs."""
-    own = COMPOSITES.get(jir.StringAttr(op.attr("name")).value)
+    we have one for its name and types, else its decomposition runs (always for narrow
+    types, whose ops the decomposition widens one by one)."""
+    narrow = any(s.dtype.is_narrow for s in op.operand_specs + op.result_specs)
+    own = None if narrow else COMPOSITES.get(jir.StringAttr(op.attr("name")).value)
     results = own(cx, op) if own else None
     if results is not None:
         return results

@@ -1,9 +1,11 @@
 """stablehlo.constant and stablehlo.iota."""
 from __future__ import annotations
 
+import numpy as np
 from mlir import ir
 from mlir.dialects import arith, linalg
 
+from polyblocks_jax.dtypes import DTYPES, TensorSpec
 from polyblocks_jax.stablehlo_import import builders, reader
 from polyblocks_jax.stablehlo_import.registry import converts
 
@@ -12,6 +14,8 @@ from polyblocks_jax.stablehlo_import.registry import converts
 def constant(cx, op):
     spec = op.result_specs[0]
     values = reader.dense_values(op.attr("value"), spec)
+    if spec.dtype.is_narrow:  # the stored bytes (types.element_type)
+        values, spec = values.view(np.uint8), TensorSpec(spec.shape, DTYPES["ui8"])
     if op.scalar:
         return [builders.splat(values.reshape(-1)[0], op.result_type())]
     return [builders.dense_constant(values, spec)]

@@ -3,6 +3,8 @@
 Float -> integer saturates as XLA CPU does: NaN gives 0, values beyond the target's
 range give its minimum or maximum. Anything -> i1 is ``x != 0`` (NaN is true).
 Conversions to bf16/f16 from f64 or integers round through f32 first, as XLA does.
+Narrow types (see narrow_types.py) convert through their bits: a narrow float through the
+f32 of its value, a narrow integer through its 8-bit value.
 """
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from jaxlib.mlir import ir as jir
 from mlir import ir
 from mlir.dialects import arith
 
-from polyblocks_jax.dtypes import DType
-from polyblocks_jax.stablehlo_import import builders
+from polyblocks_jax.dtypes import DTYPES, DType
+from polyblocks_jax.stablehlo_import import builders, narrow_types
 from polyblocks_jax.stablehlo_import.registry import converts
 from polyblocks_jax.stablehlo_import.types import element_type
 
@@ -27,6 +29,8 @@ def convert_value(x: ir.Value, src: DType, dst: DType) -> ir.Value:
     """``x`` (a tensor or a scalar) of dtype ``src`` converted to ``dst`` as XLA CPU does."""
     if src == dst:
         return x
+    if src.is_narrow or dst.is_narrow:
+        return _convert_narrow(x, src, dst)
     out = builders.shaped_like(x, element_type(dst))
     if dst.is_bool:
         zero = builders.constant_like(0, x)
@@ -42,6 +46,34 @@ def convert_value(x: ir.Value, src: DType, dst: DType) -> ir.Value:
     if dst.bits > src.bits:
         return (arith.extui if src.is_unsigned else arith.extsi)(out, x)
     return arith.trunci(out, x) if dst.bits < src.bits else x  # same width: signless alike
+
+
+def _convert_narrow(x: ir.Value, src: DType, dst: DType) -> ir.Value:
+    out = builders.shaped_like(x, element_type(dst))
+    if src.is_narrow and src.is_float:
+        value = narrow_types.decode(x, src)
+        if dst.name == "bf16":  # the f32's top half, exact (a truncf makes every NaN positive)
+            i32 = ir.IntegerType.get_signless(32)
+            high = arith.shrui(arith.bitcast(builders.shaped_like(x, i32), value), builders.constant_like(16, x, i32))
+            return arith.bitcast(out, arith.trunci(builders.shaped_like(x, ir.IntegerType.get_signless(16)), high))
+        if dst.is_narrow and dst.is_float:  # XLA passes through f16: e5m2's NaN is then 0x7F
+            return _encode(value, DTYPES["f32"], dst, from_16_bits=True)
+        return convert_value(value, DTYPES["f32"], dst)
+    if src.is_narrow:
+        value = x if src.is_unsigned else narrow_types.sign_extend(x, src.bits)
+        return convert_value(value, DTYPES[src.compute], dst)
+    if dst.is_integer:  # a float saturates to the narrow range, an integer wraps into it
+        wide = _float_to_int(x, dst, out) if src.is_float else convert_value(x, src, DTYPES[dst.compute])
+        return narrow_types.wrap(wide, dst)
+    return _encode(x, src, dst, from_16_bits=src.bits == 16)
+
+
+def _encode(x: ir.Value, src: DType, dst: DType, from_16_bits: bool) -> ir.Value:
+    """``x`` (a float or an integer) rounded to the narrow float ``dst``."""
+    if not (src.is_float and src.bits >= 32):
+        # f16 and bf16 widen exactly; integers round once (to f32 for e8m0, as XLA does).
+        x = convert_value(x, src, DTYPES["f32" if dst.name == "f8E8M0FNU" else "f64"])
+    return narrow_types.encode(x, dst, from_16_bits)
 
 
 def _float_to_float(x: ir.Value, src: DType, dst: DType, out: ir.Type) -> ir.Value:

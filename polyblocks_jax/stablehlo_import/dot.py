@@ -10,11 +10,15 @@ would be identities are not emitted. A product with one result column (a matrix 
 vector) is a row reduction instead, which the vectorizer reads along the rows.
 
 precision_config is ignored: on the host every dot runs at the full precision of
-its accumulator type.
+its accumulator type. So is a dot with an ``algorithm`` that XLA CPU accepts: XLA CPU
+computes those at full precision too (BF16_BF16_F32 and its _X3/_X6 variants on f32
+operands give f32 products, not bf16 ones); the others are rejected, named, as XLA CPU
+rejects them.
 """
 from __future__ import annotations
 
 import math
+import re
 from typing import Sequence
 
 from jaxlib.mlir.dialects import stablehlo
@@ -30,11 +34,32 @@ from polyblocks_jax.stablehlo_import.types import element_type
 
 @converts("stablehlo.dot_general")
 def dot_general(cx, op):
-    if op.attr("algorithm") is not None:
-        raise op.unsupported("the `algorithm` attribute (dot algorithm presets) is not supported")
+    _check_algorithm(op)
     dims = stablehlo.DotDimensionNumbers(op.attr("dot_dimension_numbers"))
     return [_contract(op, list(dims.lhs_batching_dimensions), list(dims.rhs_batching_dimensions),
                       list(dims.lhs_contracting_dimensions), list(dims.rhs_contracting_dimensions))]
+
+
+# Presets XLA CPU accepts, as (lhs, rhs, accumulation type, products), with the operand
+# types it accepts them on.
+_XLA_CPU_PRESETS = {("f16", "f16", "f16", "1"): {"f16"}, ("f32", "f32", "f32", "1"): {"f32"},
+                    ("f64", "f64", "f64", "1"): {"f64"}, ("bf16", "bf16", "f32", "1"): {"bf16", "f32"},
+                    ("bf16", "bf16", "f32", "3"): {"f32"}, ("bf16", "bf16", "f32", "6"): {"f32"}}
+
+
+def _check_algorithm(op) -> None:
+    """UnsupportedError for a dot algorithm that XLA CPU does not compute."""
+    attr = op.attr("algorithm")
+    if attr is None:
+        return
+    fields = dict(re.findall(r"(\w+) = (\w+)", str(attr)))
+    key = tuple(fields.get(f) for f in ("lhs_precision_type", "rhs_precision_type", "accumulation_type",
+                                        "num_primitive_operations"))
+    single = fields.get("lhs_component_count") == fields.get("rhs_component_count") == "1"
+    types = {s.dtype.name for s in op.operand_specs}
+    if not (single and types <= _XLA_CPU_PRESETS.get(key, set())):
+        raise op.unsupported(f"dot algorithm {attr} on {'/'.join(sorted(types))} operands: "
+                             "XLA CPU does not support it either")
 
 
 @converts("stablehlo.dot")

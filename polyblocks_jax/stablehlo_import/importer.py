@@ -15,7 +15,7 @@ from mlir.dialects import func
 
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
-from polyblocks_jax.stablehlo_import import builders, reader
+from polyblocks_jax.stablehlo_import import builders, narrow_ops, reader
 from polyblocks_jax.stablehlo_import.registry import CONVERTERS
 from polyblocks_jax.stablehlo_import.types import element_type, tensor_type
 
@@ -144,7 +144,11 @@ class Importer:
                 # A tensor of no elements is its type alone; converters then never build
                 # slices or loops over a dim of size 0, which the verifier rejects.
                 return [builders.empty(spec) for spec in view.result_specs]
-            results = list(converter(self, view))
+            if narrow_ops.computes_wider(view):
+                results = narrow_ops.in_compute_types(self, converter, view)
+            else:
+                results = list(converter(self, view))
         if len(results) != len(op.results):
             raise AssertionError(f"converter of {op.name} returned {len(results)} values")
         return results
+

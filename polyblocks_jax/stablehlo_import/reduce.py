@@ -59,7 +59,7 @@ def reduce(cx, op):
 def argmax_argmin(cx, op) -> Sequence[ir.Value] | None:
     """The first index of the largest (smallest) element along the composite's axis."""
     spec, (index_spec,) = op.operand_specs[0], op.result_specs
-    if spec.dtype.is_bool or index_spec.dtype.is_unsigned:
+    if spec.dtype.is_bool or spec.dtype.is_narrow or index_spec.dtype.is_unsigned:
         return None
     largest = jir.StringAttr(op.attr("name")).value == "polyblocks.argmax"
     axis = jir.IntegerAttr(jir.DictAttr(op.attr("composite_attributes"))["axis"]).value
@@ -126,7 +126,7 @@ def _jax_arg_extremum(op, dims: list[int]) -> bool | None:
     if len(op.operands) != 4 or len(dims) != 1 or list(jop.results[0].uses):
         return None
     spec, index_spec = op.operand_specs[0], op.result_specs[1]
-    if spec.dtype.is_bool or index_spec.dtype.kind != "sint" or spec.shape[dims[0]] == 0:
+    if spec.dtype.is_bool or spec.dtype.is_narrow or index_spec.dtype.kind != "sint" or spec.shape[dims[0]] == 0:
         return None
     iota = jop.operands[1].owner if isinstance(jop.operands[1], jir.OpResult) else None
     if iota is None or iota.name != "stablehlo.iota" or reader.i64(iota.attributes["iota_dimension"]) != dims[0]:

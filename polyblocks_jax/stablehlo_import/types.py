@@ -9,7 +9,10 @@ _FLOAT_TYPES = {"f64": ir.F64Type, "f32": ir.F32Type, "f16": ir.F16Type, "bf16":
 
 
 def element_type(dtype: DType) -> ir.Type:
-    """The upstream element type; integers are signless (signedness lives in the ops)."""
+    """The upstream element type; integers are signless (signedness lives in the ops).
+    A narrow type is its storage byte: only conversions give its bits a meaning."""
+    if dtype.is_narrow:
+        return ir.IntegerType.get_signless(8)
     if dtype.is_float:
         return _FLOAT_TYPES[dtype.name].get()
     return ir.IntegerType.get_signless(dtype.bits)

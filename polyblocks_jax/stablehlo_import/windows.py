@@ -120,7 +120,7 @@ def _single_op(body: jir.Block) -> str | None:
 def _pooling_op(body: jir.Block, win: _Window, spec: TensorSpec) -> tuple[Callable, list[int]] | None:
     """The linalg pooling named op for a single max/min/add body and a pooling layout, if any."""
     name = _single_op(body)
-    if name not in _POOLING_BODIES or spec.dtype.is_bool:
+    if name not in _POOLING_BODIES or spec.dtype.is_bool or spec.dtype.is_narrow:  # narrow: op by op
         return None
     kind = _POOLING_BODIES[name]
     if kind != "sum" and spec.dtype.is_unsigned:
@@ -152,7 +152,7 @@ def _is_identity(init: jir.Value, body_op: str | None, spec: TensorSpec) -> bool
     """Whether ``init`` is a constant neutral for ``body_op``: padding may then hold copies
     of it, which folding leaves the result unchanged, as XLA's skipping padding does."""
     value = reader.scalar_constant(init)
-    if value is None or body_op is None:
+    if value is None or body_op is None or spec.dtype.is_narrow:  # narrow: masked, simply
         return False
     dt = spec.dtype
     if dt.is_float:
