@@ -91,14 +91,29 @@ def read_log(path: Path) -> tuple[dict[str, Outcome], list[str], list[str]]:
 
 
 def death_cause(returncode: int | None, stderr: str, stall_s: float) -> str:
-    """Why a process died: its signal or status, and the native error it printed, if any
-    (an LLVM or C assertion, a fatal Python error), as one line; None is a hung process."""
+    """Why a process died, as one line: its signal or status, and the native error it printed
+    (an LLVM or C assertion) or else where Python's fault handler saw it die (the innermost
+    frame, then the innermost two of ours: a helper and its caller); None is a hung process."""
     if returncode is None:
         return f"hung: killed after {stall_s:.0f} s without a test finishing"
     how = f"signal {signal.Signals(-returncode).name}" if returncode < 0 else f"exit status {returncode}"
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    native = [line for line in lines if re.search(r"Assertion .* failed|LLVM ERROR|^error:|Fatal Python error", line)]
-    return f"crashed ({how}): {native[0]}" if native else f"crashed ({how})"
+    native = [line for line in lines if re.search(r"Assertion .* failed|LLVM ERROR|^error:", line)]
+    if native:
+        return f"crashed ({how}): {native[0]}"
+    # faulthandler's dump: "Current thread 0x... (most recent call first):", then its frames
+    current = stderr.split("Current thread", 1)[1].split("\n\n", 1)[0] if "Current thread" in stderr else ""
+    frames = [f"{_short_path(path)}:{line} {name}"
+              for path, line, name in re.findall(r'File "(.+)", line (\d+) in (\S+)', current)]
+    ours = [frame for frame in frames if frame.startswith("polyblocks_jax/")]
+    where = frames[:1] + [frame for frame in ours[:2] if frame not in frames[:1]]
+    return f"crashed ({how})" + (f" in {' from '.join(where)}" if where else "")
+
+
+def _short_path(path: str) -> str:
+    """A path from its package down (site-packages/ or this repository removed)."""
+    path = path.split("site-packages/", 1)[-1]
+    return path.removeprefix(str(REPO) + "/")
 
 
 def run_side(test_file: Path, platform: str, pytest_args: list[str], env: dict[str, str], workdir: Path,
@@ -246,6 +261,19 @@ def _format_groups(groups: list[dict]) -> list[str]:
     return lines
 
 
+def write_results(report: dict, path: Path) -> str:
+    """Writes the report as JSON at ``path`` and its markdown beside it; returns the table."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    table = format_markdown(report)
+    settings = report["settings"]
+    path.with_suffix(".md").write_text(
+        f"JAX's tests (jax {settings['jax']}, JAX_NUM_GENERATED_CASES={settings['cases']}"
+        f"{', -k ' + settings['keyword'] if settings['keyword'] else ''}) on {report['machine']} ({report['cpu']}), "
+        f"commit {report['commit'][:12]}, POLYBLOCKS_FLAGS={report['flags'] or '(default)'}.\n\n{table}")
+    return table
+
+
 def xla_cache_path(cache: Path, test_file: Path, settings: dict) -> Path:
     """Where XLA's outcomes of ``test_file`` under ``settings`` are kept: by jax version,
     file name, and a digest of the file's text and the settings."""
@@ -332,13 +360,7 @@ def main(argv: list[str] | None = None) -> None:
                                      "polyblocks_s": polyblocks.seconds, "processes": polyblocks.processes,
                                      "errors": [f"XLA: {e}" for e in xla.errors]
                                      + [f"polyblocks: {e}" for e in polyblocks.errors]}
-            results.parent.mkdir(parents=True, exist_ok=True)
-            results.write_text(json.dumps(report, indent=1) + "\n")
-            table = format_markdown(report)
-            results.with_suffix(".md").write_text(
-                f"JAX's tests (jax {settings['jax']}, JAX_NUM_GENERATED_CASES={args.cases}"
-                f"{', -k ' + args.keyword if args.keyword else ''}) on {info['machine']} ({info['cpu']}), "
-                f"commit {info['commit'][:12]}, POLYBLOCKS_FLAGS={info['flags'] or '(default)'}.\n\n{table}")
+            table = write_results(report, results)
             print(next(line for line in table.splitlines() if line.startswith(f"| {name} |")), flush=True)
     print(f"wrote {results}")
 
