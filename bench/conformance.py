@@ -242,6 +242,9 @@ def format_markdown(report: dict) -> str:
     rate = pass_rate(total)
     lines += ["", f"Goal: {100 * GOAL:.0f}% of the tests passing on XLA CPU that JAX runs on the platform; "
               f"{'met' if rate is not None and rate >= GOAL else 'not met'} over these files."]
+    pending = [name for name in report["requested"] if name not in files]
+    if pending:
+        lines += ["", f"Not run (yet): {', '.join(pending)}."]
     for name, row in files.items():
         if not (row["causes"] or row["errors"] or row["skipped_on_polyblocks_only"]):
             continue
@@ -345,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = {"jax": info["versions"]["jax"], "jaxlib": info["versions"]["jaxlib"], "cases": args.cases,
                 "keyword": args.keyword, "x64": os.environ.get("JAX_ENABLE_X64", "")}
     report = {**info, "date": datetime.datetime.now().isoformat(timespec="seconds"), "settings": settings,
-              "goal": GOAL, "files": {}}
+              "goal": GOAL, "requested": args.files, "files": {}}
     with tempfile.TemporaryDirectory(prefix="conformance-") as workdir:
         for name in args.files:
             test_file = args.tests.resolve() / f"{name}.py"

@@ -82,11 +82,13 @@ class CompareTest(absltest.TestCase):
     def test_markdown_lists_files_total_and_causes(self):
         row = conformance.compare({"a": Outcome("passed"), "b": Outcome("passed")},
                                   {"a": Outcome("passed"), "b": Outcome("failed", "ValueError: bad")})
-        report = {"files": {"one_test": {**row, "xla_s": 1.0, "polyblocks_s": 2.0, "errors": []}}}
+        report = {"requested": ["one_test", "two_test"],
+                  "files": {"one_test": {**row, "xla_s": 1.0, "polyblocks_s": 2.0, "errors": []}}}
         text = conformance.format_markdown(report)
         self.assertIn("| one_test | 2 | 2 | 1 | 1 | 0 | 0 | 1 | 2 | 50.0% of 2 |", text)
         self.assertIn("| **total** |", text)
         self.assertIn("not met", text)
+        self.assertIn("Not run (yet): two_test.", text)
         self.assertIn("- 1 x `ValueError: bad` (e.g. `b`)", text)
 
 
