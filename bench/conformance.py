@@ -1,7 +1,8 @@
 """JAX's own test files on XLA CPU and on polyblocks, test by test, against issue 46's goal.
 
 Each file runs under pytest twice, with ``JAX_PLATFORMS=cpu`` and with
-``JAX_PLATFORMS=polyblocks`` and the same sampling (``JAX_NUM_GENERATED_CASES``; JAX draws
+``JAX_PLATFORMS=polyblocks,cpu`` (polyblocks the default backend; the CPU backend beside it,
+as a JAX user on any accelerator has it, holds the arguments of JAX's host callbacks) and the same sampling (``JAX_NUM_GENERATED_CASES``; JAX draws
 its cases and each test's inputs from fixed seeds, so the two runs test the same cases).
 Each run is a subprocess recording outcomes as they happen (bench/conformance_plugin.py):
 when the process dies in a test (an abort, a segfault) or stops making progress, that test
@@ -46,7 +47,7 @@ RESULTS = REPO / "bench" / "results"
 DEFAULT_FILES = ("lax_test", "lax_numpy_operators_test", "lax_numpy_reducers_test", "lax_control_flow_test",
                  "lax_autodiff_test", "lax_vmap_op_test", "nn_test", "random_lax_test", "fft_test", "linalg_test",
                  "debugging_primitives_test", "api_test")
-SIDES = {"xla": "cpu", "polyblocks": "polyblocks"}  # side -> JAX_PLATFORMS
+SIDES = {"xla": "cpu", "polyblocks": "polyblocks,cpu"}  # side -> JAX_PLATFORMS
 GOAL = 0.99
 # A test that writes nothing for this long is taken as hung: its process is killed and the
 # test counts as crashed (JAX's slowest tests take minutes on 2 cores, none near this).
