@@ -3,7 +3,9 @@
 The spelling (``"f32"``, ``"ui8"``, ...) is the currency between the two MLIR
 libraries: the importer reads it from jaxlib's types and builds upstream types from it.
 Unsigned integers become signless MLIR integers; converters pick unsigned arithmetic
-from ``DType.is_unsigned``.
+from ``DType.is_unsigned``. Complex numbers have no MLIR element type in our pipeline: the
+importer carries each complex tensor as two real ones (stablehlo_import/complex.py), and
+compiled code sees a complex argument or result as its real layout, ``TensorSpec.real_layout``.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ class DType:
     name: str
     numpy: np.dtype
     bits: int
-    kind: str  # "float", "sint", "uint" or "bool"
+    kind: str  # "float", "sint", "uint", "bool" or "complex"
 
     @property
     def is_float(self) -> bool:
@@ -35,6 +37,15 @@ class DType:
     @property
     def is_bool(self) -> bool:
         return self.kind == "bool"
+
+    @property
+    def is_complex(self) -> bool:
+        return self.kind == "complex"
+
+    @property
+    def component(self) -> DType:
+        """The real type of a complex type's parts (f32 for complex<f32>); itself otherwise."""
+        return DTYPES["f32" if self.bits == 64 else "f64"] if self.is_complex else self
 
     @property
     def itemsize(self) -> int:
@@ -59,6 +70,8 @@ DTYPES: dict[str, DType] = {d.name: d for d in (
     _d("ui16", np.uint16, 16, "uint"),
     _d("ui32", np.uint32, 32, "uint"),
     _d("ui64", np.uint64, 64, "uint"),
+    _d("complex<f32>", np.complex64, 64, "complex"),
+    _d("complex<f64>", np.complex128, 128, "complex"),
 )}
 
 _BY_NUMPY = {d.numpy: d for d in DTYPES.values()}
@@ -86,6 +99,13 @@ class TensorSpec:
     @property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
+
+    def real_layout(self) -> TensorSpec:
+        """The real tensor with the same memory: a complex one gains a trailing dimension
+        of 2 (real part, imaginary part), as numpy lays complex arrays out."""
+        if not self.dtype.is_complex:
+            return self
+        return TensorSpec((*self.shape, 2), self.dtype.component)
 
     def __str__(self) -> str:
         return "tensor<" + "".join(f"{d}x" for d in self.shape) + self.dtype.name + ">"
