@@ -73,6 +73,11 @@ class ElementwiseTest(parameterized.TestCase):
         c = (np.arange(6) - 2.5j * np.arange(6)).astype(dtype)
         support.check_against_xla(self, lambda a: a * c + (1 - 2j) * a[0, 0], x)
 
+    @parameterized.named_parameters(*DTYPES)
+    def test_iota_and_zero_size(self, dtype):
+        x = np.zeros((0, 3), dtype)
+        support.check_against_xla(self, lambda a: (a * 2, jnp.sign(a), lax.iota(dtype, 5) * (1 + 1j)), x)
+
     @parameterized.product(dtype=COMPLEX, to=(np.float32, np.float64, np.int32, np.bool_, np.complex64,
                                               np.complex128))
     def test_convert_from_complex(self, dtype, to):

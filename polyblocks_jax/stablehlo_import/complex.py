@@ -195,9 +195,13 @@ def _tan(x: Pair) -> Pair:
     sin_cos = arith.mulf(sin_a, cos_a)
     large = arith.cmpf(F.OGT, math.absf(x.im), _c(20.0, x.im))
     tail = arith.mulf(arith.mulf(_c(4.0, sin_a), sin_cos), math.exp(arith.mulf(_c(-2.0, x.im), math.absf(x.im))))
+    # An infinite or NaN a gives NaN, but for an infinite b: then +-0 + +-i, as C99's ctan.
+    nan = _c(float("nan"), sin_a)
+    finite_a, infinite_b = _is_finite(x.re), _is_inf(x.im)
+    tail = arith.select(finite_a, tail, arith.select(infinite_b, _c(0.0, nan), nan))
+    unit = arith.select(arith.ori(finite_a, infinite_b), math.copysign(_c(1.0, x.im), x.im), nan)
     return Pair(arith.select(large, tail, arith.divf(sin_cos, denominator)),
-                arith.select(large, math.copysign(_c(1.0, x.im), x.im),
-                             arith.divf(arith.mulf(sinh, cosh), denominator)))
+                arith.select(large, unit, arith.divf(arith.mulf(sinh, cosh), denominator)))
 
 
 def _tanh(x: Pair) -> Pair:
@@ -319,6 +323,12 @@ def convert(cx, op):
         zero = _c(0.0, x.re)
         return [arith.ori(arith.cmpf(F.UNE, x.re, zero), arith.cmpf(F.UNE, x.im, zero))]
     return [convert_value(x.re, src.component, dst)]
+
+
+@converts_complex("stablehlo.iota")
+def iota(cx, op):
+    re = CONVERTERS[op.name](cx, _part_view(op, 0))[0]
+    return [Pair(re, _c(0.0, re))]
 
 
 # Ops that move or pick elements without computing on them: the real converter runs once
