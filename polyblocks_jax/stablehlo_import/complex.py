@@ -350,7 +350,7 @@ def _part_view(op, k: int):
 def moves(cx, op):
     real = CONVERTERS[op.name]
     re, im = (real(cx, _part_view(op, k)) for k in (0, 1))
-    return [Pair(r, i) if s.dtype.is_complex else r for r, i, s in zip(re, im, op.result_specs)]
+    return [Pair(r, i) for r, i in zip(re, im)]
 
 
 @converts_complex("stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution")

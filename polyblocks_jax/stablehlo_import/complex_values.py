@@ -31,10 +31,6 @@ def part_spec(spec: TensorSpec) -> TensorSpec:
     return TensorSpec(spec.shape, spec.dtype.component)
 
 
-def is_complex(value: Value) -> bool:
-    return isinstance(value, Pair)
-
-
 def flatten(values: Sequence[Value]) -> list[ir.Value]:
     """``values`` with each Pair replaced by its two parts."""
     return [part for v in values for part in (v if isinstance(v, Pair) else (v,))]
