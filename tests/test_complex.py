@@ -183,6 +183,12 @@ class PluginTest(absltest.TestCase):
         np.testing.assert_array_equal(np.asarray(out[0]), x * 1j)
         self.assertEqual(out[1].dtype, np.complex128)
 
+    def test_transpose_of_a_linear_map(self):
+        # JAX runs a program without results here (its partial evaluation's known part).
+        with jax.default_device(jax.devices("polyblocks")[0]):
+            (actual,) = jax.linear_transpose(lambda x: x.imag, 1j)(1.0)
+        self.assertEqual(actual, -1j)
+
 
 class UnsupportedTest(absltest.TestCase):
     def test_an_unsupported_op_names_itself(self):
