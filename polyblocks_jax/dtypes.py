@@ -8,6 +8,9 @@ from ``DType.is_unsigned``.
 Narrow types (the float8 family, float4, int4, int2) are stored one element per byte, as
 numpy and the PJRT host buffers hold them; as in XLA, ops other than conversions and
 data movement compute in a wider type (``DType.compute``) and round back.
+Complex numbers have no MLIR element type in our pipeline: the importer carries each
+complex tensor as two real ones (stablehlo_import/complex.py), and compiled code sees a
+complex argument or result as its real layout, ``TensorSpec.real_layout``.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ class DType:
     name: str
     numpy_name: str  # numpy's name of the type (bf16's is ml_dtypes')
     bits: int
-    kind: str  # "float", "sint", "uint" or "bool"
+    kind: str  # "float", "sint", "uint", "bool" or "complex"
     compute: str | None = None  # narrow types: the dtype their arithmetic runs in
 
     @property
@@ -55,6 +58,15 @@ class DType:
         return self.kind == "bool"
 
     @property
+    def is_complex(self) -> bool:
+        return self.kind == "complex"
+
+    @property
+    def component(self) -> DType:
+        """The real type of a complex type's parts (f32 for complex<f32>); itself otherwise."""
+        return DTYPES["f32" if self.bits == 64 else "f64"] if self.is_complex else self
+
+    @property
     def itemsize(self) -> int:
         return self.numpy.itemsize
 
@@ -77,6 +89,8 @@ DTYPES: dict[str, DType] = {d.name: d for d in (
     _d("ui16", np.uint16, 16, "uint"),
     _d("ui32", np.uint32, 32, "uint"),
     _d("ui64", np.uint64, 64, "uint"),
+    _d("complex<f32>", "complex64", 64, "complex"),
+    _d("complex<f64>", "complex128", 128, "complex"),
     # XLA CPU normalizes the float8 and float4 types to f16, float8_e8m0fnu (exponents
     # beyond f16's) to f32, and 4- and 2-bit integers to 8-bit ones.
     _d("f8E4M3FN", "float8_e4m3fn", 8, "float", "f16"),
@@ -121,6 +135,13 @@ class TensorSpec:
     @property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
+
+    def real_layout(self) -> TensorSpec:
+        """The real tensor with the same memory: a complex one gains a trailing dimension
+        of 2 (real part, imaginary part), as numpy lays complex arrays out."""
+        if not self.dtype.is_complex:
+            return self
+        return TensorSpec((*self.shape, 2), self.dtype.component)
 
     def __str__(self) -> str:
         return "tensor<" + "".join(f"{d}x" for d in self.shape) + self.dtype.name + ">"

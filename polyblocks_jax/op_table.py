@@ -15,14 +15,15 @@ END = "<!-- END supported-ops -->"
 
 
 def render() -> str:
-    from polyblocks_jax.stablehlo_import import FAMILY
+    from polyblocks_jax.stablehlo_import import COMPLEX_CONVERTERS, FAMILY
     families: dict[str, list[str]] = collections.defaultdict(list)
     for op, family in FAMILY.items():
         families[family].append(f"`{op}`")
     lines = [BEGIN, "", f"{len(FAMILY)} ops in {len(families)} families.", "",
              "| family | ops |", "| --- | --- |"]
     lines += [f"| {fam} | {', '.join(sorted(ops))} |" for fam, ops in sorted(families.items())]
-    lines += ["", "dtypes: " + ", ".join(f"`{d}`" for d in DTYPES), "", END]
+    lines += ["", "dtypes: " + ", ".join(f"`{d}`" for d in DTYPES), "",
+              "ops on complex values: " + ", ".join(f"`{op}`" for op in sorted(COMPLEX_CONVERTERS)), "", END]
     return "\n".join(lines)
 
 

@@ -35,6 +35,7 @@ class DescriptorFactory:
     """Builds descriptors of one static spec; only the data pointer changes per call."""
 
     def __init__(self, spec: TensorSpec) -> None:
+        spec = spec.real_layout()  # the compiled code's view of a complex tensor
         self.cls = descriptor_class(spec.rank)
         self.sizes = spec.shape
         self.strides = contiguous_strides(spec.shape)

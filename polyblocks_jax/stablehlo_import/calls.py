@@ -1,5 +1,7 @@
 """Ops that only route values: calls and composites (inlined), barriers and sharding marks.
 
+They route complex values (complex_values.Pair) as they route real ones.
+
 A program compiled here runs on one host device, so Shardy's sharding annotations
 and XLA's scheduling barriers carry no meaning and their operands pass through.
 """
@@ -7,15 +9,17 @@ from __future__ import annotations
 
 from jaxlib.mlir import ir as jir
 
-from polyblocks_jax.stablehlo_import.registry import COMPOSITES, converts
+from polyblocks_jax.stablehlo_import.registry import COMPOSITES, converts, converts_complex
 
 
 @converts("func.call")
+@converts_complex("func.call")
 def call(cx, op):
     return cx.inline_call(jir.FlatSymbolRefAttr(op.attr("callee")).value, op.operands)
 
 
 @converts("stablehlo.composite")
+@converts_complex("stablehlo.composite")
 def composite(cx, op):
     """A named group of ops (``composite_attributes`` describe it): computed our way where
     we have one for its name and types, else its decomposition runs (always for narrow
@@ -29,6 +33,7 @@ def composite(cx, op):
 
 
 @converts("stablehlo.optimization_barrier", "sdy.reshard", "sdy.propagation_barrier")
+@converts_complex("stablehlo.optimization_barrier", "sdy.reshard", "sdy.propagation_barrier")
 def identity(cx, op):
     # optimization_barrier only stops XLA from moving computations across it; the sdy ops
     # describe how data is laid out over a mesh (sdy.sharding_constraint is converted in

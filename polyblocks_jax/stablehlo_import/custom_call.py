@@ -72,5 +72,5 @@ def _approx_top_k(cx, op):
     (comparator_name,) = [jir.FlatSymbolRefAttr(a).value for a in jir.ArrayAttr(op.attr("called_computations"))]
     comparator = cx.functions[comparator_name].regions[0].blocks[0]
     inputs, shape = list(op.operands[:n]), op.operand_specs[0].shape
-    ordered = sort.merge_sort(inputs, shape, dimension, sort.comparator_less(cx, comparator))
+    ordered = sort.merge_sort(inputs, shape, dimension, sort.comparator_less(cx, comparator, op.operand_specs[:n]))
     return [sort.leading(v, dimension, k) for v in ordered]

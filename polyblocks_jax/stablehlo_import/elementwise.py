@@ -22,7 +22,7 @@ from mlir.dialects import arith, math
 from polyblocks_jax.dtypes import DType
 from polyblocks_jax.polynomials import polynomial
 from polyblocks_jax.stablehlo_import import builders, reader
-from polyblocks_jax.stablehlo_import.registry import computes_composite, converts
+from polyblocks_jax.stablehlo_import.registry import computes_composite, converts, converts_complex
 
 F, I = arith.CmpFPredicate, arith.CmpIPredicate
 
@@ -170,7 +170,7 @@ def _logistic(x: ir.Value) -> ir.Value:
 # e^x: MLIR's LLVM lowering of math.log1p and math.expm1 computes log(1 + x) and e^x - 1,
 # which lose x wherever those round (log1p(1e-10) and expm1(1e-10) gave 0, log1p(1e-5) was
 # 0.1% off), and vectorized code gets log's and exp's polynomials (passes/vector_math.py).
-def _log1p(x: ir.Value) -> ir.Value:
+def log1p(x: ir.Value) -> ir.Value:
     """log(u) x / (u - 1) with u = 1 + x: x itself where u rounds to 1 (-0 included)."""
     one, inf = builders.constant_like(1.0, x), builders.constant_like(float("inf"), x)
     u = arith.addf(one, x)
@@ -180,7 +180,7 @@ def _log1p(x: ir.Value) -> ir.Value:
     return arith.select(arith.cmpf(F.OEQ, u, inf), u, y)
 
 
-def _expm1(x: ir.Value) -> ir.Value:
+def expm1(x: ir.Value) -> ir.Value:
     """(u - 1) x / log(u) with u = e^x (Kahan's): x where u rounds to 1, -1 where u - 1 does."""
     one, inf = builders.constant_like(1.0, x), builders.constant_like(float("inf"), x)
     u = math.exp(x)
@@ -192,8 +192,8 @@ def _expm1(x: ir.Value) -> ir.Value:
 
 
 _FLOAT_UNARY: dict[str, Callable[[ir.Value], ir.Value]] = {
-    "stablehlo.exponential": math.exp, "stablehlo.exponential_minus_one": _expm1,
-    "stablehlo.log": math.log, "stablehlo.log_plus_one": _log1p,
+    "stablehlo.exponential": math.exp, "stablehlo.exponential_minus_one": expm1,
+    "stablehlo.log": math.log, "stablehlo.log_plus_one": log1p,
     "stablehlo.tanh": math.tanh, "stablehlo.logistic": _logistic,
     "stablehlo.sqrt": math.sqrt, "stablehlo.rsqrt": math.rsqrt, "stablehlo.cbrt": math.cbrt,
     "stablehlo.sine": math.sin, "stablehlo.cosine": math.cos, "stablehlo.tan": math.tan,
@@ -409,11 +409,13 @@ def _expanded_chlo(op, in_f32: bool) -> jir.Module:
 
 
 @converts(*(f"chlo.{name}" for name in _CHLO_EXPANDED))
+@converts_complex(*(f"chlo.{name}" for name in _CHLO_EXPANDED))
 def chlo_op(cx, op) -> Sequence[ir.Value]:
     """bf16/f16 expansions run in f32 and round once at the end, as XLA's CPU backend
-    does (it keeps the excess precision between the expanded ops)."""
+    does (it keeps the excess precision between the expanded ops). A complex expansion
+    is imported with the complex converters (complex.py)."""
     dt = _dtype(op)
-    if not dt.is_float:
+    if not (dt.is_float or dt.is_complex):
         raise op.unsupported(f"dtype {dt.name}")
     widen = dt.bits == 16 and op.name not in _CHLO_EXACT
     module = _expanded_chlo(op, widen)  # owns the block imported below

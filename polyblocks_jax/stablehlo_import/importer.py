@@ -15,8 +15,9 @@ from mlir.dialects import func
 
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
-from polyblocks_jax.stablehlo_import import builders, narrow_ops, reader
-from polyblocks_jax.stablehlo_import.registry import CONVERTERS
+from polyblocks_jax.stablehlo_import import builders, complex_values, narrow_ops, reader
+from polyblocks_jax.stablehlo_import.complex_values import Pair
+from polyblocks_jax.stablehlo_import.registry import COMPLEX_CONVERTERS, CONVERTERS
 from polyblocks_jax.stablehlo_import.types import element_type, tensor_type
 
 _TERMINATORS = ("func.return", "stablehlo.return")
@@ -32,7 +33,7 @@ class OpView:
     op: jir.Operation               # jaxlib op, for attributes and regions only
     name: str
     location: str
-    operands: list[ir.Value]        # upstream values
+    operands: list[ir.Value]        # upstream values (a complex one is a complex_values.Pair)
     operand_specs: list[TensorSpec]
     result_specs: list[TensorSpec]
     scalar: bool                    # inside a reduction body: values are scalars, not tensors
@@ -78,14 +79,18 @@ class Importer:
         module = ir.Module.create()
         with ir.InsertionPoint(module.body):
             fn = func.FuncOp("main", ir.FunctionType.get(
-                [tensor_type(s) for s in inputs], [tensor_type(s) for s in outputs]))
+                [tensor_type(s.real_layout()) for s in inputs], [tensor_type(s.real_layout()) for s in outputs]))
             fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
             # Inputs are the caller's buffers: bufferization must copy before writing in place.
             fn.arg_attrs = ir.ArrayAttr.get(
                 [ir.DictAttr.get({"bufferization.writable": ir.BoolAttr.get(False)})] * len(inputs))
             entry = fn.add_entry_block()
             with ir.InsertionPoint(entry):
-                func.ReturnOp(self.import_block(block, list(entry.arguments)))
+                args = [complex_values.split(a, s) if s.dtype.is_complex else a
+                        for a, s in zip(entry.arguments, inputs)]
+                results = self.import_block(block, args)
+                func.ReturnOp([complex_values.interleave(r, s) if s.dtype.is_complex else r
+                               for r, s in zip(results, outputs)])
         return ImportedProgram(module, inputs, outputs)
 
     def inline_call(self, callee: str, args: Sequence[ir.Value]) -> list[ir.Value]:
@@ -115,8 +120,10 @@ class Importer:
             self._scalar_depth -= scalar
         raise InvalidProgramError("block without terminator")
 
-    def _operand(self, value: ir.Value) -> ir.Value:
+    def _operand(self, value: complex_values.Value) -> complex_values.Value:
         # A body may capture a rank-0 tensor of the enclosing function: read its element.
+        if isinstance(value, Pair):
+            return Pair(self._operand(value.re), self._operand(value.im))
         if self.scalar and isinstance(value.type, ir.RankedTensorType):
             return builders.to_scalar(value)
         return value
@@ -130,20 +137,26 @@ class Importer:
         return (not self.scalar and bool(view.result_specs) and view.name not in _EFFECTFUL
                 and all(spec.size == 0 for spec in view.result_specs))
 
-    def _convert(self, op: jir.Operation, operands: list[ir.Value]) -> Sequence[ir.Value]:
+    def _convert(self, op: jir.Operation, operands: list[complex_values.Value]) -> Sequence[complex_values.Value]:
         loc = reader.location(op)
-        converter = CONVERTERS.get(op.name)
-        if converter is None:
-            raise UnsupportedError(op.name, "no converter for this op", loc)
         view = OpView(op, op.name, loc, operands,
                       [reader.tensor_spec(v.type, op.name, loc) for v in op.operands],
                       [reader.tensor_spec(r.type, op.name, loc) for r in op.results],
                       self.scalar)
+        if any(s.dtype.is_complex for s in (*view.operand_specs, *view.result_specs)):
+            converter = COMPLEX_CONVERTERS.get(op.name)
+            if converter is None:
+                raise UnsupportedError(op.name, "complex element types are not supported by this op", loc)
+        else:
+            converter = CONVERTERS.get(op.name)
+            if converter is None:
+                raise UnsupportedError(op.name, "no converter for this op", loc)
         with ir.Location.name(f"{op.name} {loc}"):
             if self._computes_nothing(view):
                 # A tensor of no elements is its type alone; converters then never build
                 # slices or loops over a dim of size 0, which the verifier rejects.
-                return [builders.empty(spec) for spec in view.result_specs]
+                return complex_values.unflatten([builders.empty(spec) for spec in complex_values.flat_specs(
+                    view.result_specs)], view.result_specs)
             if narrow_ops.computes_wider(view):
                 results = narrow_ops.in_compute_types(self, converter, view)
             else:

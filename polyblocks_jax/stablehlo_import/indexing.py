@@ -14,7 +14,8 @@ from mlir.dialects import arith, linalg, scf, tensor
 
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.stablehlo_import import builders, reader, slices
-from polyblocks_jax.stablehlo_import.registry import converts
+from polyblocks_jax.stablehlo_import.complex_values import flatten, unflatten
+from polyblocks_jax.stablehlo_import.registry import converts, converts_complex
 
 
 def _start_indices(indices: ir.Value, spec: TensorSpec, batch: Sequence[ir.Value],
@@ -80,12 +81,16 @@ MIN_SLICED_WINDOW = 16
 
 
 @converts("stablehlo.scatter")
+@converts_complex("stablehlo.scatter")
 def scatter(cx, op):
     """Sequential on purpose: update windows are applied one after the other, in the order
     of the scatter indices, so duplicates combine exactly as in XLA's loop. (The elements
-    of one window are distinct positions: combining them at once changes nothing.)"""
+    of one window are distinct positions: combining them at once changes nothing.)
+    A complex operand is scattered as its two parts (complex_values.py)."""
     n = (len(op.operands) - 1) // 2
-    inputs, indices, updates = op.operands[:n], op.operands[n], op.operands[n + 1:]
+    indices, specs = op.operands[n], op.operand_specs[:n]
+    inputs, updates = flatten(op.operands[:n]), flatten(op.operands[n + 1:])
+    flat_n = len(inputs)
     in_spec, indices_spec, upd_spec = op.operand_specs[0], op.operand_specs[n], op.operand_specs[n + 1]
     dn = stablehlo.ScatterDimensionNumbers(op.attr("scatter_dimension_numbers"))
     update_window_dims = list(dn.update_window_dims)
@@ -102,6 +107,10 @@ def scatter(cx, op):
               and window_operand_dims[-1] == in_spec.rank - 1 and upd_spec.shape[-1] >= MIN_SLICED_WINDOW
               and 0 not in upd_spec.shape)
 
+    def combine(current: Sequence[ir.Value], new: Sequence[ir.Value]) -> list[ir.Value]:
+        """The update computation on scalars: the operands' elements, then the updates'."""
+        return flatten(cx.import_block(body, unflatten(current, specs) + unflatten(new, specs), scalar=True))
+
     def combine_slices(batch, results, base):
         """The window as slices: the operands' windows combined with the updates' by one
         elementwise op writing into the operands' slices (in place)."""
@@ -110,8 +119,8 @@ def scatter(cx, op):
         current = [slices.extract_slice(v, window_size, base, shape=window) for v in results]
         identity = ir.AffineMap.get_identity(len(window))
         combined = builders.generic(
-            new, current, [identity] * (2 * n), ["parallel"] * len(window),
-            lambda *args: cx.import_block(body, [*args[n:], *args[:n]], scalar=True))
+            new, current, [identity] * (2 * flat_n), ["parallel"] * len(window),
+            lambda *args: combine(args[flat_n:], args[:flat_n]))
         return [slices.insert_slice(c, v, base, sizes=window_size) for c, v in zip(combined, results)]
 
     def apply_window(batch, results, base):
@@ -129,7 +138,7 @@ def scatter(cx, op):
                 pos[d] = arith.addi(pos[d], iv)
             current = [tensor.ExtractOp(v, pos).result for v in values]
             new = [tensor.ExtractOp(u, upd_pos).result for u in updates]
-            combined = cx.import_block(body, [*current, *new], scalar=True)
+            combined = combine(current, new)
             return [tensor.InsertOp(c, v, pos).result for c, v in zip(combined, values)]
         return builders.loop_nest([upd_spec.shape[d] for d in update_window_dims], results, element)
 
@@ -144,7 +153,8 @@ def scatter(cx, op):
             base[d] = _batch_position(batch, idim, ivd)
         return _if_else(valid, results, lambda: apply_window(batch, results, base))
 
-    return builders.loop_nest([upd_spec.shape[d] for d in scatter_dims], inputs, window_at)
+    return unflatten(builders.loop_nest([upd_spec.shape[d] for d in scatter_dims], inputs, window_at),
+                     op.result_specs)
 
 
 def _update_windows(updates: Sequence[ir.Value], spec: TensorSpec, window_dims: Sequence[int],

@@ -159,22 +159,33 @@ def dense_values(attr: jir.Attribute, spec: TensorSpec) -> np.ndarray:
     return flat[:spec.size].reshape(spec.shape).copy()
 
 
+def complex_constant_values(op: jir.Operation, spec: TensorSpec) -> np.ndarray:
+    """The elements of a complex stablehlo.constant, read from the op's text: jaxlib's
+    bindings cannot wrap a dense attribute of complex elements (the cast raises)."""
+    text = op.get_asm(enable_debug_info=False)
+    flat = _parse_dense_text(text[text.index("dense<"):], spec)
+    if flat.size == 1:
+        return np.full(spec.shape, flat[0], dtype=spec.dtype.numpy)
+    return flat[:spec.size].reshape(spec.shape).copy()
+
+
 def _parse_dense_text(text: str, spec: TensorSpec) -> np.ndarray:
     """Elements from the printed ``dense<...>`` form: a hex blob or a nested literal list."""
     body = text[text.index("<") + 1:text.rindex(":")].rstrip().removesuffix(">")
     if body.startswith('"0x'):
         return np.frombuffer(bytes.fromhex(body[3:-1]), dtype=spec.dtype.numpy)
     tokens = re.findall(r"0x[0-9A-Fa-f]+|true|false|[-+]?(?:inf|nan|[\d.]+(?:[eE][-+]?\d+)?)", body)
-    bits = np.dtype(f"u{spec.dtype.itemsize}")
-    out = np.empty(len(tokens), dtype=spec.dtype.numpy)
+    item = spec.dtype.component  # a complex element prints as "(real, imaginary)": two tokens
+    bits = np.dtype(f"u{item.itemsize}")
+    out = np.empty(len(tokens), dtype=item.numpy)
     for i, tok in enumerate(tokens):
-        if tok.startswith("0x") and spec.dtype.is_float:  # a float printed as its bit pattern
-            out[i] = np.array(int(tok, 16), dtype=bits).view(spec.dtype.numpy)
+        if tok.startswith("0x") and item.is_float:  # a float printed as its bit pattern
+            out[i] = np.array(int(tok, 16), dtype=bits).view(item.numpy)
         elif tok in ("true", "false"):
             out[i] = tok == "true"
         else:
-            out[i] = float(tok) if spec.dtype.is_float else int(tok, 0)
-    return out
+            out[i] = float(tok) if item.is_float else int(tok, 0)
+    return out.view(spec.dtype.numpy)
 
 
 def scalar_constant(value: jir.Value) -> np.ndarray | None:
@@ -185,6 +196,8 @@ def scalar_constant(value: jir.Value) -> np.ndarray | None:
             value = owner.operands[0]
         elif owner.name == "stablehlo.constant":
             spec = tensor_spec(value.type, owner.name, location(owner))
+            if spec.dtype.is_complex:
+                return complex_constant_values(owner, spec).reshape(-1)[0]
             return dense_values(owner.attributes["value"], spec).reshape(-1)[0]
         else:
             return None

@@ -20,11 +20,13 @@ from mlir import ir
 from mlir.dialects import arith, linalg
 
 from polyblocks_jax.stablehlo_import import builders, layout, reader
-from polyblocks_jax.stablehlo_import.registry import computes_composite, converts
+from polyblocks_jax.stablehlo_import.complex_values import flat_specs, flatten, map_parts, unflatten
+from polyblocks_jax.stablehlo_import.registry import computes_composite, converts, converts_complex
 from polyblocks_jax.stablehlo_import.types import element_type
 
 
 @converts("stablehlo.reduce")
+@converts_complex("stablehlo.reduce")
 def reduce(cx, op):
     n = len(op.operands) // 2
     inputs, inits = op.operands[:n], op.operands[n:]
@@ -35,24 +37,28 @@ def reduce(cx, op):
         # As XLA: a reshape (the init values, identities by contract, not applied), which
         # fuses where a reduction cannot (jnp.take's in-bounds mask: an ``all`` over the
         # index vector's dim of 1 kept a buffer of i1 the gather read, and it stayed scalar).
-        return [layout.reshape(x, spec.shape) for x, spec in zip(inputs, op.result_specs)]
+        return [map_parts(lambda v: layout.reshape(v, spec.shape), x) for x, spec in zip(inputs, op.result_specs)]
     if (largest := _jax_arg_extremum(op, dims)) is not None:
         spec, index_spec = op.operand_specs[0], op.result_specs[1]
         # the values' result is unused: only its sign of zero could differ from the reducer's
         return [builders.empty(op.result_specs[0]),
                 *_first_extremum_index(op.operands[0], dims[0], largest, spec, index_spec)]
+    # A complex operand is reduced as its two parts, side by side (complex_values.py).
     accs = [linalg.fill(builders.to_scalar(init), outs=[builders.empty(spec)])
-            for init, spec in zip(inits, op.result_specs)]
-    reduce_op = linalg.ReduceOp([a.type for a in accs], inputs, accs, dims)
-    elems = [element_type(s.dtype) for s in op.operand_specs]
+            for init, spec in zip(flatten(inits), flat_specs(op.result_specs))]
+    flat_inputs = flatten(inputs)
+    reduce_op = linalg.ReduceOp([a.type for a in accs], flat_inputs, accs, dims)
+    elems = [element_type(s.dtype) for s in flat_specs(op.operand_specs)]
     body = reduce_op.regions[0].blocks.append(*elems)
     with ir.InsertionPoint(body):
         # StableHLO's reducer takes (accumulators..., elements...), as XLA calls it with the
         # running value on the left; linalg.reduce's block is (elements..., accumulators...).
-        args = list(body.arguments)
-        results = cx.import_block(op.op.regions[0].blocks[0], args[n:] + args[:n], scalar=True)
-        linalg.YieldOp(results)
-    return list(reduce_op.results)
+        args, m = list(body.arguments), len(flat_inputs)
+        specs = op.operand_specs[:n]
+        results = cx.import_block(op.op.regions[0].blocks[0],
+                                  unflatten(args[m:], specs) + unflatten(args[:m], specs), scalar=True)
+        linalg.YieldOp(flatten(results))
+    return unflatten(list(reduce_op.results), op.result_specs)
 
 
 @computes_composite("polyblocks.argmax", "polyblocks.argmin")
@@ -126,7 +132,7 @@ def _jax_arg_extremum(op, dims: list[int]) -> bool | None:
     if len(op.operands) != 4 or len(dims) != 1 or list(jop.results[0].uses):
         return None
     spec, index_spec = op.operand_specs[0], op.result_specs[1]
-    if spec.dtype.is_bool or spec.dtype.is_narrow or index_spec.dtype.kind != "sint" or spec.shape[dims[0]] == 0:
+    if spec.dtype.is_bool or spec.dtype.is_narrow or spec.dtype.is_complex or index_spec.dtype.kind != "sint" or spec.shape[dims[0]] == 0:
         return None
     iota = jop.operands[1].owner if isinstance(jop.operands[1], jir.OpResult) else None
     if iota is None or iota.name != "stablehlo.iota" or reader.i64(iota.attributes["iota_dimension"]) != dims[0]:

@@ -4,6 +4,8 @@ One module per op family registers its converters with ``@converts``; the import
 looks ops up here and nowhere else, and the README's op list is generated from it.
 ``@computes_composite`` registers our own computation of a ``stablehlo.composite`` by
 its name; returning None leaves the composite to its decomposition.
+``@converts_complex`` registers the converter of an op whose operands or results are
+complex (carried as ``complex.Pair`` values); an op without one rejects complex types.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ Converter = Callable[["Importer", "OpView"], "Sequence[ir.Value]"]
 
 CONVERTERS: dict[str, Converter] = {}
 FAMILY: dict[str, str] = {}  # op name -> the module (op family) converting it
+COMPLEX_CONVERTERS: dict[str, Converter] = {}
 COMPOSITES: dict[str, Callable[["Importer", "OpView"], "Sequence[ir.Value] | None"]] = {}
 
 
@@ -28,6 +31,17 @@ def converts(*op_names: str) -> Callable[[Converter], Converter]:
                 raise RuntimeError(f"two converters for {name}")
             CONVERTERS[name] = fn
             FAMILY[name] = fn.__module__.rsplit(".", 1)[-1]
+        return fn
+    return register
+
+
+def converts_complex(*op_names: str) -> Callable[[Converter], Converter]:
+    """Register the decorated function as the converter of ``op_names`` on complex values."""
+    def register(fn: Converter) -> Converter:
+        for name in op_names:
+            if name in COMPLEX_CONVERTERS:
+                raise RuntimeError(f"two complex converters for {name}")
+            COMPLEX_CONVERTERS[name] = fn
         return fn
     return register
 

@@ -14,10 +14,11 @@ from jaxlib.mlir import ir as jir
 from mlir import ir
 from mlir.dialects import arith, scf, tensor
 
-from polyblocks_jax.dtypes import DType
+from polyblocks_jax.dtypes import DType, TensorSpec
 from polyblocks_jax.stablehlo_import import builders, reader, slices
 from polyblocks_jax.stablehlo_import.elementwise import total_order_key
-from polyblocks_jax.stablehlo_import.registry import computes_composite, converts
+from polyblocks_jax.stablehlo_import.complex_values import flatten, unflatten
+from polyblocks_jax.stablehlo_import.registry import computes_composite, converts, converts_complex
 from polyblocks_jax.stablehlo_import.types import element_type
 
 # less(a, b): i1 "a sorts before b", given the elements of every operand at two positions.
@@ -25,15 +26,20 @@ Less = Callable[[Sequence[ir.Value], Sequence[ir.Value]], ir.Value]
 
 
 @converts("stablehlo.sort")
+@converts_complex("stablehlo.sort")
 def sort(cx, op):
+    """A complex operand is sorted as its two parts, paired again for the comparator."""
     dimension = reader.i64(op.attr("dimension")) % op.operand_specs[0].rank
-    less = comparator_less(cx, op.op.regions[0].blocks[0])
-    return merge_sort(list(op.operands), op.operand_specs[0].shape, dimension, less)
+    less = comparator_less(cx, op.op.regions[0].blocks[0], op.operand_specs)
+    return unflatten(merge_sort(flatten(op.operands), op.operand_specs[0].shape, dimension, less),
+                     op.result_specs)
 
 
-def comparator_less(cx, comparator: jir.Block) -> Less:
-    """``less`` calling a StableHLO comparator body (arguments lhs0, rhs0, lhs1, rhs1, ...)."""
+def comparator_less(cx, comparator: jir.Block, specs: Sequence[TensorSpec]) -> Less:
+    """``less`` calling a StableHLO comparator body (arguments lhs0, rhs0, lhs1, rhs1, ...)
+    on operands of ``specs``, given their flattened elements (complex_values.flatten)."""
     def less(a, b):
+        a, b = unflatten(a, specs), unflatten(b, specs)
         args = [v for pair in zip(a, b) for v in pair]
         return builders.to_scalar(cx.import_block(comparator, args, scalar=True)[0])
     return less

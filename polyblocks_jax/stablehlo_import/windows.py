@@ -31,7 +31,8 @@ from mlir.dialects import arith, linalg, tensor
 
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.stablehlo_import import builders, layout, reader, slices
-from polyblocks_jax.stablehlo_import.registry import converts
+from polyblocks_jax.stablehlo_import.complex_values import flat_specs, flatten, unflatten
+from polyblocks_jax.stablehlo_import.registry import converts, converts_complex
 
 _POOLING_BODIES = {"stablehlo.maximum": "max", "stablehlo.minimum": "min", "stablehlo.add": "sum"}
 
@@ -60,33 +61,44 @@ class _Window:
 
 # ---------------------------------------------------------------- reduce_window
 
+# fold(accumulators, elements): the reduction body on scalars, both lists flattened
+# (complex_values.flatten), returning the new accumulators flattened.
+Fold = Callable[[Sequence[ir.Value], Sequence[ir.Value]], list[ir.Value]]
+
+
 @converts("stablehlo.reduce_window")
+@converts_complex("stablehlo.reduce_window")
 def reduce_window(cx, op):
+    """A complex operand is reduced as its two parts, paired again for the body."""
     n = len(op.operands) // 2
-    xs, inits = op.operands[:n], [builders.to_scalar(v) for v in op.operands[n:]]
+    specs = op.operand_specs[:n]
+    xs, inits = flatten(op.operands[:n]), [builders.to_scalar(v) for v in flatten(op.operands[n:])]
     spec = op.operand_specs[0]
     if op.scalar:
         raise op.unsupported("reduce_window inside a reduction body")
     win = _Window.read(op, spec.rank)
     body = op.op.regions[0].blocks[0]
+
+    def fold(accs: Sequence[ir.Value], elems: Sequence[ir.Value]) -> list[ir.Value]:
+        return flatten(cx.import_block(body, unflatten(accs, specs) + unflatten(elems, specs), scalar=True))
     axis = _cumulative_axis(win, spec)
     if axis is not None:
-        return _cumulative_along_rows(cx, body, xs, inits, op.operand_specs[:n], *axis)
+        return unflatten(_cumulative_along_rows(fold, xs, inits, flat_specs(specs), *axis), op.result_specs)
     padded = [_pad(x, init, win) for x, init in zip(xs, inits)]
-    outs = [builders.filled(init, s.shape) for init, s in zip(inits, op.result_specs)]
+    outs = [builders.filled(init, s.shape) for init, s in zip(inits, flat_specs(op.result_specs))]
     if win.pads() and not _is_identity(op.op.operands[n], _single_op(body), spec):
         # XLA folds only the operand's elements, never padding: mask the padding out.
-        return _window_generic(cx, body, padded, outs, win, _mask(spec.shape, win))
+        return unflatten(_window_generic(fold, padded, outs, win, _mask(spec.shape, win)), op.result_specs)
     pooling = _pooling_op(body, win, op.result_specs[0])
     if pooling is not None:
         named, spatial = pooling
         return [named(padded[0], _window_tensor([win.dims[d] for d in spatial]), outs=outs,
                       strides=[win.strides[d] for d in spatial],
                       dilations=[win.window_dilations[d] for d in spatial])]
-    return _window_generic(cx, body, padded, outs, win)
+    return unflatten(_window_generic(fold, padded, outs, win), op.result_specs)
 
 
-def _window_generic(cx, body: jir.Block, padded: list[ir.Value], outs: list[ir.Value],
+def _window_generic(fold: Fold, padded: list[ir.Value], outs: list[ir.Value],
                     win: _Window, mask: ir.Value | None = None) -> list[ir.Value]:
     """Loops (output dims..., window dims...); output i reads padded[i*stride + k*dilation].
 
@@ -99,14 +111,14 @@ def _window_generic(cx, body: jir.Block, padded: list[ir.Value], outs: list[ir.V
     ins = padded + ([mask] if mask is not None else [])
     maps = [read] * len(ins) + [_map(2 * rank, d[rank:])] + [_map(2 * rank, d[:rank])] * len(outs)
 
-    def fold(*args):
+    def body(*args):
         elems, accs = args[:len(padded)], args[len(ins) + 1:]
-        folded = cx.import_block(body, [*accs, *elems], scalar=True)
+        folded = fold(accs, elems)
         if mask is None:
             return folded
         return [arith.select(args[len(padded)], f, acc) for f, acc in zip(folded, accs)]
     return builders.generic([*ins, _window_tensor(win.dims)], outs, maps,
-                            ["parallel"] * rank + ["reduction"] * rank, fold)
+                            ["parallel"] * rank + ["reduction"] * rank, body)
 
 
 def _single_op(body: jir.Block) -> str | None:
@@ -120,7 +132,7 @@ def _single_op(body: jir.Block) -> str | None:
 def _pooling_op(body: jir.Block, win: _Window, spec: TensorSpec) -> tuple[Callable, list[int]] | None:
     """The linalg pooling named op for a single max/min/add body and a pooling layout, if any."""
     name = _single_op(body)
-    if name not in _POOLING_BODIES or spec.dtype.is_bool or spec.dtype.is_narrow:  # narrow: op by op
+    if name not in _POOLING_BODIES or spec.dtype.is_bool or spec.dtype.is_narrow or spec.dtype.is_complex:  # op by op
         return None
     kind = _POOLING_BODIES[name]
     if kind != "sum" and spec.dtype.is_unsigned:
@@ -155,6 +167,8 @@ def _is_identity(init: jir.Value, body_op: str | None, spec: TensorSpec) -> bool
     if value is None or body_op is None or spec.dtype.is_narrow:  # narrow: masked, simply
         return False
     dt = spec.dtype
+    if dt.is_complex:
+        return value == {"stablehlo.add": 0, "stablehlo.multiply": 1}.get(body_op)
     if dt.is_float:
         low, high = -np.inf, np.inf
     elif dt.is_bool:
@@ -170,7 +184,7 @@ def _is_identity(init: jir.Value, body_op: str | None, spec: TensorSpec) -> bool
 _LINE_BYTES = 64  # a cache line
 
 
-def _cumulative_along_rows(cx, body: jir.Block, xs: list[ir.Value], inits: list[ir.Value],
+def _cumulative_along_rows(fold: Fold, xs: list[ir.Value], inits: list[ir.Value],
                            specs: list[TensorSpec], axis: int, reverse: bool) -> list[ir.Value]:
     """``_cumulative``, with the axis moved first where its slices would be narrower than a
     cache line: each step then reads a contiguous slice, not one element per line (jnp.cumsum
@@ -178,15 +192,15 @@ def _cumulative_along_rows(cx, body: jir.Block, xs: list[ir.Value], inits: list[
     spec = specs[0]
     inner = int(np.prod(spec.shape[axis + 1:], dtype=np.int64)) * spec.dtype.itemsize
     if axis == 0 or inner >= _LINE_BYTES:
-        return _cumulative(cx, body, xs, inits, specs, axis, reverse)
+        return _cumulative(fold, xs, inits, specs, axis, reverse)
     perm = [axis] + [d for d in range(spec.rank) if d != axis]
     moved = [TensorSpec(tuple(s.shape[d] for d in perm), s.dtype) for s in specs]
-    results = _cumulative(cx, body, [layout.transpose(x, perm) for x in xs], inits, moved, 0, reverse)
+    results = _cumulative(fold, [layout.transpose(x, perm) for x in xs], inits, moved, 0, reverse)
     back = [perm.index(d) for d in range(spec.rank)]
     return [layout.transpose(r, back) for r in results]
 
 
-def _cumulative(cx, body: jir.Block, xs: list[ir.Value], inits: list[ir.Value],
+def _cumulative(fold: Fold, xs: list[ir.Value], inits: list[ir.Value],
                 specs: list[TensorSpec], axis: int, reverse: bool) -> list[ir.Value]:
     """A loop along ``axis`` folding each slice into the running one, then storing it."""
     n = specs[0].shape[axis]
@@ -202,7 +216,7 @@ def _cumulative(cx, body: jir.Block, xs: list[ir.Value], inits: list[ir.Value],
         cur = [slices.extract_slice(x, s.shape, offsets) for x, s in zip(xs, slice_specs)]
         k = len(xs)
         new = builders.generic(cur, carried[k:], [identity] * (2 * k), ["parallel"] * specs[0].rank,
-                               lambda *a: cx.import_block(body, [*a[k:], *a[:k]], scalar=True))
+                               lambda *a: fold(a[k:], a[:k]))
         stored = [slices.insert_slice(v, out, offsets) for v, out in zip(new, carried[:k])]
         return stored + new
     return builders.loop_nest([n], results + running, step)[:len(xs)]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 FLOATS = ("float32", "float16", "bfloat16", "float64")
 INTS = ("int32", "int8", "uint8", "uint32", "int64")
 DTYPES = FLOATS + INTS + ("bool",)
+COMPLEX = ("complex64", "complex128")  # drawn only by programs(dtypes=...) that name them
 
 UNARY = {
     "float": ("neg", "abs", "exp", "tanh", "floor", "sign", "log", "sin", "sqrt", "rsqrt", "ceil",
@@ -22,6 +23,8 @@ UNARY = {
     "int": ("neg", "abs", "not", "sign", "population_count", "clz"),
     "uint": ("neg", "not", "sign", "population_count", "clz"),
     "bool": ("not",),
+    # those whose results on infinite and NaN parts are XLA's too (abs changes the dtype)
+    "complex": ("neg", "exp", "sign", "log", "sin", "sqrt", "expm1", "log1p", "cos"),
 }
 BINARY = {
     "float": ("add", "sub", "mul", "max", "min", "div", "rem", "pow", "atan2"),
@@ -30,6 +33,7 @@ BINARY = {
     "uint": ("add", "sub", "mul", "max", "min", "div", "rem", "and", "or", "xor",
              "shift_left", "shift_right_logical", "shift_right_arithmetic"),
     "bool": ("and", "or", "xor", "max", "min"),
+    "complex": ("add", "sub", "mul", "div"),
 }
 COMPARES = ("lt", "le", "eq", "ne", "gt", "ge")
 REDUCERS = ("sum", "max", "min", "prod")
@@ -37,6 +41,8 @@ REDUCERS = ("sum", "max", "min", "prod")
 
 
 def kind(dtype: str) -> str:
+    if dtype in COMPLEX:
+        return "complex"
     if dtype in FLOATS or dtype == "bool":
         return "float" if dtype in FLOATS else "bool"
     return "uint" if dtype.startswith("u") else "int"
@@ -48,8 +54,8 @@ def kind(dtype: str) -> str:
 class _Program:
     """The spec under construction and the (shape, dtype) of every value so far."""
 
-    def __init__(self, draw) -> None:
-        self.draw, self.ops, self.values = draw, [], []
+    def __init__(self, draw, dtypes: tuple[str, ...]) -> None:
+        self.draw, self.ops, self.values, self.dtypes = draw, [], [], dtypes
 
     def add(self, op: dict, shape, dtype: str) -> int:
         self.ops.append(op)
@@ -93,7 +99,8 @@ def _gen_binary(p: _Program, x: int) -> None:
 
 def _gen_compare_select(p: _Program, x: int) -> None:
     shape, dtype = p.values[x]
-    pred = p.add({"op": "compare", "fn": p.draw(st.sampled_from(COMPARES)), "x": x, "y": p.partner(x)},
+    fns = ("eq", "ne") if kind(dtype) == "complex" else COMPARES  # complex numbers have no order
+    pred = p.add({"op": "compare", "fn": p.draw(st.sampled_from(fns)), "x": x, "y": p.partner(x)},
                  shape, "bool")
     if p.draw(st.booleans()):
         p.add({"op": "select", "p": pred, "x": x, "y": p.partner(x)}, shape, dtype)
@@ -101,7 +108,7 @@ def _gen_compare_select(p: _Program, x: int) -> None:
 
 def _gen_cast(p: _Program, x: int) -> None:
     shape, _ = p.values[x]
-    dtype = p.draw(st.sampled_from(DTYPES))
+    dtype = p.draw(st.sampled_from(p.dtypes))
     p.add({"op": "cast", "x": x, "dtype": dtype}, shape, dtype)
 
 
@@ -118,7 +125,8 @@ def _gen_broadcast(p: _Program, x: int) -> None:
 def _gen_reduce(p: _Program, x: int) -> None:
     shape, dtype = p.values[x]
     axes = sorted(p.draw(st.sets(st.sampled_from(range(len(shape))), min_size=1))) if shape else []
-    fn = p.draw(st.sampled_from(REDUCERS[1:3] if dtype == "bool" else REDUCERS))
+    fn = p.draw(st.sampled_from(REDUCERS[1:3] if dtype == "bool" else
+                                ("sum", "prod") if kind(dtype) == "complex" else REDUCERS))
     out = [n for d, n in enumerate(shape) if d not in axes]
     p.add({"op": "reduce", "fn": fn, "x": x, "axes": axes}, out, dtype)
 
@@ -159,7 +167,7 @@ def _gen_conv(p: _Program, x: int) -> None:
     """A 1-D or 2-D convolution, channels first or last, maybe grouped; x is the image if it fits."""
     shape, dtype = p.values[x]
     layout = p.draw(st.sampled_from(("first", "last")))
-    if kind(dtype) != "float" or len(shape) not in (3, 4):
+    if kind(dtype) not in ("float", "complex") or len(shape) not in (3, 4):
         dtype = dtype if kind(dtype) == "float" else "float32"
         shape = _shape(p.draw, 3, 4)
         x = p.new_input(shape, dtype)
@@ -181,7 +189,7 @@ def _gen_window(p: _Program, x: int) -> None:
     shape, dtype = p.values[x]
     if not shape or dtype == "bool":
         return _gen_unary(p, x)
-    fn = p.draw(st.sampled_from(("max", "min", "add")))
+    fn = p.draw(st.sampled_from(("add",) if kind(dtype) == "complex" else ("max", "min", "add")))
     dims, strides, pad, out = [], [], [], []
     for n in shape:
         k = p.draw(st.integers(1, 3))
@@ -220,7 +228,8 @@ def _gen_scatter(p: _Program, x: int) -> None:
         return _gen_unary(p, x)
     idx = p.new_input(_shape(p.draw, 1, 1), "int32")
     upd = p.new_input(list(p.values[idx][0]) + list(shape[1:]), dtype)
-    fn = p.draw(st.sampled_from(("set", "max", "min") if dtype == "bool" else ("set", "add", "max", "min")))
+    fn = p.draw(st.sampled_from(("set", "max", "min") if dtype == "bool" else ("set", "add")
+                                if kind(dtype) == "complex" else ("set", "add", "max", "min")))
     mode = p.draw(st.sampled_from(("drop", "clip")))
     p.add({"op": "scatter", "fn": fn, "x": x, "idx": idx, "upd": upd, "mode": mode}, shape, dtype)
 
@@ -321,7 +330,7 @@ def _gen_cumulative(p: _Program, x: int) -> None:
     shape, dtype = p.values[x]
     if not shape or dtype == "bool":
         return _gen_unary(p, x)
-    fn = p.draw(st.sampled_from(("cumsum", "cummax", "cummin")))
+    fn = p.draw(st.sampled_from(("cumsum",) if kind(dtype) == "complex" else ("cumsum", "cummax", "cummin")))
     p.add({"op": fn, "x": x, "axis": p.draw(st.integers(0, len(shape) - 1)),
            "reverse": p.draw(st.booleans())}, shape, dtype)
 
@@ -337,10 +346,12 @@ GENERATORS = {"unary": _gen_unary, "binary": _gen_binary, "compare": _gen_compar
 
 
 @st.composite
-def programs(draw, max_ops: int = 6, kinds: tuple[str, ...] = tuple(GENERATORS)) -> dict:
-    """A random valid program spec of up to ``max_ops`` op steps drawn from ``kinds``."""
-    p = _Program(draw)
-    p.new_input(_shape(draw), draw(st.sampled_from(DTYPES)))
+def programs(draw, max_ops: int = 6, kinds: tuple[str, ...] = tuple(GENERATORS),
+             dtypes: tuple[str, ...] = DTYPES) -> dict:
+    """A random valid program spec of up to ``max_ops`` op steps drawn from ``kinds``, its
+    first input and its casts of ``dtypes``."""
+    p = _Program(draw, dtypes)
+    p.new_input(_shape(draw), draw(st.sampled_from(dtypes)))
     for _ in range(draw(st.integers(1, max_ops))):
         x = p.pick(lambda s, d: math.prod(s) <= 256)
         GENERATORS[draw(st.sampled_from(kinds))](p, x if x is not None else len(p.values) - 1)

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from . import differential, programs
 
 PROGRAMS = 80  # the slice's size: ~0.6 s per program (4 compiles) alone on 2 cores, ~50 s
+COMPLEX_PROGRAMS = 30  # programs starting from (and casting to) complex types as well
 _CI = settings(derandomize=True, deadline=None, max_examples=PROGRAMS, database=None,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -23,6 +24,12 @@ class FuzzTest(absltest.TestCase):
     @_CI
     @given(programs.programs())
     def test_random_programs_match_xla(self, spec):
+        FuzzTest.ran += 1
+        differential.check(spec)
+
+    @settings(_CI, max_examples=COMPLEX_PROGRAMS)
+    @given(programs.programs(dtypes=programs.COMPLEX + ("float32", "int32")))
+    def test_random_complex_programs_match_xla(self, spec):
         FuzzTest.ran += 1
         differential.check(spec)
 
