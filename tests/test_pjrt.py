@@ -91,6 +91,15 @@ class TransferTest(parameterized.TestCase):
 
 
 class JitTest(absltest.TestCase):
+    def test_program_without_outputs(self):
+        # jaxlib passes a null output list when the program has no results. (JAX drops the
+        # unused argument: the default device decides where the program runs.)
+        x = np.arange(4.0)
+        for fn in (lambda a: (), lambda a: {"nothing": ()}, lambda a: None):
+            with jax.default_device(pb_device()):
+                support.assert_close(self, run_pb(fn, x), support.xla_cpu(fn, x))
+        support.assert_close(self, run_pb(lambda a: a + 1, x), [x + 1])  # the plugin still works
+
     def test_add_matches_xla(self):
         rng = np.random.default_rng(1)
         for dtype in (np.float32, np.float64, np.int32):
