@@ -84,6 +84,15 @@ class TransferTest(parameterized.TestCase):
         for source in (a[:, ::2], a.T, np.frombuffer(a.tobytes()[4:], np.float32)):
             np.testing.assert_array_equal(np.asarray(jax.device_put(source, pb_device())), source)
 
+    def test_negative_and_zero_strides(self):
+        # jaxlib hands over a numpy view as is: element (0, ..., 0) at the data pointer,
+        # byte strides of any sign, zero for a broadcast.
+        a = np.arange(40, dtype=np.float32).reshape(5, 8)
+        for source in (a[::-1], a[:, ::-2], a[::-2, ::-1].T, np.arange(7)[::-3], np.broadcast_to(a[2], (3, 8)),
+                       np.broadcast_to(a[::-1, :1], (5, 4))):
+            np.testing.assert_array_equal(np.asarray(jax.device_put(source, pb_device())), source)
+            support.assert_close(self, run_pb(lambda x: x * 3, source), support.xla_cpu(lambda x: x * 3, source))
+
     def test_copy_between_devices(self):
         a = np.arange(6.0).reshape(2, 3)
         x = jax.device_put(jax.device_put(a, jax.devices("cpu")[0]), pb_device())
