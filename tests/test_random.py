@@ -41,7 +41,7 @@ class RngBitGeneratorTest(parameterized.TestCase):
     # The state words are written as StableHLO directly (u64[2]), so that only
     # rng_bit_generator is exercised; XLA runs lax.rng_bit_generator on the same bits.
     @parameterized.parameters(("ui8", np.uint8, (2, 3)), ("ui16", np.uint16, (5,)),
-                              ("ui32", np.uint32, (3, 3)), ("ui64", np.uint64, (7,)))
+                              ("ui32", np.uint32, (3, 3)), ("ui32", np.uint32, (4, 8)), ("ui64", np.uint64, (7,)))
     def test_default_is_philox_bit_exact(self, name, dtype, shape):
         key = np.array([1, 2, 0xFFFFFFFF, 0xFFFFFFFF], np.uint32)  # the counter wraps
         out_type = "tensor<" + "x".join(map(str, shape)) + f"x{name}>"
