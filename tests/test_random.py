@@ -29,6 +29,22 @@ class ThreefryTest(absltest.TestCase):
         support.check_against_xla(self, lambda k: jax.random.normal(k, (4, 6)), _keys(3)[0])
 
 
+class RbgTest(parameterized.TestCase):
+    # The rbg implementations draw with rng_bit_generator, keyed by u32[4] bitcast to u64[2].
+    @parameterized.parameters("rbg", "unsafe_rbg")
+    def test_draws_as_xla(self, impl):
+        def draw(data):
+            key = jax.random.wrap_key_data(data, impl=impl)
+            k0, k1 = jax.random.split(key)
+            return (jax.random.uniform(k0, (3, 5)), jax.random.randint(k1, (7,), -5, 1000),
+                    jax.random.bits(key, (4, 3), jnp.uint8), jax.random.key_data(jax.random.fold_in(key, 3)),
+                    jax.random.key_data(jax.random.split(k1, 3)))
+        data = np.asarray(jax.random.key_data(jax.random.key(5, impl=impl)))
+        support.check_against_xla(self, draw, data, **EXACT)
+        normal = lambda d: jax.random.normal(jax.random.wrap_key_data(d, impl=impl), (4, 6))
+        support.check_against_xla(self, normal, data)
+
+
 def _rng_program(state_words: int, out: str, algorithm: str = "DEFAULT") -> str:
     state = f"tensor<{state_words}xui64>"
     return f"""func.func @main(%s: {state}) -> ({state}, {out}) {{
