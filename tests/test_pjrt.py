@@ -66,6 +66,25 @@ class DeviceTest(absltest.TestCase):
         self.assertEqual([m.kind for m in d.addressable_memories()], ["device"])
         self.assertIn("bytes_in_use", d.memory_stats())
 
+    def test_memory_stats_are_bytes_in_use_only(self):
+        # jaxlib does not clear the structure it passes: every optional statistic must be
+        # marked unset, or jaxlib reports the bytes it held. Fill it with ones to see.
+        from pypjrt._abi import pjrt_0_114 as abi
+        from polyblocks_jax.pjrt import handles
+        from polyblocks_jax.pjrt.callbacks.device import device_memory_stats
+        from polyblocks_jax.pjrt.device import Device
+        x = on_pb(np.ones(1000, np.float32))[0]
+        (device,) = [o for o in handles.LIVE.values() if isinstance(o, Device) and o.description.id == 0]
+        args = abi.PJRT_Device_MemoryStats_Args()
+        ctypes.memset(ctypes.addressof(args), 0xFF, ctypes.sizeof(args))
+        args.struct_size, args.device = ctypes.sizeof(args), device.handle
+        device_memory_stats(args)
+        self.assertGreaterEqual(args.bytes_in_use, x.nbytes)
+        self.assertEqual([n for n, _ in args._fields_ if n.endswith("_is_set") and getattr(args, n)], [])
+        stats = pb_device().memory_stats()  # jaxlib writes -1 for what is unset
+        self.assertEqual({k: v for k, v in stats.items() if k != "bytes_in_use" and v != -1}, {})
+        self.assertGreaterEqual(stats["bytes_in_use"], x.nbytes)
+
 
 class TransferTest(parameterized.TestCase):
     @parameterized.parameters(*DTYPES)
