@@ -83,6 +83,15 @@ class CustomCallTest(absltest.TestCase):
         x = np.arange(6, dtype=np.float32).reshape(2, 3)
         np.testing.assert_array_equal(pb.compile(text)(x)[0], x)
 
+    def test_dce_sink_has_no_effect(self):
+        # lax.dce_sink(..., prevent_mlir_dce=True) lowers to a custom call without results.
+        def f(a):
+            jax.lax.dce_sink(a + 1, prevent_mlir_dce=True)
+            return a * 2
+        x = np.arange(6, dtype=np.float32)
+        self.assertIn("dce_sink", jax.jit(f).lower(x).as_text())
+        support.check_against_xla(self, f, x)
+
     def test_unknown_target_is_named(self):
         with self.assertRaisesRegex(pb.UnsupportedError, "lapack_sgesdd_ffi"):
             support.polyblocks(jnp.linalg.svd, np.eye(3, dtype=np.float32))
