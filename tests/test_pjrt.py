@@ -254,6 +254,23 @@ def owned_by_device(a: np.ndarray) -> jax.Array:
     return jax.jit(lambda v: v + 0)(on_pb(a)[0])
 
 
+class DLPackTest(absltest.TestCase):
+    def test_import_through_the_cpu(self):
+        # jax.dlpack imports onto XLA's CPU client, then copies to the device asked for.
+        a = np.arange(12, dtype=np.float32).reshape(3, 4)
+        x = jax.dlpack.from_dlpack(a, device=pb_device())
+        self.assertEqual(x.devices(), {pb_device()})
+        support.assert_close(self, run_pb(lambda v: v * 2, np.asarray(x)), support.xla_cpu(lambda v: v * 2, a))
+
+    def test_export_is_refused_saying_why(self):
+        # jaxlib's DLPack export accepts its cpu, cuda and rocm platforms only (by name).
+        x = on_pb(np.arange(3.0))[0]
+        with self.assertRaisesRegex(Exception, "UNIMPLEMENTED.*DLPack export.*cpu, cuda and rocm"):
+            x.__dlpack__()
+        copied = jax.device_put(x, jax.devices("cpu")[0])  # the way the message gives
+        np.testing.assert_array_equal(np.from_dlpack(copied), np.arange(3.0))
+
+
 class DonationTest(absltest.TestCase):
     def setUp(self):
         support.without_flags(self)  # reuse as the default pipeline makes it
