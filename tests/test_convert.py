@@ -39,6 +39,10 @@ BITCASTS = [(np.float32, np.int32), (np.float32, np.uint32), (np.int32, np.float
             (BF16, np.uint16), (np.int16, BF16), (BF16, np.float16), (np.int8, np.uint8)]
 
 
+WIDTHS = (np.int8, np.uint8, np.int16, np.float16, BF16, np.int32, np.float32, np.uint32, np.float64, np.int64,
+          np.uint64)
+
+
 class BitcastTest(parameterized.TestCase):
     def test_same_width(self):
         rng = np.random.default_rng(1)
@@ -46,10 +50,16 @@ class BitcastTest(parameterized.TestCase):
         support.check_against_xla(self, lambda *xs: tuple(
             lax.bitcast_convert_type(x, t) for x, (_, t) in zip(xs, BITCASTS)), *args)
 
-    def test_different_widths_unsupported(self):
-        with self.assertRaisesRegex(pb.UnsupportedError, "stablehlo.bitcast_convert"):
-            support.polyblocks(lambda a: lax.bitcast_convert_type(a, np.int16),
-                               np.zeros((4,), np.float32))
+    @parameterized.named_parameters([dict(testcase_name=np.dtype(s).name, source=s) for s in WIDTHS])
+    def test_different_widths(self, source):
+        # The narrower side has a last dim of the widths' ratio, lowest bits first.
+        rng = np.random.default_rng(np.dtype(source).itemsize)
+        targets = [t for t in WIDTHS if np.dtype(t).itemsize != np.dtype(source).itemsize]
+        args = [support.random_array(rng, (2, 3, 4) + ((np.dtype(t).itemsize // np.dtype(source).itemsize,)
+                                                     if np.dtype(t).itemsize > np.dtype(source).itemsize else ()),
+                                     source) for t in targets]
+        support.check_against_xla(self, lambda *xs: tuple(
+            lax.bitcast_convert_type(x, t) for x, t in zip(xs, targets)), *args)
 
 
 class ReducePrecisionTest(parameterized.TestCase):

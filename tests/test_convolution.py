@@ -121,6 +121,18 @@ class ConvolutionTest(parameterized.TestCase):
         support.check_against_xla(self, fn, x, w)
 
     @parameterized.named_parameters(
+        # No spatial dims: a matrix product (jax's testConv0DIsDot), grouped both ways.
+        ("0d", (10, 5), (5, 7), dict(dimension_numbers=("NC", "IO", "NC"))),
+        ("0d_feature_groups", (4, 10), (2, 15), dict(feature_group_count=5, dimension_numbers=("NC", "IO", "NC"))),
+        ("0d_batch_groups", (4, 10), (10, 6), dict(batch_group_count=2, dimension_numbers=("NC", "IO", "NC"))),
+        ("4d", (1, 2, 3, 4, 3, 5), (3, 2, 2, 2, 2, 2), dict(padding="SAME")),
+    )
+    def test_without_a_named_op(self, lhs_shape, rhs_shape, kwargs):
+        # linalg has named convolutions of 1 to 3 spatial dims only: the others are generics.
+        fn, x, w = _conv(lhs_shape, rhs_shape, **kwargs)
+        support.check_against_xla(self, fn, x, w, rtol=1e-5, atol=1e-5)
+
+    @parameterized.named_parameters(
         ("bf16", ml_dtypes.bfloat16, None, 1),
         ("bf16_to_f32", ml_dtypes.bfloat16, np.float32, 1),
         ("bf16_grouped_to_f32", ml_dtypes.bfloat16, np.float32, 2),

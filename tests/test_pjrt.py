@@ -66,6 +66,25 @@ class DeviceTest(absltest.TestCase):
         self.assertEqual([m.kind for m in d.addressable_memories()], ["device"])
         self.assertIn("bytes_in_use", d.memory_stats())
 
+    def test_memory_stats_are_bytes_in_use_only(self):
+        # jaxlib does not clear the structure it passes: every optional statistic must be
+        # marked unset, or jaxlib reports the bytes it held. Fill it with ones to see.
+        from pypjrt._abi import pjrt_0_114 as abi
+        from polyblocks_jax.pjrt import handles
+        from polyblocks_jax.pjrt.callbacks.device import device_memory_stats
+        from polyblocks_jax.pjrt.device import Device
+        x = on_pb(np.ones(1000, np.float32))[0]
+        (device,) = [o for o in handles.LIVE.values() if isinstance(o, Device) and o.description.id == 0]
+        args = abi.PJRT_Device_MemoryStats_Args()
+        ctypes.memset(ctypes.addressof(args), 0xFF, ctypes.sizeof(args))
+        args.struct_size, args.device = ctypes.sizeof(args), device.handle
+        device_memory_stats(args)
+        self.assertGreaterEqual(args.bytes_in_use, x.nbytes)
+        self.assertEqual([n for n, _ in args._fields_ if n.endswith("_is_set") and getattr(args, n)], [])
+        stats = pb_device().memory_stats()  # jaxlib writes -1 for what is unset
+        self.assertEqual({k: v for k, v in stats.items() if k != "bytes_in_use" and v != -1}, {})
+        self.assertGreaterEqual(stats["bytes_in_use"], x.nbytes)
+
 
 class TransferTest(parameterized.TestCase):
     @parameterized.parameters(*DTYPES)
@@ -84,6 +103,15 @@ class TransferTest(parameterized.TestCase):
         for source in (a[:, ::2], a.T, np.frombuffer(a.tobytes()[4:], np.float32)):
             np.testing.assert_array_equal(np.asarray(jax.device_put(source, pb_device())), source)
 
+    def test_negative_and_zero_strides(self):
+        # jaxlib hands over a numpy view as is: element (0, ..., 0) at the data pointer,
+        # byte strides of any sign, zero for a broadcast.
+        a = np.arange(40, dtype=np.float32).reshape(5, 8)
+        for source in (a[::-1], a[:, ::-2], a[::-2, ::-1].T, np.arange(7)[::-3], np.broadcast_to(a[2], (3, 8)),
+                       np.broadcast_to(a[::-1, :1], (5, 4))):
+            np.testing.assert_array_equal(np.asarray(jax.device_put(source, pb_device())), source)
+            support.assert_close(self, run_pb(lambda x: x * 3, source), support.xla_cpu(lambda x: x * 3, source))
+
     def test_copy_between_devices(self):
         a = np.arange(6.0).reshape(2, 3)
         x = jax.device_put(jax.device_put(a, jax.devices("cpu")[0]), pb_device())
@@ -91,6 +119,15 @@ class TransferTest(parameterized.TestCase):
 
 
 class JitTest(absltest.TestCase):
+    def test_program_without_outputs(self):
+        # jaxlib passes a null output list when the program has no results. (JAX drops the
+        # unused argument: the default device decides where the program runs.)
+        x = np.arange(4.0)
+        for fn in (lambda a: (), lambda a: {"nothing": ()}, lambda a: None):
+            with jax.default_device(pb_device()):
+                support.assert_close(self, run_pb(fn, x), support.xla_cpu(fn, x))
+        support.assert_close(self, run_pb(lambda a: a + 1, x), [x + 1])  # the plugin still works
+
     def test_add_matches_xla(self):
         rng = np.random.default_rng(1)
         for dtype in (np.float32, np.float64, np.int32):
@@ -215,6 +252,23 @@ class JitTest(absltest.TestCase):
 def owned_by_device(a: np.ndarray) -> jax.Array:
     """An array whose buffer the plugin allocated (an executable's output), not a host wrap."""
     return jax.jit(lambda v: v + 0)(on_pb(a)[0])
+
+
+class DLPackTest(absltest.TestCase):
+    def test_import_through_the_cpu(self):
+        # jax.dlpack imports onto XLA's CPU client, then copies to the device asked for.
+        a = np.arange(12, dtype=np.float32).reshape(3, 4)
+        x = jax.dlpack.from_dlpack(a, device=pb_device())
+        self.assertEqual(x.devices(), {pb_device()})
+        support.assert_close(self, run_pb(lambda v: v * 2, np.asarray(x)), support.xla_cpu(lambda v: v * 2, a))
+
+    def test_export_is_refused_saying_why(self):
+        # jaxlib's DLPack export accepts its cpu, cuda and rocm platforms only (by name).
+        x = on_pb(np.arange(3.0))[0]
+        with self.assertRaisesRegex(Exception, "UNIMPLEMENTED.*DLPack export.*cpu, cuda and rocm"):
+            x.__dlpack__()
+        copied = jax.device_put(x, jax.devices("cpu")[0])  # the way the message gives
+        np.testing.assert_array_equal(np.from_dlpack(copied), np.arange(3.0))
 
 
 class DonationTest(absltest.TestCase):

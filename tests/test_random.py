@@ -29,6 +29,22 @@ class ThreefryTest(absltest.TestCase):
         support.check_against_xla(self, lambda k: jax.random.normal(k, (4, 6)), _keys(3)[0])
 
 
+class RbgTest(parameterized.TestCase):
+    # The rbg implementations draw with rng_bit_generator, keyed by u32[4] bitcast to u64[2].
+    @parameterized.parameters("rbg", "unsafe_rbg")
+    def test_draws_as_xla(self, impl):
+        def draw(data):
+            key = jax.random.wrap_key_data(data, impl=impl)
+            k0, k1 = jax.random.split(key)
+            return (jax.random.uniform(k0, (3, 5)), jax.random.randint(k1, (7,), -5, 1000),
+                    jax.random.bits(key, (4, 3), jnp.uint8), jax.random.key_data(jax.random.fold_in(key, 3)),
+                    jax.random.key_data(jax.random.split(k1, 3)))
+        data = np.asarray(jax.random.key_data(jax.random.key(5, impl=impl)))
+        support.check_against_xla(self, draw, data, **EXACT)
+        normal = lambda d: jax.random.normal(jax.random.wrap_key_data(d, impl=impl), (4, 6))
+        support.check_against_xla(self, normal, data)
+
+
 def _rng_program(state_words: int, out: str, algorithm: str = "DEFAULT") -> str:
     state = f"tensor<{state_words}xui64>"
     return f"""func.func @main(%s: {state}) -> ({state}, {out}) {{
@@ -41,7 +57,7 @@ class RngBitGeneratorTest(parameterized.TestCase):
     # The state words are written as StableHLO directly (u64[2]), so that only
     # rng_bit_generator is exercised; XLA runs lax.rng_bit_generator on the same bits.
     @parameterized.parameters(("ui8", np.uint8, (2, 3)), ("ui16", np.uint16, (5,)),
-                              ("ui32", np.uint32, (3, 3)), ("ui64", np.uint64, (7,)))
+                              ("ui32", np.uint32, (3, 3)), ("ui32", np.uint32, (4, 8)), ("ui64", np.uint64, (7,)))
     def test_default_is_philox_bit_exact(self, name, dtype, shape):
         key = np.array([1, 2, 0xFFFFFFFF, 0xFFFFFFFF], np.uint32)  # the counter wraps
         out_type = "tensor<" + "x".join(map(str, shape)) + f"x{name}>"
@@ -66,6 +82,15 @@ class CustomCallTest(absltest.TestCase):
 }"""
         x = np.arange(6, dtype=np.float32).reshape(2, 3)
         np.testing.assert_array_equal(pb.compile(text)(x)[0], x)
+
+    def test_dce_sink_has_no_effect(self):
+        # lax.dce_sink(..., prevent_mlir_dce=True) lowers to a custom call without results.
+        def f(a):
+            jax.lax.dce_sink(a + 1, prevent_mlir_dce=True)
+            return a * 2
+        x = np.arange(6, dtype=np.float32)
+        self.assertIn("dce_sink", jax.jit(f).lower(x).as_text())
+        support.check_against_xla(self, f, x)
 
     def test_unknown_target_is_named(self):
         with self.assertRaisesRegex(pb.UnsupportedError, "lapack_sgesdd_ffi"):

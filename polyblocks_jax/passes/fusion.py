@@ -95,11 +95,33 @@ def _copy_shared_constant_broadcasts(module: ir.Module) -> None:
 
 def _of_constants(op: ir.Operation) -> bool:
     """Whether ``op`` is an elementwise generic of constants, or of such generics."""
-    if not is_elementwise_generic(op):
+    if not is_elementwise_generic(op) or _reads_variables_from_above(op):
         return False
     inputs = op.operands[:len(op.operands) - 1]
     return all(isinstance(v.owner, ir.OpView)
                and (v.owner.name == "arith.constant" or _of_constants(v.owner.operation)) for v in inputs)
+
+
+def _reads_variables_from_above(op: ir.Operation) -> bool:
+    """Whether ``op``'s body uses a value defined outside it other than a constant: a
+    generic without inputs may still compute from scalars read before it (the random bits
+    of rng_bit_generator from its key), and copying it and its users per use multiplies them."""
+    for inner in walk(op):
+        for value in inner.operands:
+            owner = value.owner
+            defining = (owner.owner if isinstance(owner, ir.Block) else owner).operation
+            if defining.name != "arith.constant" and not _nested_in(defining, op):
+                return True
+    return False
+
+
+def _nested_in(inner: ir.Operation, op: ir.Operation) -> bool:
+    while inner is not None:
+        if inner == op:
+            return True
+        parent = inner.parent
+        inner = None if parent is None else parent.operation
+    return False
 
 
 def _keep_recomputing_producers(module: ir.Module) -> list[ir.Operation]:

@@ -20,7 +20,7 @@ from pypjrt._abi import pjrt_0_114 as abi
 from polyblocks_jax.cpu.array_pool import ALIGNMENT, data_address
 from polyblocks_jax.cpu.memref import aligned_empty, contiguous_strides
 from polyblocks_jax.pjrt import handles
-from polyblocks_jax.pjrt.errors import PjrtError, unimplemented
+from polyblocks_jax.pjrt.errors import PjrtError
 from polyblocks_jax.pjrt.events import READY
 
 NUMPY_OF_TYPE: dict[int, np.dtype] = {code: np.dtype(t) for code, t in (
@@ -114,16 +114,19 @@ class Buffer:
 
 
 def host_view(data: int, dtype: np.dtype, dims: tuple[int, ...], byte_strides: tuple[int, ...] | None) -> np.ndarray:
-    """A numpy view of host memory at ``data`` (no copy)."""
+    """A numpy view of host memory whose element (0, ..., 0) is at ``data`` (no copy).
+
+    Strides may be negative (a reversed numpy array) or zero (a broadcast one): the view
+    spans from the lowest to the highest address any element occupies.
+    """
     if 0 in dims:
         return np.empty(dims, dtype)
     if byte_strides is None:
         byte_strides = tuple(s * dtype.itemsize for s in contiguous_strides(dims))
-    if any(s < 0 for s in byte_strides):
-        raise unimplemented("negative byte strides")
-    span = sum((d - 1) * s for d, s in zip(dims, byte_strides)) + dtype.itemsize
-    raw = (ctypes.c_char * span).from_address(data)
-    return np.ndarray(dims, dtype, buffer=raw, strides=byte_strides)
+    low = sum((d - 1) * s for d, s in zip(dims, byte_strides) if s < 0)
+    high = sum((d - 1) * s for d, s in zip(dims, byte_strides) if s > 0) + dtype.itemsize
+    raw = (ctypes.c_char * (high - low)).from_address(data + low)
+    return np.ndarray(dims, dtype, buffer=raw, offset=-low, strides=byte_strides)
 
 
 def can_alias(view: np.ndarray) -> bool:

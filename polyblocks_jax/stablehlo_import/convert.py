@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from jaxlib.mlir import ir as jir
 from mlir import ir
-from mlir.dialects import arith
+from mlir.dialects import arith, linalg
 
-from polyblocks_jax.dtypes import DTYPES, DType
-from polyblocks_jax.stablehlo_import import builders, narrow_types
+from polyblocks_jax.dtypes import DTYPES, DType, TensorSpec
+from polyblocks_jax.stablehlo_import import builders, narrow_types, slices
 from polyblocks_jax.stablehlo_import.registry import converts
 from polyblocks_jax.stablehlo_import.types import element_type
 
@@ -101,11 +101,54 @@ def _float_to_int(x: ir.Value, dst: DType, out: ir.Type) -> ir.Value:
 
 @converts("stablehlo.bitcast_convert")
 def bitcast_convert(cx, op):
+    """Equal widths reinterpret each element. Between widths, the narrower side has one more
+    dimension, of size the ratio of the widths, holding the parts of one wide element
+    lowest bits first (XLA CPU's little-endian memory order)."""
     src, dst = op.operand_specs[0], op.result_specs[0]
-    if src.dtype.bits != dst.dtype.bits or src.dtype.is_bool or dst.dtype.is_bool:
-        raise op.unsupported(f"bitcast from {src} to {dst}: only equal bit widths are supported")
+    if src.dtype.is_bool or dst.dtype.is_bool:
+        raise op.unsupported(f"bitcast from {src} to {dst}: booleans have no bit layout")
     x = op.operands[0]
-    return [arith.bitcast(builders.shaped_like(x, element_type(dst.dtype)), x)]
+    if src.dtype.bits == dst.dtype.bits:
+        return [arith.bitcast(builders.shaped_like(x, element_type(dst.dtype)), x)]
+    if src.dtype.bits > dst.dtype.bits:
+        return [_split_bits(x, src.dtype, dst)]
+    return [_join_bits(x, src, dst.dtype)]
+
+
+def _bits_type(dtype: DType) -> ir.Type:
+    return ir.IntegerType.get_signless(dtype.bits)
+
+
+def _split_bits(x: ir.Value, src: DType, dst: TensorSpec) -> ir.Value:
+    """Each element of ``x`` cut into ``dst``'s last dimension, part k from bit k * dst.bits."""
+    rank = dst.rank
+    outer = ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(d) for d in range(rank - 1)])
+    wide_t, narrow_t = _bits_type(src), _bits_type(dst.dtype)
+
+    def body(element: ir.Value, _out: ir.Value) -> ir.Value:
+        wide = arith.bitcast(wide_t, element) if src.is_float else element
+        part = arith.index_cast(wide_t, linalg.IndexOp(rank - 1).result)
+        shift = arith.muli(part, builders.splat(dst.dtype.bits, wide_t))
+        narrow = arith.trunci(narrow_t, arith.shrui(wide, shift))
+        return arith.bitcast(element_type(dst.dtype), narrow) if dst.dtype.is_float else narrow
+
+    return builders.parallel_generic([x], builders.empty(dst), [outer], body)
+
+
+def _join_bits(x: ir.Value, src: TensorSpec, dst: DType) -> ir.Value:
+    """The parts along ``x``'s last dimension joined into one element, part k at bit
+    k * src.bits: elementwise ops on the slices of the parts."""
+    outer, parts = list(src.shape[:-1]), src.shape[-1]
+    joined = None
+    for k in range(parts):
+        part = slices.extract_slice(x, [*outer, 1], [*[0] * len(outer), k], shape=outer)
+        if src.dtype.is_float:
+            part = arith.bitcast(ir.RankedTensorType.get(outer, _bits_type(src.dtype)), part)
+        part = arith.extui(ir.RankedTensorType.get(outer, _bits_type(dst)), part)
+        if k:
+            part = arith.shli(part, builders.constant_like(k * src.dtype.bits, part))
+        joined = part if joined is None else arith.ori(joined, part)
+    return arith.bitcast(ir.RankedTensorType.get(outer, element_type(dst)), joined) if dst.is_float else joined
 
 
 @converts("stablehlo.reduce_precision")

@@ -187,8 +187,9 @@ def _pad_and_dilate(x: ir.Value, win: _Window) -> ir.Value:
 def _convolve(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op) -> ir.Value:
     """The strided, rhs-dilated convolution in the internal layout, accumulated into ``init``."""
     lhs_dt, rhs_dt = op.operand_specs[0].dtype, op.operand_specs[1].dtype
-    # Named ops extend narrower operands as signed: exact unless an unsigned operand widens.
-    named = not lhs_dt.is_bool and not (
+    # Named ops exist for 1 to 3 spatial dims only, and extend narrower operands as signed:
+    # exact unless an unsigned operand widens.
+    named = win.rank in _CONV and not lhs_dt.is_bool and not (
         (lhs_dt.is_unsigned or rhs_dt.is_unsigned)
         and {lhs_dt, rhs_dt} != {op.result_specs[0].dtype})
     kernel_in = builders.shape_of(rhs)[-2]

@@ -97,8 +97,10 @@ def _philox(x: list[ir.Value], key: ir.Value) -> list[ir.Value]:
 
 
 def _mul_lo_hi(x: ir.Value, multiplier: int) -> tuple[ir.Value, ir.Value]:
-    product = arith.MulUIExtendedOp(x, _c32(multiplier))
-    return product.low, product.high
+    """The 64-bit product's low and high words, by a multiplication in i64: the LLVM
+    lowering of arith.mului_extended takes scalars and 1-D vectors only, and a generic
+    of rank 2 or more is vectorized to n-D vectors."""
+    return _split(arith.muli(arith.extui(_i64(), x), _c64(multiplier)))
 
 
 def _pick_lane(x: list[ir.Value], lane: ir.Value, bits: int) -> ir.Value:

@@ -7,7 +7,7 @@ from pypjrt._abi import pjrt_0_114 as abi
 
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.callbacks import implements
-from polyblocks_jax.pjrt.errors import invalid, unimplemented
+from polyblocks_jax.pjrt.errors import PjrtError, invalid, unimplemented
 from polyblocks_jax.pjrt.gpu_buffer import place
 
 _MAX_RANK = 16
@@ -132,3 +132,14 @@ def buffer_copy_to_memory(args):
 @implements("PJRT_Buffer_UnsafePointer")
 def buffer_unsafe_pointer(args):
     args.buffer_pointer = handles.lookup(args.buffer).pointer()
+
+
+@implements("PJRT_Buffer_IncreaseExternalReferenceCount")
+def buffer_increase_external_reference_count(args):
+    # Only DLPack export takes external references, and jaxlib's DLPack code then accepts
+    # XLA's own cpu, cuda and rocm clients only, told apart by platform name: a reference
+    # taken here could never be used, so say why at once.
+    raise PjrtError(abi.PJRT_Error_Code_UNIMPLEMENTED,
+                    "polyblocks PJRT: DLPack export (__dlpack__, external references to a buffer) is not "
+                    "supported: jaxlib exports only from its cpu, cuda and rocm platforms; copy the array "
+                    "to the CPU first: jax.device_put(x, jax.devices('cpu')[0])")

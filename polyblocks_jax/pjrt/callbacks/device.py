@@ -91,9 +91,10 @@ def device_memory_stats(args):
     in_use = sum(b.nbytes for b in handles.LIVE.values()
                  if type(b) in (Buffer, GpuBuffer) and b.device is device and not b.is_deleted())
     args.bytes_in_use = in_use
-    for name in ("peak_bytes_in_use_is_set", "num_allocs_is_set", "largest_alloc_size_is_set",
-                 "bytes_limit_is_set"):
-        if has_field(args, name):
+    # jaxlib does not clear the structure: every statistic but bytes_in_use is optional and
+    # must be marked unset, or jaxlib reports whatever its memory held.
+    for name, _ in type(args)._fields_:
+        if name.endswith("_is_set") and has_field(args, name):
             setattr(args, name, False)
 
 
