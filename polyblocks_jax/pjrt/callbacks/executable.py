@@ -33,10 +33,11 @@ def loaded_execute(args):
     lookup = handles.LIVE.__getitem__
     buffers = [lookup(h) for h in pointer_array(argument_list, args.num_args)]
     outputs = loaded.execute(buffers, _non_donatable(args.options))
-    out_list = (ctypes.c_void_p * max(len(outputs), 1)).from_address(
-        ctypes.c_void_p.from_address(args.output_lists).value)
-    for i, buffer in enumerate(outputs):
-        out_list[i] = buffer.handle
+    if outputs:  # a program without results gets no output list (a null pointer) from jaxlib
+        out_list = (ctypes.c_void_p * len(outputs)).from_address(
+            ctypes.c_void_p.from_address(args.output_lists).value)
+        for i, buffer in enumerate(outputs):
+            out_list[i] = buffer.handle
     if args.device_complete_events:
         ctypes.c_void_p.from_address(args.device_complete_events).value = handle_of(loaded.completion(outputs))
 
