@@ -141,6 +141,12 @@ class JitTest(absltest.TestCase):
             x, y, s = np.ones(shape, np.float32), np.full(shape, 2, np.float32), np.float32(3)
             support.assert_close(self, run_pb(f, x, y, s), support.xla_cpu(f, x, y, s))
 
+    def test_program_without_results_runs(self):
+        # jaxlib hands no output list to a program of no results: an eager while loop over
+        # an empty tuple runs one (under jit, JAX drops it).
+        with jax.default_device(pb_device()):
+            self.assertEqual(lax.while_loop(lambda _: False, lambda _: (), ()), ())
+
     def test_pytrees(self):
         def f(tree):
             return {"sum": tree["a"] + tree["b"][0], "pair": (tree["b"][1], tree["a"])}

@@ -136,7 +136,83 @@ def _apply(op: dict, v: list):
         return lax.sort(x, dimension=op["axis"])
     if k in ("cumsum", "cummax", "cummin"):
         return _cumulative(x, op)
+    if k == "loop":
+        return _loop(op, v)
+    if k == "element":
+        return x[op["i"]]
+    if k == "row":
+        return lax.dynamic_index_in_dim(x, v[op["i"]], 0, keepdims=False)
+    if k == "put_row":
+        return lax.dynamic_update_index_in_dim(x, v[op["upd"]], v[op["i"]], 0)
     raise ValueError(f"unknown op {k!r}")
+
+
+def _run(ops: list, v: list, params: list) -> list:
+    """The values of a program's or a loop body's ops: ``params`` bind its input or param
+    ops in order, an outer op reads ``v``, the enclosing program's values."""
+    w: list = [None] * len(ops)
+    bound = iter(params)
+    for i, op in enumerate(ops):
+        if op["op"] in ("input", "param"):
+            w[i] = next(bound)
+        elif op["op"] == "outer":
+            w[i] = v[op["x"]]
+        else:
+            w[i] = _apply(op, w)
+    return w
+
+
+def _loop(op: dict, v: list) -> tuple:
+    """The results of a loop op (loop_programs.py): carries, then stacked ys; under its transform."""
+    body, kind, n = op["body"], op["kind"], op["n"]
+    nc = len(op["carry"])
+
+    def step(params: list) -> tuple[list, list]:
+        w = _run(body["ops"], v, params)
+        return [w[i] for i in body["carry"]], [w[i] for i in body["ys"]]
+
+    def loop(*args):
+        carries = list(args[:nc])
+        if kind == "scan":
+            def f(c, row):
+                return step([*c, *row])
+            c, ys = lax.scan(f, carries, list(args[nc:]), length=n, reverse=op["reverse"], unroll=op["unroll"])
+            return (*c, *ys)
+        if kind == "fori":  # the counter is int64 under x64: the body takes an int32
+            return tuple(lax.fori_loop(op["start"], op["start"] + n,
+                                       lambda i, c: step([i.astype(np.int32), *c])[0], carries, unroll=op["unroll"]))
+        stop = jnp.minimum(args[nc], n) if "bound" in op else n
+        _, c = lax.while_loop(lambda ic: ic[0] < stop, lambda ic: (ic[0] + 1, step([ic[0], *ic[1]])[0]),
+                              (np.int32(0), carries))
+        return tuple(c)
+
+    args = [v[a] for a in op["carry"] + op["xs"] + ([op["bound"]] if "bound" in op else [])]
+    return _transformed(loop, op, args, v)
+
+
+def _transformed(loop: Callable, op: dict, args: list, v: list) -> tuple:
+    """``loop`` applied to ``args`` under the op's transform: vmap over a leading axis of
+    the batched arguments, jvp or grad with respect to the f32 and f64 arguments."""
+    transform = op["transform"]
+    if transform == "vmap":
+        return jax.vmap(loop, in_axes=tuple(op["in_axes"]))(*[v[a] for a in op["batched"]])
+    if transform == "none":
+        return loop(*args)
+    wrt = [i for i, a in enumerate(args) if a.dtype in (np.float32, np.float64)]
+
+    def of_wrt(*xs):
+        full = list(args)
+        for i, x in zip(wrt, xs):
+            full[i] = x
+        return loop(*full)
+    if transform == "jvp":
+        outs, tangents = jax.jvp(of_wrt, tuple(args[i] for i in wrt), tuple(v[t] for t in op["tangents"]))
+        return (*outs, *[t for o, t in zip(outs, tangents) if jnp.issubdtype(o.dtype, jnp.floating)])
+
+    def weighted(*xs):  # grad: of the outputs' sum weighted by the cotangents
+        outs = of_wrt(*xs)
+        return sum(jnp.vdot(v[ct], o) for ct, o in zip(op["cotangents"], outs) if ct is not None)
+    return jax.grad(weighted, argnums=tuple(range(len(wrt))))(*[args[i] for i in wrt])
 
 
 def _cond(p, x, fns):
@@ -147,15 +223,8 @@ def _cond(p, x, fns):
 
 def build(spec: dict) -> Callable:
     """The JAX function of ``spec``: one argument per input op, a tuple of the outputs."""
-    inputs = [i for i, op in enumerate(spec["ops"]) if op["op"] == "input"]
-
     def program(*args):
-        v: list = [None] * len(spec["ops"])
-        for i, a in zip(inputs, args):
-            v[i] = a
-        for i, op in enumerate(spec["ops"]):
-            if op["op"] != "input":
-                v[i] = _apply(op, v)
+        v = _run(spec["ops"], [], list(args))
         return tuple(v[i] for i in spec["outputs"])
     return program
 

@@ -1,6 +1,6 @@
 """Long fuzzing: random programs until the time is up; failures become replayable regressions.
 
-    python -m tests.fuzz.long_run --minutes 30 --out tests/fuzz/regressions/
+    python -m tests.fuzz.long_run --minutes 30 --out tests/fuzz/regressions/ [--family loops]
 
 A supervisor runs workers in child processes so that a crash (a signal, not an
 exception) is also a finding: the program a worker was running when it died is kept.
@@ -23,7 +23,7 @@ import time
 
 from hypothesis import HealthCheck, given, seed, settings
 
-from . import differential, programs
+from . import differential, loop_programs, programs
 
 INFLIGHT = ".inflight.json"  # the program a worker is running right now
 
@@ -50,14 +50,18 @@ def save(out: str, spec: dict, setting: str, error: str) -> bool:
     return True
 
 
-def _batch(out: str, batch_seed: int, examples: int) -> tuple[int, int]:
+# The programs a run draws: any, or each built around a loop (scan, fori_loop, while_loop).
+FAMILIES = {"all": lambda: programs.programs(max_ops=8), "loops": loop_programs.loop_programs}
+
+
+def _batch(out: str, batch_seed: int, examples: int, family: str) -> tuple[int, int]:
     """One hypothesis run of up to ``examples`` programs; returns (programs, new failures)."""
     count, failure, focus = [0], {}, {}
 
     @seed(batch_seed)
     @settings(max_examples=examples, deadline=None, database=None, report_multiple_bugs=False,
               suppress_health_check=list(HealthCheck))
-    @given(programs.programs(max_ops=8))
+    @given(FAMILIES[family]())
     def run(spec):
         count[0] += 1
         with open(os.path.join(out, INFLIGHT), "w") as f:
@@ -76,22 +80,22 @@ def _batch(out: str, batch_seed: int, examples: int) -> tuple[int, int]:
     return count[0], int(new)
 
 
-def worker(out: str, deadline: float, first_seed: int, examples: int) -> None:
+def worker(out: str, deadline: float, first_seed: int, examples: int, family: str) -> None:
     batch_seed = first_seed
     while time.time() < deadline:
-        ran, new = _batch(out, batch_seed, examples)
+        ran, new = _batch(out, batch_seed, examples, family)
         print(json.dumps({"programs": ran, "new_failures": new, "seed": batch_seed}), flush=True)
         batch_seed += 1
 
 
-def supervise(out: str, minutes: float, examples: int) -> dict:
+def supervise(out: str, minutes: float, examples: int, family: str) -> dict:
     """Run workers until the deadline; a worker that dies leaves its program as a crash case."""
     deadline, totals = time.time() + 60 * minutes, {"programs": 0, "mismatches": 0, "crashes": 0}
     next_seed = random.SystemRandom().randrange(2**31)
     while time.time() < deadline:
         child = subprocess.Popen(
             [sys.executable, "-m", "tests.fuzz.long_run", "--worker", "--out", out, "--deadline",
-             str(deadline), "--seed", str(next_seed), "--examples", str(examples)],
+             str(deadline), "--seed", str(next_seed), "--examples", str(examples), "--family", family],
             stdout=subprocess.PIPE, text=True)
         for line in child.stdout:
             if not line.startswith("{"):
@@ -121,15 +125,16 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "regressions"))
     parser.add_argument("--examples", type=int, default=50, help="programs per hypothesis batch")
+    parser.add_argument("--family", choices=tuple(FAMILIES), default="all", help="which programs to draw")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.worker:
-        return worker(args.out, args.deadline, args.seed, args.examples)
+        return worker(args.out, args.deadline, args.seed, args.examples, args.family)
     start = time.time()
-    totals = supervise(args.out, args.minutes, args.examples)
+    totals = supervise(args.out, args.minutes, args.examples, args.family)
     print(f"long run: {totals['programs']} programs (shrinking included) in {(time.time() - start) / 60:.1f} min, "
           f"{totals['mismatches']} distinct mismatches, {totals['crashes']} crashes; "
           f"regressions in {args.out}", flush=True)

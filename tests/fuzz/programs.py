@@ -2,8 +2,8 @@
 
 A spec is data, not code, so a failing program can be written to a file and replayed:
 ``{"seed": int, "ops": [...], "outputs": [...]}``. Op ``k`` defines value ``k``; an
-``input`` op adds a function argument. interpret.py turns a spec into a JAX function
-and its arguments.
+``input`` op adds a function argument; a ``loop`` op holds its body as a nested spec
+(loop_programs.py). interpret.py turns a spec into a JAX function and its arguments.
 """
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ BINARY = {
     "complex": ("add", "sub", "mul", "div"),
 }
 COMPARES = ("lt", "le", "eq", "ne", "gt", "ge")
+# Not in loop bodies: repeated, these grow a few ulps of difference from XLA's approximations
+# past any tolerance (exp(exp(x)) multiplies exp's relative error by x).
+GROWING = ("exp", "expm1", "pow")
 REDUCERS = ("sum", "max", "min", "prod")
 
 
@@ -51,11 +54,16 @@ def kind(dtype: str) -> str:
 # ---------------------------------------------------------------- generation
 
 
-class _Program:
-    """The spec under construction and the (shape, dtype) of every value so far."""
+class Program:
+    """The spec under construction and the (shape, dtype) of every value so far; ``depth``
+    counts the loop bodies it is nested in."""
 
-    def __init__(self, draw, dtypes: tuple[str, ...]) -> None:
-        self.draw, self.ops, self.values, self.dtypes = draw, [], [], dtypes
+    def __init__(self, draw, dtypes: tuple[str, ...] = DTYPES, depth: int = 0) -> None:
+        self.draw, self.dtypes, self.depth, self.ops, self.values = draw, dtypes, depth, [], []
+
+    def fns(self, table: dict[str, tuple[str, ...]], dtype: str) -> tuple[str, ...]:
+        """The functions of ``table`` for ``dtype`` this program may use."""
+        return tuple(f for f in table[kind(dtype)] if not (self.depth and f in GROWING))
 
     def add(self, op: dict, shape, dtype: str) -> int:
         self.ops.append(op)
@@ -68,7 +76,8 @@ class _Program:
 
     def pick(self, predicate: Callable[[tuple, str], bool] = lambda s, d: True) -> int | None:
         """A value satisfying ``predicate``, preferring recent ones (shrinks toward the last)."""
-        found = [i for i in reversed(range(len(self.values))) if predicate(*self.values[i])]
+        found = [i for i in reversed(range(len(self.values)))
+                 if self.values[i][1] != "tuple" and predicate(*self.values[i])]  # not a loop's results
         return self.draw(st.sampled_from(found)) if found else None
 
     def partner(self, x: int) -> int:
@@ -82,22 +91,22 @@ class _Program:
         return self.add({"op": "broadcast", "x": y, "shape": list(shape), "dims": dims}, shape, dtype)
 
 
-def _shape(draw, min_rank: int = 0, max_rank: int = 3) -> list[int]:
+def random_shape(draw, min_rank: int = 0, max_rank: int = 3) -> list[int]:
     return draw(st.lists(st.integers(1, 5), min_size=min_rank, max_size=max_rank))
 
 
-def _gen_unary(p: _Program, x: int) -> None:
+def _gen_unary(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
-    p.add({"op": "unary", "fn": p.draw(st.sampled_from(UNARY[kind(dtype)])), "x": x}, shape, dtype)
+    p.add({"op": "unary", "fn": p.draw(st.sampled_from(p.fns(UNARY, dtype))), "x": x}, shape, dtype)
 
 
-def _gen_binary(p: _Program, x: int) -> None:
+def _gen_binary(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
-    fn = p.draw(st.sampled_from(BINARY[kind(dtype)]))
+    fn = p.draw(st.sampled_from(p.fns(BINARY, dtype)))
     p.add({"op": "binary", "fn": fn, "x": x, "y": p.partner(x)}, shape, dtype)
 
 
-def _gen_compare_select(p: _Program, x: int) -> None:
+def _gen_compare_select(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     fns = ("eq", "ne") if kind(dtype) == "complex" else COMPARES  # complex numbers have no order
     pred = p.add({"op": "compare", "fn": p.draw(st.sampled_from(fns)), "x": x, "y": p.partner(x)},
@@ -106,13 +115,13 @@ def _gen_compare_select(p: _Program, x: int) -> None:
         p.add({"op": "select", "p": pred, "x": x, "y": p.partner(x)}, shape, dtype)
 
 
-def _gen_cast(p: _Program, x: int) -> None:
+def _gen_cast(p: Program, x: int) -> None:
     shape, _ = p.values[x]
     dtype = p.draw(st.sampled_from(p.dtypes))
     p.add({"op": "cast", "x": x, "dtype": dtype}, shape, dtype)
 
 
-def _gen_broadcast(p: _Program, x: int) -> None:
+def _gen_broadcast(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     if len(shape) >= 4:
         return _gen_unary(p, x)
@@ -122,7 +131,7 @@ def _gen_broadcast(p: _Program, x: int) -> None:
     p.add({"op": "broadcast", "x": x, "shape": out, "dims": dims}, out, dtype)
 
 
-def _gen_reduce(p: _Program, x: int) -> None:
+def _gen_reduce(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     axes = sorted(p.draw(st.sets(st.sampled_from(range(len(shape))), min_size=1))) if shape else []
     fn = p.draw(st.sampled_from(REDUCERS[1:3] if dtype == "bool" else
@@ -131,7 +140,7 @@ def _gen_reduce(p: _Program, x: int) -> None:
     p.add({"op": "reduce", "fn": fn, "x": x, "axes": axes}, out, dtype)
 
 
-def _gen_dot(p: _Program, x: int) -> None:
+def _gen_dot(p: Program, x: int) -> None:
     """dot_general of x with a new operand: some dims of x batch, some contract, the rest stay free."""
     shape, dtype = p.values[x]
     if dtype == "bool" or not shape:
@@ -140,7 +149,7 @@ def _gen_dot(p: _Program, x: int) -> None:
                             max_size=len(shape)))
     batch = [d for d, r in enumerate(roles) if r == "batch"]
     contract = [d for d, r in enumerate(roles) if r == "contract"]
-    free_y = _shape(p.draw, 0, 1)
+    free_y = random_shape(p.draw, 0, 1)
     y_shape = [shape[d] for d in batch] + [shape[d] for d in contract] + free_y
     y = p.new_input(y_shape, dtype)
     nb = len(batch)
@@ -163,13 +172,13 @@ def _conv_window(draw, size: int) -> tuple[dict, int]:
     return {"k": k, "stride": stride, "pad": [lo, hi], "lhs_dil": lhs_dil, "rhs_dil": rhs_dil}, out
 
 
-def _gen_conv(p: _Program, x: int) -> None:
+def _gen_conv(p: Program, x: int) -> None:
     """A 1-D or 2-D convolution, channels first or last, maybe grouped; x is the image if it fits."""
     shape, dtype = p.values[x]
     layout = p.draw(st.sampled_from(("first", "last")))
     if kind(dtype) not in ("float", "complex") or len(shape) not in (3, 4):
         dtype = dtype if kind(dtype) == "float" else "float32"
-        shape = _shape(p.draw, 3, 4)
+        shape = random_shape(p.draw, 3, 4)
         x = p.new_input(shape, dtype)
     spatial = list(shape[2:]) if layout == "first" else list(shape[1:-1])
     channels = shape[1] if layout == "first" else shape[-1]
@@ -183,7 +192,7 @@ def _gen_conv(p: _Program, x: int) -> None:
           out, dtype)
 
 
-def _gen_window(p: _Program, x: int) -> None:
+def _gen_window(p: Program, x: int) -> None:
     """A max, min or sum pooling (windows of up to 3, strides up to 3, padding less than a
     window), or a max or min pooling's gradient weighted by a new input (select_and_scatter)."""
     shape, dtype = p.values[x]
@@ -208,12 +217,12 @@ def _gen_window(p: _Program, x: int) -> None:
         p.add(op, out, dtype)
 
 
-def _gen_gather(p: _Program, x: int) -> None:
+def _gen_gather(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     if not shape:
         return _gen_unary(p, x)
     axis = p.draw(st.integers(0, len(shape) - 1))
-    idx_shape = _shape(p.draw, 0, 2)
+    idx_shape = random_shape(p.draw, 0, 2)
     out = list(shape[:axis]) + idx_shape + list(shape[axis + 1:])
     if len(out) > 4:
         return None
@@ -222,11 +231,11 @@ def _gen_gather(p: _Program, x: int) -> None:
     p.add({"op": "gather", "x": x, "idx": idx, "axis": axis, "mode": mode}, out, dtype)
 
 
-def _gen_scatter(p: _Program, x: int) -> None:
+def _gen_scatter(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     if not shape:
         return _gen_unary(p, x)
-    idx = p.new_input(_shape(p.draw, 1, 1), "int32")
+    idx = p.new_input(random_shape(p.draw, 1, 1), "int32")
     upd = p.new_input(list(p.values[idx][0]) + list(shape[1:]), dtype)
     fn = p.draw(st.sampled_from(("set", "max", "min") if dtype == "bool" else ("set", "add")
                                 if kind(dtype) == "complex" else ("set", "add", "max", "min")))
@@ -234,7 +243,7 @@ def _gen_scatter(p: _Program, x: int) -> None:
     p.add({"op": "scatter", "fn": fn, "x": x, "idx": idx, "upd": upd, "mode": mode}, shape, dtype)
 
 
-def _gen_dynamic_slice(p: _Program, x: int) -> None:
+def _gen_dynamic_slice(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     starts = [p.new_input([], "int32") for _ in shape]
     sizes = [p.draw(st.integers(1, n)) for n in shape]
@@ -245,7 +254,7 @@ def _gen_dynamic_slice(p: _Program, x: int) -> None:
         p.add({"op": "dynamic_update_slice", "x": x, "upd": upd, "starts": starts}, shape, dtype)
 
 
-def _gen_slice(p: _Program, x: int) -> None:
+def _gen_slice(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     start = [p.draw(st.integers(0, n - 1)) for n in shape]
     limit = [p.draw(st.integers(s + 1, n)) for s, n in zip(start, shape)]
@@ -254,7 +263,7 @@ def _gen_slice(p: _Program, x: int) -> None:
     p.add({"op": "slice", "x": x, "start": start, "limit": limit, "stride": stride}, out, dtype)
 
 
-def _gen_reshape(p: _Program, x: int) -> None:
+def _gen_reshape(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     size, out = math.prod(shape), []
     while size > 1 and len(out) < 3:
@@ -266,19 +275,19 @@ def _gen_reshape(p: _Program, x: int) -> None:
     p.add({"op": "reshape", "x": x, "shape": out}, out, dtype)
 
 
-def _gen_transpose(p: _Program, x: int) -> None:
+def _gen_transpose(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     perm = p.draw(st.permutations(range(len(shape))))
     p.add({"op": "transpose", "x": x, "perm": list(perm)}, [shape[d] for d in perm], dtype)
 
 
-def _gen_rev(p: _Program, x: int) -> None:
+def _gen_rev(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     dims = sorted(p.draw(st.sets(st.sampled_from(range(len(shape))), min_size=1))) if shape else []
     p.add({"op": "rev", "x": x, "dims": dims}, shape, dtype)
 
 
-def _gen_concat(p: _Program, x: int) -> None:
+def _gen_concat(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     if not shape:
         return _gen_unary(p, x)
@@ -293,7 +302,7 @@ def _gen_concat(p: _Program, x: int) -> None:
     p.add({"op": "concat", "xs": [x, y], "axis": axis}, out, dtype)
 
 
-def _gen_pad(p: _Program, x: int) -> None:
+def _gen_pad(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     config = []
     for n in shape:
@@ -307,26 +316,26 @@ def _gen_pad(p: _Program, x: int) -> None:
     p.add({"op": "pad", "x": x, "config": config}, out, dtype)
 
 
-def _gen_cond(p: _Program, x: int) -> None:
+def _gen_cond(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
-    fns = [p.draw(st.sampled_from(UNARY[kind(dtype)])) for _ in range(2)]
+    fns = [p.draw(st.sampled_from(p.fns(UNARY, dtype))) for _ in range(2)]
     p.add({"op": "cond", "p": p.pick(), "x": x, "fns": fns}, shape, dtype)
 
 
-def _gen_fori(p: _Program, x: int) -> None:
+def _gen_fori(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
-    fn = p.draw(st.sampled_from(BINARY[kind(dtype)]))
+    fn = p.draw(st.sampled_from(p.fns(BINARY, dtype)))
     p.add({"op": "fori", "x": x, "y": p.partner(x), "fn": fn, "n": p.draw(st.integers(0, 4))}, shape, dtype)
 
 
-def _gen_sort(p: _Program, x: int) -> None:
+def _gen_sort(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     if not shape:
         return _gen_unary(p, x)
     p.add({"op": "sort", "x": x, "axis": p.draw(st.integers(0, len(shape) - 1))}, shape, dtype)
 
 
-def _gen_cumulative(p: _Program, x: int) -> None:
+def _gen_cumulative(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     if not shape or dtype == "bool":
         return _gen_unary(p, x)
@@ -345,17 +354,35 @@ GENERATORS = {"unary": _gen_unary, "binary": _gen_binary, "compare": _gen_compar
               "sort": _gen_sort, "cumulative": _gen_cumulative, "window": _gen_window}
 
 
+from . import loop_programs  # noqa: E402 (loops build on Program and GENERATORS above)
+
+
+# Looked up when called: loop_programs may be the module imported first, still incomplete here.
+def _gen_loop(p: Program, x: int) -> None:
+    loop_programs.gen_loop(p, x)
+
+
+def _gen_row(p: Program, x: int) -> None:
+    loop_programs.gen_row(p, x)
+
+
+GENERATORS.update(loop=_gen_loop, row=_gen_row)
+KINDS = tuple(k for k in GENERATORS if k != "row")  # a counter's row is for loop bodies only
+
+
 @st.composite
-def programs(draw, max_ops: int = 6, kinds: tuple[str, ...] = tuple(GENERATORS),
+def programs(draw, max_ops: int = 6, kinds: tuple[str, ...] = KINDS, first: str | None = None,
              dtypes: tuple[str, ...] = DTYPES) -> dict:
-    """A random valid program spec of up to ``max_ops`` op steps drawn from ``kinds``, its
-    first input and its casts of ``dtypes``."""
-    p = _Program(draw, dtypes)
-    p.new_input(_shape(draw), draw(st.sampled_from(dtypes)))
-    for _ in range(draw(st.integers(1, max_ops))):
+    """A random valid program spec of up to ``max_ops`` op steps drawn from ``kinds``, after
+    one of kind ``first`` if given; its first input and its casts of ``dtypes``."""
+    p = Program(draw, dtypes)
+    p.new_input(random_shape(draw), draw(st.sampled_from(dtypes)))
+    more = draw(st.integers(0 if first else 1, max_ops))
+    for step in range(more + bool(first)):
         x = p.pick(lambda s, d: math.prod(s) <= 256)
-        GENERATORS[draw(st.sampled_from(kinds))](p, x if x is not None else len(p.values) - 1)
-    computed = [i for i, op in enumerate(p.ops) if op["op"] != "input"]
+        k = first if first and step == 0 else draw(st.sampled_from(kinds))
+        GENERATORS[k](p, x if x is not None else len(p.values) - 1)
+    computed = [i for i, op in enumerate(p.ops) if op["op"] not in ("input", "loop")]
     extra = draw(st.sets(st.sampled_from(computed), max_size=2))
     outputs = sorted(extra | {computed[-1]}) if computed else [0]
     return {"seed": draw(st.integers(0, 2**16)), "ops": p.ops, "outputs": outputs}

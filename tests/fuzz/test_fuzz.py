@@ -10,9 +10,12 @@ from __future__ import annotations
 from absl.testing import absltest
 from hypothesis import HealthCheck, given, settings
 
-from . import differential, programs
+from . import differential, loop_programs, programs
 
-PROGRAMS = 80  # the slice's size: ~0.6 s per program (4 compiles) alone on 2 cores, ~50 s
+# The slice's size: ~0.6 s per program (4 compiles) alone on 2 cores, ~50 s; a few of
+# them are loop programs, larger (a body, maybe under vmap, jvp or grad).
+PROGRAMS = 64
+LOOP_PROGRAMS = 12
 COMPLEX_PROGRAMS = 30  # programs starting from (and casting to) complex types as well
 _CI = settings(derandomize=True, deadline=None, max_examples=PROGRAMS, database=None,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -24,6 +27,12 @@ class FuzzTest(absltest.TestCase):
     @_CI
     @given(programs.programs())
     def test_random_programs_match_xla(self, spec):
+        FuzzTest.ran += 1
+        differential.check(spec)
+
+    @settings(_CI, max_examples=LOOP_PROGRAMS)
+    @given(loop_programs.loop_programs())
+    def test_random_loops_match_xla(self, spec):
         FuzzTest.ran += 1
         differential.check(spec)
 
