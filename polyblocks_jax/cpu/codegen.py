@@ -99,7 +99,10 @@ def _run(command: list[str], stage: str) -> None:
     except OSError as e:  # no such tool (a CC naming no compiler), or not executable
         raise CompilationError(stage, f"cannot run {command[0]}: {e}") from None
     if done.returncode != 0:
-        raise CompilationError(stage, f"{os.path.basename(command[0])} failed: {done.stderr.strip()[-2000:]}")
+        # The first lines name the failure (LLVM ERROR, an assertion); a crash's stack follows.
+        lines = done.stderr.strip().splitlines()
+        shown = lines if len(lines) <= 24 else [*lines[:16], "...", *lines[-8:]]
+        raise CompilationError(stage, f"{os.path.basename(command[0])} failed: " + "\n".join(shown))
 
 
 @functools.cache
