@@ -25,23 +25,23 @@ COMPOSITES: dict[str, Callable[["Importer", "OpView"], "Sequence[ir.Value] | Non
 
 def converts(*op_names: str) -> Callable[[Converter], Converter]:
     """Register the decorated function as the converter of ``op_names``."""
-    def register(fn: Converter) -> Converter:
-        for name in op_names:
-            if name in CONVERTERS:
-                raise RuntimeError(f"two converters for {name}")
-            CONVERTERS[name] = fn
-            FAMILY[name] = fn.__module__.rsplit(".", 1)[-1]
-        return fn
-    return register
+    return _registering(CONVERTERS, op_names, "converters", family=True)
 
 
 def converts_complex(*op_names: str) -> Callable[[Converter], Converter]:
     """Register the decorated function as the converter of ``op_names`` on complex values."""
+    return _registering(COMPLEX_CONVERTERS, op_names, "complex converters", family=False)
+
+
+def _registering(table: dict[str, Converter], op_names: tuple[str, ...], kind: str,
+                 family: bool) -> Callable[[Converter], Converter]:
     def register(fn: Converter) -> Converter:
         for name in op_names:
-            if name in COMPLEX_CONVERTERS:
-                raise RuntimeError(f"two complex converters for {name}")
-            COMPLEX_CONVERTERS[name] = fn
+            if name in table:
+                raise RuntimeError(f"two {kind} for {name}")
+            table[name] = fn
+            if family:
+                FAMILY[name] = fn.__module__.rsplit(".", 1)[-1]
         return fn
     return register
 
