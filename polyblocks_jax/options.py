@@ -1,4 +1,5 @@
-"""Compiler options: one frozen object, settable from ``POLYBLOCKS_FLAGS``.
+"""Compiler options: one frozen object, settable from ``POLYBLOCKS_FLAGS`` and, per program,
+from ``jax.jit(f, compiler_options={...})`` (``Options.updated``; see pjrt/compile_options.py).
 
 Every optimization is a boolean field that ``no-<name>`` switches off, so each can
 be measured on its own. Fields that change generated code are part of the cache key;
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from typing import Mapping
 
 from polyblocks_jax.errors import PolyblocksError
 
@@ -60,11 +62,31 @@ class Options:
             if not raw and name.startswith("no_") and name[3:] in fields:
                 name, raw = name[3:], "false"
             if name not in fields:
-                raise PolyblocksError(f"unknown option {token!r} in {FLAGS_ENV}; known: "
-                                      + ", ".join(sorted(fields)))
+                raise PolyblocksError(f"unknown option {token!r} in {FLAGS_ENV}; known: " + ", ".join(cls.names()))
             values[name] = _parse_value(fields[name], raw or "true", token)
         values.update(overrides)
         return cls(**values)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return sorted(f.name for f in dataclasses.fields(cls))
+
+    def updated(self, values: Mapping[str, object]) -> "Options":
+        """These options with ``values`` set: each a value of the field's type (an int is no
+        bool, a bool no int) or its text as ``POLYBLOCKS_FLAGS`` writes it (``"false"``, ``"2"``)."""
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        changes = {}
+        for name, value in values.items():
+            if name not in fields:
+                raise PolyblocksError(f"unknown option {name!r}; known: " + ", ".join(self.names()))
+            token = f"{name}={value}"
+            if isinstance(value, str):
+                changes[name] = _parse_value(fields[name], value, token)
+            elif type(value) is _kind(fields[name]):
+                changes[name] = value
+            else:
+                raise PolyblocksError(f"option {token!r} takes {_TAKES[_kind(fields[name]).__name__]}")
+        return self.replace(**changes)
 
     @classmethod
     def switches(cls) -> list[str]:
@@ -94,15 +116,24 @@ class Options:
         return hashlib.sha256(repr(items).encode()).hexdigest()[:16]
 
 
+_TAKES = {"bool": "true or false", "int": "an integer", "str": "a string"}
+
+
+def _kind(field: dataclasses.Field) -> type:
+    """The field's value type: bool, int or str (``str | None`` is a str when set)."""
+    name = field.type if isinstance(field.type, str) else field.type.__name__
+    return {"bool": bool, "int": int}.get(name, str)
+
+
 def _parse_value(field: dataclasses.Field, raw: str, token: str) -> object:
-    kind = field.type if isinstance(field.type, str) else field.type.__name__
-    if kind == "bool":
+    kind = _kind(field)
+    if kind is bool:
         if raw.lower() not in ("true", "false", "1", "0"):
-            raise PolyblocksError(f"option {token!r} takes true or false")
+            raise PolyblocksError(f"option {token!r} takes {_TAKES['bool']}")
         return raw.lower() in ("true", "1")
-    if kind == "int":
+    if kind is int:
         try:
             return int(raw)
         except ValueError:
-            raise PolyblocksError(f"option {token!r} takes an integer") from None
+            raise PolyblocksError(f"option {token!r} takes {_TAKES['int']}") from None
     return raw

@@ -38,6 +38,15 @@ class FlagsTest(absltest.TestCase):
             self.assertEqual(pb.Options.from_flags(o.flags()).cache_key(), o.cache_key())
         self.assertEqual(pb.Options(fusion=False, opt_level=3).flags(), "no-fusion,opt-level=3")
 
+    def test_updated_takes_typed_values_or_their_text(self):
+        o = pb.Options().updated({"fusion": False, "opt_level": "3", "matrix_unit": "fma", "parallel": "false"})
+        self.assertEqual((o.fusion, o.opt_level, o.matrix_unit, o.parallel), (False, 3, "fma", False))
+        for bad, message in (({"fusion": 1}, "takes true or false"), ({"opt_level": True}, "takes an integer"),
+                             ({"opt_level": 1.0}, "takes an integer"), ({"dump_dir": 3}, "takes a string"),
+                             ({"opt_level": 5}, "opt_level must be"), ({"fuson": True}, "unknown option 'fuson'; known: arena")):
+            with self.assertRaisesRegex(pb.PolyblocksError, message):
+                pb.Options().updated(bad)
+
     def test_env(self):
         old = os.environ.get("POLYBLOCKS_FLAGS")
         os.environ["POLYBLOCKS_FLAGS"] = "no-fusion"

@@ -1,14 +1,17 @@
 """The PJRT client: the host device (id 0), a GPU device per CUDA device (ids 1...), compile and load.
 
 Programs are compiled for the device JAX assigns them (the compile options' device
-assignment): the host's through the CPU pipeline, a GPU's to PTX.
+assignment): the host's through the CPU pipeline, a GPU's to PTX; with the options
+``POLYBLOCKS_FLAGS`` sets and the program's ``compiler_options`` change (compile_options.py).
 """
 from __future__ import annotations
 
 import ctypes
 
 import polyblocks_jax
+from polyblocks_jax.options import Options
 from polyblocks_jax.pjrt import device_assignment, handles
+from polyblocks_jax.pjrt.compile_options import program_options
 from polyblocks_jax.pjrt.device import Device, HandleArray, Text, gpu_devices
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
 from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable, deserialize
@@ -39,17 +42,19 @@ class Client:
     def compile(self, code: bytes, fmt: str, compile_options: bytes) -> LoadedExecutable:
         if fmt != "mlir":
             raise unimplemented(f"program format {fmt!r} (only \"mlir\")")
-        device = self.device_by_id(_assigned_device(compile_options))
+        parsed = _parse(compile_options)
+        device = self.device_by_id(_assigned_device(parsed))
+        options = program_options(parsed, Options.from_env())
         if device.gpu is not None:
             from polyblocks_jax.pjrt import gpu_executable
-            return gpu_executable.compile_for(code, compile_options, device)
-        compiled = polyblocks_jax.compile(code)  # honours the donation JAX marked in the program
+            return gpu_executable.compile_for(code, compile_options, device, options)
+        compiled = polyblocks_jax.compile(code, options)  # honours the donation JAX marked in the program
         return LoadedExecutable(Executable(compiled, "main", compile_options), device)
 
     def load(self, data: bytes, compile_options: bytes | None = None) -> LoadedExecutable:
         """Load on the device the options assign (by default the ones it was compiled with)."""
         executable = deserialize(data)
-        device = self.device_by_id(_assigned_device(compile_options or executable.compile_options))
+        device = self.device_by_id(_assigned_device(_parse(compile_options or executable.compile_options)))
         if executable.target == "cpu" and device.gpu is None:
             return LoadedExecutable(executable, device)
         if executable.target != "cpu" and device.gpu is not None:
@@ -59,10 +64,13 @@ class Client:
                       f"{device.description.kind.buffer.value.decode()}")
 
 
-def _assigned_device(compile_options: bytes) -> int:
-    """The id of the one device the program is compiled for (0, the host, when none is assigned)."""
+def _parse(compile_options: bytes):
     from jaxlib import xla_client
-    options = xla_client.CompileOptions.ParseFromString(compile_options)
+    return xla_client.CompileOptions.ParseFromString(compile_options)
+
+
+def _assigned_device(options) -> int:
+    """The id of the one device ``options`` (parsed) compile for (0, the host, when none is assigned)."""
     build = options.executable_build_options
     if build.num_replicas > 1 or build.num_partitions > 1:
         raise unimplemented(f"{build.num_replicas} replicas x {build.num_partitions} partitions "

@@ -10,6 +10,7 @@ buffers it cannot reuse.
 """
 from __future__ import annotations
 
+from polyblocks_jax.options import Options
 from polyblocks_jax.pjrt.errors import invalid
 from polyblocks_jax.pjrt.events import CudaEvent
 from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable
@@ -43,9 +44,9 @@ def chip_for(capability: str) -> str:
     return max(known, key=lambda t: int(t.removeprefix("sm_")))
 
 
-def compile_for(code: bytes, compile_options: bytes, device) -> "GpuLoadedExecutable":
+def compile_for(code: bytes, compile_options: bytes, device, options: Options) -> "GpuLoadedExecutable":
     from polyblocks_jax.nvptx import compile_gpu
-    exe = compile_gpu(code, chip_for(device.gpu.chip))
+    exe = compile_gpu(code, chip_for(device.gpu.chip), options)
     return GpuLoadedExecutable(Executable(GpuProgram(exe), "main", compile_options, TARGET), device)
 
 
