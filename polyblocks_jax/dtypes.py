@@ -136,6 +136,10 @@ class TensorSpec:
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
     def real_layout(self) -> TensorSpec:
         """The real tensor with the same memory: a complex one gains a trailing dimension
         of 2 (real part, imaginary part), as numpy lays complex arrays out."""

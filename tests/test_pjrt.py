@@ -327,7 +327,7 @@ class DonationTest(absltest.TestCase):
         lowered = jax.jit(step, donate_argnums=0).trace(p, g).lower(lowering_platforms=("cpu",))
         device = Device(0, "test device")
         loaded = pjrt_executable.LoadedExecutable(
-            pjrt_executable.Executable(pb.compile(lowered), "main", b""), device)
+            pjrt_executable.Executable(pb.compile(lowered), "main", b"", lowered.as_text().encode()), device)
         live = len(handles.LIVE)
         kept, grad = Buffer(aligned_copy(p), device), Buffer(aligned_copy(g), device)
         (out,) = loaded.execute([kept, grad], non_donatable=frozenset({0}))  # jaxlib keeps input 0
@@ -353,7 +353,7 @@ class SerializationTest(absltest.TestCase):
     def test_foreign_and_corrupted_bytes_are_rejected(self):
         lowered = jax.jit(lambda a, b: a + b).trace(np.ones(3, np.float32), np.ones(3, np.float32)).lower(
             lowering_platforms=("cpu",))
-        exe = pjrt_executable.Executable(pb.compile(lowered), "main", b"")
+        exe = pjrt_executable.Executable(pb.compile(lowered), "main", b"", lowered.as_text().encode())
         data = exe.serialize()
         loaded = pjrt_executable.deserialize(data)
         np.testing.assert_array_equal(loaded.compiled(np.ones(3, np.float32), np.ones(3, np.float32))[0],

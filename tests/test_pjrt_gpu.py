@@ -17,6 +17,7 @@ import textwrap
 import threading
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from absl.testing import absltest, parameterized
@@ -24,6 +25,7 @@ from jaxlib import xla_client
 
 import fake_cuda
 import support  # enables x64
+from polyblocks_jax.cost_analysis import cost_analysis
 from polyblocks_jax.nvptx import runtime
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.client import Client
@@ -186,6 +188,24 @@ class CompileForGpuTest(WithFakeDriver):
             self.client.load(loaded.executable.serialize(), compile_options_for(2))
         with self.assertRaisesRegex(Exception, "nvptx executable cannot run on polyblocks cpu"):
             self.client.load(loaded.executable.serialize(), compile_options_for(0))
+
+    def test_introspection_of_a_gpu_program(self):
+        x = np.ones((16, 32), np.float32)
+        code = jax.jit(lambda v: jnp.exp(v @ v.T)).lower(x).as_text().encode()
+        options = xla_client.CompileOptions.ParseFromString(compile_options_for(1))
+        options.env_option_overrides = [("precision", "tf32")]  # compiler_options reach the GPU pipeline too
+        exe = self.client.compile(code, "mlir", options.SerializeAsString()).executable
+        stats = exe.memory_stats()
+        self.assertEqual((stats["argument_size_in_bytes"], stats["output_size_in_bytes"]), (x.nbytes, 16 * 16 * 4))
+        self.assertEqual(stats["temp_size_in_bytes"],
+                         sum(b.nbytes for b in exe.compiled.exe.plan.buffers if b.kind == "temp"))
+        self.assertEqual(stats["generated_code_size_in_bytes"], sum(map(len, exe.compiled.exe.ptx.values())))
+        properties = exe.cost_properties()
+        named = {ctypes.string_at(p.name, p.name_size).decode(): p.float_value
+                 for p in properties.array[:properties.count]}
+        self.assertEqual(named, cost_analysis(code))
+        default = self.client.compile(code, "mlir", compile_options_for(1)).executable
+        self.assertNotEqual(exe.fingerprint.buffer.value, default.fingerprint.buffer.value)
 
     def test_arguments_on_another_device_are_rejected(self):
         code = jax.jit(lambda v: v + 1.0).lower(np.ones(4, np.float32)).as_text().encode()

@@ -6,6 +6,12 @@ stable address. ``LoadedExecutable`` binds it to the host device; Execute is syn
 there (``gpu_executable`` binds PTX programs to a GPU device). Loading a serialized
 executable goes through ``polyblocks_jax.runtime`` (or ``nvptx``): no MLIR.
 
+Introspection: the Executable keeps the StableHLO it was compiled from (in its serialized
+form too), which ``compiled.as_text()`` shows (jaxlib prints it as HLO) and our cost model
+(``polyblocks_jax.cost_analysis``) reads on the first ``cost_analysis()``;
+``memory_analysis()`` gives the sizes of arguments, outputs, aliased outputs, the arena of
+temporaries and the code.
+
 Donation: the inputs the program donates are deleted after a call (unless jaxlib lists
 them as non-donatable), as on XLA. The code may write into a donated input's memory, and
 an output the compiler placed there is handed that memory: same address, no copy. When
@@ -15,6 +21,7 @@ passed twice in one call is an error, as on XLA.
 """
 from __future__ import annotations
 
+import base64
 import ctypes
 import json
 import struct
@@ -25,20 +32,22 @@ from polyblocks_jax.pjrt.buffer import TYPE_OF_NUMPY, Buffer, aligned_copy, alig
 from polyblocks_jax.pjrt.device import MEMORY_KIND, HandleArray, Text
 from polyblocks_jax.pjrt.errors import invalid
 from polyblocks_jax.pjrt.events import READY_EVENT
+from polyblocks_jax.pjrt.named_values import NamedValues
 from polyblocks_jax.runtime import executable as runtime
 
 # Serialized plugin executable: magic, header length, JSON header, runtime executable.
-_MAGIC = b"PBLKPJR2"
+_MAGIC = b"PBLKPJR3"
 _PREFIX = struct.Struct("<8sI")
-
+PROGRAM_FORMAT = Text("mlir")  # what Executable_OptimizedProgram hands back
 
 
 class Executable:
-    def __init__(self, compiled, name: str, compile_options: bytes, target: str = "cpu") -> None:
+    def __init__(self, compiled, name: str, compile_options: bytes, program: bytes, target: str = "cpu") -> None:
         self.compiled = compiled  # a runtime.Executable (cpu) or a gpu_executable.GpuProgram (nvptx)
         self.target = target
         self.name = Text(name or "main")
         self.compile_options = compile_options
+        self.program = program  # the StableHLO received
         self.fingerprint = Text(compiled.fingerprint)
         outputs = compiled.outputs
         self.donated = sorted(compiled.donated)
@@ -59,11 +68,32 @@ class Executable:
         self.parameter_kind_sizes = (ctypes.c_size_t * max(self.num_inputs, 1))(
             *[self.memory_kind.size] * self.num_inputs)
         self._serialized: bytes | None = None
+        self._cost: NamedValues | None = None
+
+    def cost_properties(self) -> NamedValues:
+        """Our cost model's flops, transcendentals and bytes accessed, as PJRT named values."""
+        if self._cost is None:
+            from polyblocks_jax.cost_analysis import cost_analysis
+            self._cost = NamedValues(cost_analysis(self.program))
+        return self._cost
+
+    def memory_stats(self) -> dict[str, int]:
+        """PJRT_Executable_GetCompiledMemoryStats' fields we know; peak: this program's own memory."""
+        compiled = self.compiled
+        stats = {"generated_code_size_in_bytes": compiled.code_bytes,
+                 "argument_size_in_bytes": sum(s.nbytes for s in compiled.inputs),
+                 "output_size_in_bytes": sum(s.nbytes for s in compiled.outputs),
+                 "alias_size_in_bytes": sum(s.nbytes for s, a in zip(compiled.outputs, self.aliases) if a is not None),
+                 "temp_size_in_bytes": compiled.arena_bytes}
+        stats["peak_memory_in_bytes"] = (stats["argument_size_in_bytes"] + stats["output_size_in_bytes"]
+                                         - stats["alias_size_in_bytes"] + stats["temp_size_in_bytes"])
+        return stats
 
     def serialize(self) -> bytes:
         if self._serialized is None:
             header = json.dumps({"name": self.name.buffer.value.decode(), "target": self.target,
-                                 "compile_options": self.compile_options.hex()}).encode()
+                                 "compile_options": self.compile_options.hex(),
+                                 "program": base64.b64encode(self.program).decode()}).encode()
             self._serialized = _PREFIX.pack(_MAGIC, len(header)) + header + self.compiled.serialize()
         return self._serialized
 
@@ -76,14 +106,15 @@ def deserialize(data: bytes) -> Executable:
     try:
         header = json.loads(data[_PREFIX.size:_PREFIX.size + size])
         name, options = str(header["name"]), bytes.fromhex(header["compile_options"])
-        target = str(header.get("target", "cpu"))
+        target = str(header["target"])
+        program = base64.b64decode(header["program"], validate=True)
     except (ValueError, KeyError, TypeError) as e:
         raise invalid(f"corrupted serialized polyblocks executable: {e}") from None
     body = data[_PREFIX.size + size:]
     if target == "cpu":
-        return Executable(runtime.deserialize(body), name, options)
+        return Executable(runtime.deserialize(body), name, options, program)
     from polyblocks_jax.pjrt import gpu_executable
-    return Executable(gpu_executable.deserialize_program(body), name, options, target)
+    return Executable(gpu_executable.deserialize_program(body), name, options, program, target)
 
 
 class ExecutableRef:

@@ -28,6 +28,15 @@ class GpuProgram:
         self.inputs, self.outputs, self.fingerprint = exe.inputs, exe.outputs, exe.fingerprint
         self.aliases = [None] * len(exe.outputs)
 
+    @property
+    def arena_bytes(self) -> int:
+        """Device memory of the temporaries, allocated on each call."""
+        return sum(b.nbytes for b in self.exe.plan.buffers if b.kind == "temp")
+
+    @property
+    def code_bytes(self) -> int:
+        return sum(len(ptx) for ptx in self.exe.ptx.values())
+
     def serialize(self) -> bytes:
         return self.exe.serialize()
 
@@ -47,7 +56,7 @@ def chip_for(capability: str) -> str:
 def compile_for(code: bytes, compile_options: bytes, device, options: Options) -> "GpuLoadedExecutable":
     from polyblocks_jax.nvptx import compile_gpu
     exe = compile_gpu(code, chip_for(device.gpu.chip), options)
-    return GpuLoadedExecutable(Executable(GpuProgram(exe), "main", compile_options, TARGET), device)
+    return GpuLoadedExecutable(Executable(GpuProgram(exe), "main", compile_options, code, TARGET), device)
 
 
 def deserialize_program(data: bytes) -> GpuProgram:

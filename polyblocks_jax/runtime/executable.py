@@ -70,6 +70,11 @@ class Executable:
         """Bytes of the intermediates' arena, allocated once per call (0: none)."""
         return self._exe.arena_bytes
 
+    @property
+    def code_bytes(self) -> int:
+        """Size of the shared library the code runs from."""
+        return len(self._exe.library)
+
     def __call__(self, *arrays) -> tuple[np.ndarray, ...]:
         with self._calling_back():
             return self._exe(*arrays)

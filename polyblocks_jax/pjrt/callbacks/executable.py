@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import ctypes
 
-from pypjrt._abi.pjrt_0_114 import PJRT_ExecuteOptions
+from pypjrt._abi.pjrt_0_114 import PJRT_Executable_GetCompiledMemoryStats_Args, PJRT_ExecuteOptions, PJRT_Program
 
 from polyblocks_jax.pjrt import handles
-from polyblocks_jax.pjrt.callbacks import implements, pointer_array
+from polyblocks_jax.pjrt.callbacks import has_field, implements, pointer_array
 from polyblocks_jax.pjrt.events import handle_of
-from polyblocks_jax.pjrt.executable import ExecutableRef
-from polyblocks_jax.pjrt.errors import invalid, unimplemented
+from polyblocks_jax.pjrt.executable import PROGRAM_FORMAT, ExecutableRef
+from polyblocks_jax.pjrt.errors import invalid
 
 _BYTES_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 # Serialized bytes handed to jaxlib stay in the handle table until it calls this deleter.
@@ -127,7 +127,21 @@ def executable_num_outputs(args):
 
 @implements("PJRT_Executable_SizeOfGeneratedCodeInBytes")
 def executable_code_size(args):
-    args.size_in_bytes = 0  # not reported
+    args.size_in_bytes = _executable(args.executable).compiled.code_bytes
+
+
+@implements("PJRT_Executable_GetCostAnalysis")
+def executable_cost_analysis(args):
+    properties = _executable(args.executable).cost_properties()
+    args.num_properties, args.properties = properties.count, properties.address
+
+
+@implements("PJRT_Executable_GetCompiledMemoryStats")
+def executable_memory_stats(args):
+    stats = _executable(args.executable).memory_stats()
+    for name, _ in PJRT_Executable_GetCompiledMemoryStats_Args._fields_[3:]:
+        if has_field(args, name):  # jaxlib does not clear the structure: every field is written
+            setattr(args, name, stats.get(name, 0))
 
 
 @implements("PJRT_Executable_Fingerprint")
@@ -183,4 +197,13 @@ def executable_compile_options(args):
 
 @implements("PJRT_Executable_OptimizedProgram")
 def executable_optimized_program(args):
-    raise unimplemented("Executable_OptimizedProgram (the optimized program is MLIR, not HLO)")
+    """The StableHLO received (our optimized program is upstream MLIR, which jaxlib cannot read).
+    jaxlib asks twice: for the size (no code buffer), then for the code into its buffer."""
+    program = PJRT_Program.from_address(args.program)
+    code = _executable(args.executable).program
+    program.format, program.format_size = PROGRAM_FORMAT.address, PROGRAM_FORMAT.size
+    if program.code:
+        if program.code_size < len(code):
+            raise invalid(f"program buffer of {program.code_size} bytes is smaller than the {len(code)} needed")
+        ctypes.memmove(program.code, code, len(code))
+    program.code_size = len(code)
