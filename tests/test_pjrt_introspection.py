@@ -1,5 +1,6 @@
 """What a compiled program tells about itself through JAX: ``cost_analysis()`` (our cost model,
-compared with XLA CPU's where both count the same), ``memory_analysis()`` and ``as_text()``."""
+compared with XLA CPU's where both count the same), ``memory_analysis()``, ``as_text()``; and a
+token result, which reads as an error as on XLA."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -107,14 +108,29 @@ class AsTextTest(absltest.TestCase):
         self.assertIn("sine(", text)
 
     def test_introspection_survives_serialization(self):
-        compiled = compiled_on(pb_device(), lambda a: jnp.cos(a), X)
-        lowered = jax.jit(lambda a: jnp.cos(a)).lower(X)
+        compiled = compiled_on(pb_device(), lambda a: (jnp.cos(a), jax.lax.create_token()), X)
+        lowered = jax.jit(lambda a: (jnp.cos(a), jax.lax.create_token())).lower(X)
         exe = pjrt_executable.Executable(
             pb.compile(lowered), "main", b"", lowered.as_text().encode())
         again = pjrt_executable.deserialize(exe.serialize())
-        self.assertEqual(again.program, exe.program)
+        self.assertEqual((again.program, again.token_outputs), (exe.program, (1,)))
         self.assertEqual(again.memory_stats(), exe.memory_stats())
         self.assertIn("cosine(", compiled.as_text())
+
+
+class TokenTest(absltest.TestCase):
+    def test_reading_a_token_is_an_error_as_on_xla(self):
+        with jax.default_device(pb_device()):
+            token = jax.lax.create_token()
+        self.assertEqual(token._buf.devices(), {pb_device()})
+        with self.assertRaisesRegex(RuntimeError, "Cannot convert a token-shape buffer to a numpy array"):
+            token._buf._value  # noqa: B018
+
+    def test_a_bool_array_of_no_elements_reads(self):
+        token, empty = jax.jit(lambda a: (jax.lax.create_token(), a > 0))(jax.device_put(np.ones(0), pb_device()))
+        self.assertEqual(np.asarray(empty).shape, (0,))
+        with self.assertRaisesRegex(RuntimeError, "token-shape buffer"):
+            token._buf._value  # noqa: B018
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def aligned_copy(array: np.ndarray) -> np.ndarray:
 
 class Buffer:
     __slots__ = ("array", "address", "type", "dims", "num_dims", "nbytes", "device", "memory", "on_release",
-                 "writable", "handle", "__weakref__")
+                 "writable", "token", "handle", "__weakref__")
 
     def __init__(self, array: np.ndarray, device, on_release=None, address: int | None = None,
                  writable: bool = True) -> None:
@@ -70,6 +70,7 @@ class Buffer:
         self.device = device
         self.memory = device.memory
         self.on_release = on_release  # fires the "done with host buffer" event of a zero-copy wrap
+        self.token = False  # a program's token result (bool[0]): it holds no data to read
         self.handle = handles.register(self, handles.BUFFER, device.handle, device.memory.handle, 0, READY)
 
     def data(self) -> np.ndarray:

@@ -10,7 +10,7 @@ Introspection: the Executable keeps the StableHLO it was compiled from (in its s
 form too), which ``compiled.as_text()`` shows (jaxlib prints it as HLO) and our cost model
 (``polyblocks_jax.cost_analysis``) reads on the first ``cost_analysis()``;
 ``memory_analysis()`` gives the sizes of arguments, outputs, aliased outputs, the arena of
-temporaries and the code.
+temporaries and the code. A token result reads as XLA's does: an error.
 
 Donation: the inputs the program donates are deleted after a call (unless jaxlib lists
 them as non-donatable), as on XLA. The code may write into a donated input's memory, and
@@ -25,6 +25,7 @@ import base64
 import ctypes
 import json
 import struct
+from typing import Sequence
 
 from polyblocks_jax.cpu.array_pool import data_address
 from polyblocks_jax.pjrt import device_assignment, handles
@@ -42,7 +43,8 @@ PROGRAM_FORMAT = Text("mlir")  # what Executable_OptimizedProgram hands back
 
 
 class Executable:
-    def __init__(self, compiled, name: str, compile_options: bytes, program: bytes, target: str = "cpu") -> None:
+    def __init__(self, compiled, name: str, compile_options: bytes, program: bytes, target: str = "cpu",
+                 token_outputs: Sequence[int] | None = None) -> None:
         self.compiled = compiled  # a runtime.Executable (cpu) or a gpu_executable.GpuProgram (nvptx)
         self.target = target
         self.name = Text(name or "main")
@@ -50,6 +52,7 @@ class Executable:
         self.program = program  # the StableHLO received
         self.fingerprint = Text(compiled.fingerprint)
         outputs = compiled.outputs
+        self.token_outputs = tuple(_token_results(program, outputs) if token_outputs is None else token_outputs)
         self.donated = sorted(compiled.donated)
         self.overwritten = sorted(compiled.overwritten)
         self.aliases = compiled.aliases
@@ -93,9 +96,18 @@ class Executable:
         if self._serialized is None:
             header = json.dumps({"name": self.name.buffer.value.decode(), "target": self.target,
                                  "compile_options": self.compile_options.hex(),
-                                 "program": base64.b64encode(self.program).decode()}).encode()
+                                 "program": base64.b64encode(self.program).decode(),
+                                 "token_outputs": list(self.token_outputs)}).encode()
             self._serialized = _PREFIX.pack(_MAGIC, len(header)) + header + self.compiled.serialize()
         return self._serialized
+
+
+def _token_results(program: bytes, outputs) -> list[int]:
+    """Which outputs are tokens: read off the program, when an output could be one (bool[0])."""
+    if not any(s.shape == (0,) and s.dtype.is_bool for s in outputs):
+        return []
+    from polyblocks_jax.stablehlo_import.reader import token_results
+    return token_results(program)
 
 
 def deserialize(data: bytes) -> Executable:
@@ -108,13 +120,14 @@ def deserialize(data: bytes) -> Executable:
         name, options = str(header["name"]), bytes.fromhex(header["compile_options"])
         target = str(header["target"])
         program = base64.b64decode(header["program"], validate=True)
+        tokens = [int(i) for i in header["token_outputs"]]
     except (ValueError, KeyError, TypeError) as e:
         raise invalid(f"corrupted serialized polyblocks executable: {e}") from None
     body = data[_PREFIX.size + size:]
     if target == "cpu":
-        return Executable(runtime.deserialize(body), name, options, program)
+        return Executable(runtime.deserialize(body), name, options, program, token_outputs=tokens)
     from polyblocks_jax.pjrt import gpu_executable
-    return Executable(gpu_executable.deserialize_program(body), name, options, program, target)
+    return Executable(gpu_executable.deserialize_program(body), name, options, program, target, tokens)
 
 
 class ExecutableRef:
@@ -156,8 +169,11 @@ class LoadedExecutable:
         if not exe.donated:  # the common case, kept short: every output in fresh memory
             results = [Buffer(aligned_empty(shape, dtype), device) for shape, dtype in exe.out_shapes]
             exe.compiled.run_addresses([b.address for b in buffers] + [r.address for r in results])
-            return results
-        return self._execute_donating(buffers, non_donatable)
+        else:
+            results = self._execute_donating(buffers, non_donatable)
+        for k in exe.token_outputs:
+            results[k].token = True
+        return results
 
     def _execute_donating(self, buffers: list[Buffer], non_donatable: frozenset[int]) -> list[Buffer]:
         exe, device = self.executable, self.device

@@ -22,7 +22,7 @@ from polyblocks_jax.pjrt.events import CudaEvent
 
 class GpuBuffer:
     __slots__ = ("address", "dtype", "shape", "type", "dims", "num_dims", "nbytes", "device", "memory", "ready",
-                 "handle", "__weakref__")
+                 "token", "handle", "__weakref__")
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype, device) -> None:
         self.dtype, self.shape = np.dtype(dtype), tuple(shape)
@@ -33,6 +33,7 @@ class GpuBuffer:
         self.device, self.memory = device, device.memory
         self.address: int | None = device.gpu.alloc(self.nbytes)
         self.ready: CudaEvent | None = None  # set by whoever enqueues the work that fills the buffer
+        self.token = False  # a program's token result (bool[0]): it holds no data to read
         self.handle = handles.register(self, handles.BUFFER, device.handle, device.memory.handle, 0, 0)
 
     @classmethod

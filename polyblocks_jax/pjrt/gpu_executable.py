@@ -96,4 +96,6 @@ class GpuLoadedExecutable(LoadedExecutable):
         done = CudaEvent(gpu)
         for r in results:
             r.ready = done
+        for k in exe.token_outputs:
+            results[k].token = True
         return results

@@ -107,6 +107,18 @@ def location(op: jir.Operation) -> str:
 _TOKEN_SPEC = TensorSpec((0,), dtypes.dtype("i1"))
 
 
+def token_results(source: str | bytes) -> list[int]:
+    """The positions of ``main``'s results that are tokens (whose bool[0] holds no data)."""
+    context = new_context()
+    module = parse(source, context)
+    with context:
+        for op in module.body.operations:
+            if op.operation.name == "func.func" and jir.StringAttr(op.attributes["sym_name"]).value == "main":
+                results = jir.FunctionType(jir.TypeAttr(op.attributes["function_type"]).value).results
+                return [i for i, t in enumerate(results) if stablehlo.TokenType.isinstance(t)]
+    return []
+
+
 def tensor_spec(type_: jir.Type, op_name: str, loc: str) -> TensorSpec:
     """Shape and dtype of a ranked, static tensor type (or a token); UnsupportedError otherwise."""
     if stablehlo.TokenType.isinstance(type_):

@@ -99,6 +99,8 @@ def buffer_ready_event(args):
 def buffer_to_host_buffer(args):
     buffer = handles.lookup(args.src)
     buffer.pointer()  # raises for a deleted or donated buffer
+    if buffer.token:
+        raise invalid("Cannot convert a token-shape buffer to a numpy array.")  # XLA's words
     if args.host_layout:
         _check_row_major(abi.PJRT_Buffer_MemoryLayout.from_address(args.host_layout), buffer.num_dims)
     if not args.dst:
