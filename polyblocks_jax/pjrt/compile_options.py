@@ -11,9 +11,14 @@ the XLA names in ``XLA_OVERRIDES``, which are accepted and have no effect on our
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from polyblocks_jax.errors import PolyblocksError
 from polyblocks_jax.options import Options
 from polyblocks_jax.pjrt.errors import invalid
+
+if TYPE_CHECKING:
+    from jaxlib.xla_client import CompileOptions
 
 # XLA DebugOptions fields that JAX sets or its tests pass, with their proto types ("enums": a
 # repeated enum, whose values XLA does not check here; JAX's PGLE pass sets it to "").
@@ -43,14 +48,14 @@ _OPT_LEVEL_OF_EFFORT = {0: None, 9: 0, 19: 1, 29: 2, 39: 3}
 _PYTHON_TYPE = {"bool": bool, "int32": int, "float": float, "string": str}
 
 
-def known_names() -> str:
-    return (f"polyblocks options: {', '.join(Options.names())}; "
-            f"XLA options accepted without effect: {', '.join(sorted((*EFFORTS, *XLA_OVERRIDES, LEVELS[1])))}; "
-            f"{LEVELS[0]} (O0..O3) sets opt_level")
+def _known_names() -> str:
+    without_effect = sorted((*EFFORTS, "memory_fitting_level", *XLA_OVERRIDES))
+    return (f"polyblocks options: {', '.join(Options.names())}; XLA options accepted without effect: "
+            f"{', '.join(without_effect)}; optimization_level (O0..O3) sets opt_level")
 
 
-def program_options(compile_options, base: Options) -> Options:
-    """``base`` with what ``compile_options`` (an ``xla_client.CompileOptions``) sets."""
+def program_options(compile_options: CompileOptions, base: Options) -> Options:
+    """``base`` with what ``compile_options`` sets."""
     build = compile_options.executable_build_options
     for name in EFFORTS:
         value = getattr(build, name)
@@ -67,7 +72,7 @@ def program_options(compile_options, base: Options) -> Options:
         elif name in Options.names():
             ours[name] = value
         else:
-            raise invalid(f"No such compile option: '{name}'; {known_names()}")
+            raise invalid(f"No such compile option: '{name}'; {_known_names()}")
     level = _OPT_LEVEL_OF_EFFORT[build.optimization_level]
     options = base if level is None else base.replace(opt_level=level)
     try:
