@@ -121,6 +121,10 @@ def programs() -> dict[str, tuple[Callable, list]]:
         "fori_loop": (lambda a: lax.fori_loop(0, 100, lambda i, c: c * 0.99 + 0.01, a), [_normal(8, 256, 256)]),
         "scan_rnn": (lambda h, xs, w: lax.scan(lambda c, v: (jnp.tanh(c @ w + v), None), h, xs)[0],
                      [_normal(32, 256), _normal(64, 32, 256), _normal(256, 256, seed=1) / 16]),
+        "rfft_last": (lambda a: jnp.fft.rfft(a, axis=-1), [x]),
+        "fft2_complex": (lambda a: jnp.fft.fft2(lax.complex(a, a * 0.5)), [_normal(16, 256, 256)]),
+        "irfft_spectral_filter": (lambda a: jnp.fft.irfft(jnp.fft.rfft(a, axis=1) * 0.5, n=128, axis=1), [x]),
+        "fft_prime_length": (lambda a: jnp.fft.fft(a.astype(jnp.complex64), axis=-1), [_normal(256, 1031)]),
         **_training(),
     }
 
