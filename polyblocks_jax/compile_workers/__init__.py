@@ -8,6 +8,8 @@ the program's StableHLO, the options and the requested donation; the executable 
 serialized, the in-memory cache stays here. A worker that dies during a compile becomes a
 CompilationError naming the stage it died in, with the program saved to replay (``crashes``);
 an error raised in the worker reaches the caller with its type and message (``protocol``).
+A worker whose resident memory passes its share of the machine's during a compile is
+stopped, and the compile is a CompilationError saying so (``POLYBLOCKS_WORKER_MEMORY_GB``).
 
 ``POLYBLOCKS_FLAGS=in-process`` (``Options(in_process=True)``) compiles in the calling
 process instead, for pdb and profilers; so does every compile when no worker can start
