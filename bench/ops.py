@@ -3,19 +3,18 @@
 f32 matmuls, a 3x3 and a 1x1 NHWC convolution, softmax attention and layernorm+GELU(erf):
 median latency after warm-up, maximum relative error against XLA, and the ratio
 XLA time / polyblocks time (> 1: polyblocks is faster). Prints a table and writes
-bench/results/ops-<machine>.json.
+ops-<machine>.json (bench/results_files.py says where; ``--save``: bench/results/).
 
     python bench/ops.py                    # the issue's sizes
     python bench/ops.py --quick            # small sizes, seconds
     python bench/ops.py --ops conv3x3,attention --repeat 20
-    python bench/ops.py --ops matmul512,matmul1024 --no-save   # while iterating: no results file
+    python bench/ops.py --save             # into bench/results/, the committed figures
     POLYBLOCKS_FLAGS=no-vectorize python bench/ops.py --tag no-vectorize
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import math
 import os
@@ -30,9 +29,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench import chart, models, runner  # noqa: E402
+from bench import chart, results_files, runner  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,17 +139,14 @@ def _gflops(value: float | None) -> str:
 
 def write_results(rows: list[Row], args: argparse.Namespace, stem: str = "ops",
                   plot: Callable[[dict, Path], None] = chart.plot) -> Path:
-    """bench/results/<stem>-<machine>[-quick][-tag].json and its chart drawn by ``plot``."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    """<stem>-<machine>[-quick][-tag].json and its chart drawn by ``plot``, where
+    results_files puts them."""
     suffix = ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
     report = {
-        "machine": models.machine_slug(), "cpu": models.cpu_name(), "cores": models.cores(),
-        "jax": jax.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "quick": args.quick, "repeat": args.repeat,
-        "flags": os.environ.get("POLYBLOCKS_FLAGS", ""), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        **results_files.provenance(), "quick": args.quick, "repeat": args.repeat,
         "rows": [dataclasses.asdict(r) for r in rows],
     }
-    path = RESULTS / f"{stem}-{models.machine_slug()}{suffix}.json"
+    path = results_files.folder(args.save) / f"{stem}-{results_files.machine_slug()}{suffix}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
     plot(report, path.with_suffix(".png"))
     return path
@@ -163,7 +158,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ops", default="", help="comma-separated subset of the ops (default: all)")
     parser.add_argument("--repeat", type=int, default=None, help="timed calls (default 10, 5 with --quick)")
     parser.add_argument("--tag", default="", help="suffix of the results file, e.g. no-vectorize")
-    parser.add_argument("--no-save", action="store_true", help="print the table only, write no results file")
+    results_files.add_save_argument(parser)
     args = parser.parse_args(argv)
     args.repeat = args.repeat or (5 if args.quick else 10)
     known = cases(args.quick)
@@ -181,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.ops:
         rows.append(measure(name, known[name], args.repeat))
         print(format_table(rows[-1:]).splitlines()[-1], flush=True)
-    print(f"\n{models.machine_slug()} ({models.cpu_name()}, {models.cores()} cores), "
+    print(f"\n{results_files.machine_slug()} ({results_files.cpu_name()}, {results_files.cores()} cores), "
           f"best of {runner.ROUNDS} medians of {args.repeat}, flags {os.environ.get('POLYBLOCKS_FLAGS', '') or '(default)'}")
     print(format_table(rows))
     if not args.no_save:
