@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 from mlir import ir
 
-from polyblocks_jax import compile_workers, cpu, donation, passes
+from polyblocks_jax import compile_workers, cpu, donation, logs, passes
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import results
@@ -73,16 +73,21 @@ def compile(program, options: Options | None = None,  # noqa: A001 (public API n
     source = reader.program_source(program)
     text, marks = _read(source)
     key = _key(text, options, donate_argnums)
+    name = logs.program_name(text)
     cached = CACHE.get(key)
     if cached is not None:
+        logs.logger.info("%s: in the compile cache", name)
         return cached
     exe = None
     # A program calling back into Python compiles here: its callbacks are objects of this
     # process, and its code calls them at this process's addresses.
     if not options.in_process and runtime_callbacks.TARGET not in text:
-        exe = compile_workers.compile(compile_workers.Job(source, options, key, marks, donate_argnums), text)
+        with logs.CompileReport(name, "compile worker") as report:
+            exe = compile_workers.compile(compile_workers.Job(source, options, key, marks, donate_argnums), text,
+                                          report.stage)
     if exe is None:  # in process, or no worker could start (logged)
-        exe = compile_in_process(source, options, key, marks, donate_argnums)
+        with logs.CompileReport(name, "in process") as report:
+            exe = compile_in_process(source, options, key, marks, donate_argnums, report.stage)
     CACHE.put(key, exe)
     return exe
 

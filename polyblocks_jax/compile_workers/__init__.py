@@ -20,6 +20,8 @@ caller's: ``polyblocks_jax.compile`` starts one before importing the compiler it
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from polyblocks_jax.compile_workers.pool import POOL
 from polyblocks_jax.compile_workers.protocol import Job
 from polyblocks_jax.runtime.executable import Executable
@@ -27,10 +29,11 @@ from polyblocks_jax.runtime.executable import Executable
 __all__ = ["Job", "compile", "prestart"]
 
 
-def compile(job: Job, text: str) -> Executable | None:  # noqa: A001 (the driver's verb)
-    """``job`` compiled in a worker (``text``: the program without locations, for a reproducer);
-    None when no worker can start."""
-    return POOL.compile(job, text)
+def compile(job: Job, text: str, on_stage: Callable[[str], None] | None = None  # noqa: A001 (the driver's verb)
+            ) -> Executable | None:
+    """``job`` compiled in a worker (``text``: the program without locations, for a reproducer;
+    ``on_stage``: told each stage's name as the worker starts it); None when no worker can start."""
+    return POOL.compile(job, text, on_stage)
 
 
 def prestart() -> None:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Callable
 
 import polyblocks_jax
 from polyblocks_jax.compile_workers import crashes, protocol
@@ -88,7 +89,7 @@ class Worker:
         self.ready = True
         return None
 
-    def compile(self, job: protocol.Job, text: str) -> Executable:
+    def compile(self, job: protocol.Job, text: str, on_stage: Callable[[str], None] | None = None) -> Executable:
         """Run ``job``; raises what the compile raised, or a CompilationError if the worker died."""
         self.stage = None
         self._output.clear()
@@ -98,6 +99,8 @@ class Worker:
             reply = self._replies.recv()
             while reply[0] == protocol.STAGE:
                 self.stage = reply[1]
+                if on_stage is not None:
+                    on_stage(self.stage)
                 reply = self._replies.recv()
         except (EOFError, OSError):
             raise self._crash_error(job, text) from None
@@ -188,7 +191,8 @@ class Pool:
         self._busy: set[Worker] = set()
         self._changed = threading.Condition()
 
-    def compile(self, job: protocol.Job, text: str) -> Executable | None:
+    def compile(self, job: protocol.Job, text: str,
+                on_stage: Callable[[str], None] | None = None) -> Executable | None:
         """Compile ``job`` in a worker; None if no worker can start."""
         worker = self._acquire()
         if worker is None:
@@ -198,7 +202,7 @@ class Pool:
             if failure is not None:
                 self._give_up(failure)
                 return None
-            return worker.compile(job, text)
+            return worker.compile(job, text, on_stage)
         finally:
             self._release(worker)
 
