@@ -48,12 +48,14 @@ _DESCRIPTOR_ENTRY = "_mlir_ciface_main"
 
 
 def build(llvm_module, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], options,
-          aliases: Sequence[int | None] | None = None, overwritten: Iterable[int] = ()) -> "CpuExecutable":
-    """Compile an LLVM-dialect module (compiler side: needs MLIR) into a CpuExecutable."""
+          aliases: Sequence[int | None] | None = None, overwritten: Iterable[int] = (),
+          timings: dict[str, float] | None = None, dump=None) -> "CpuExecutable":
+    """Compile an LLVM-dialect module (compiler side: needs MLIR) into a CpuExecutable; the
+    times of LLVM's tools go into ``timings``, their inputs and outputs into ``dump``."""
     from polyblocks_jax.cpu import codegen
     from polyblocks_jax.cpu.target import host
     from polyblocks_jax.passes.arena import arena_bytes
-    library = codegen.shared_library(llvm_module, options.opt_level, openmp_runtime(), host().cores)
+    library = codegen.shared_library(llvm_module, options.opt_level, openmp_runtime(), host().cores, timings, dump)
     return CpuExecutable(library, inputs, outputs, aliases, overwritten, arena_bytes(llvm_module))
 
 
