@@ -502,5 +502,29 @@ class NativeFunctionsTest(absltest.TestCase):
                          ["pjrt: PJRT_LoadedExecutable_Execute"])
 
 
+
+class QuietWhenUnusedTest(absltest.TestCase):
+    """Installing the package does not change what a program that never asks for the
+    platform prints; one that asks gets JAX's notice that the platform is experimental."""
+
+    SCRIPT = "import jax, jax.numpy as jnp; print(float(jnp.ones(3).sum()), jax.default_backend())"
+
+    def _run(self, **env):
+        base = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+        done = subprocess.run([sys.executable, "-c", self.SCRIPT], env={**base, **env}, capture_output=True,
+                              text=True, timeout=300)
+        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+        return done
+
+    def test_unrequested_platform_is_silent(self):
+        done = self._run()
+        self.assertEqual(done.stdout.split(), ["3.0", "cpu"])
+        self.assertNotIn("polyblocks", done.stderr)
+
+    def test_requested_platform_is_announced(self):
+        done = self._run(JAX_PLATFORMS="polyblocks,cpu")
+        self.assertEqual(done.stdout.split(), ["3.0", "polyblocks"])
+        self.assertIn("Platform 'polyblocks' is experimental", done.stderr)
+
 if __name__ == "__main__":
     absltest.main()
