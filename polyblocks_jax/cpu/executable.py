@@ -59,6 +59,9 @@ def build(llvm_module, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpe
     return CpuExecutable(library, inputs, outputs, aliases, overwritten, arena_bytes(llvm_module))
 
 
+DYNAMIC_TEAMS = {"OMP_DYNAMIC": "true", "KMP_DYNAMIC_MODE": "load_balance"}
+
+
 @functools.cache
 def openmp_runtime() -> str:
     """Path of the LLVM OpenMP runtime shipped by the cmeel-libomp wheel, loaded globally once."""
@@ -68,6 +71,12 @@ def openmp_runtime() -> str:
         raise CompilationError("openmp", "the cmeel-libomp package is not installed") from None
     if os.environ.get("OMP_NUM_THREADS", "unset").strip() == "":
         del os.environ["OMP_NUM_THREADS"]  # libomp aborts the process on an empty value
+    # A parallel region ends when its last thread does: where other processes also use the
+    # cores, a descheduled thread holds every region for a time slice. libomp's load-balance
+    # mode sizes each team to the cores idle at that moment (sampled at most once a second);
+    # read when the runtime initializes, at the first parallel region. A user's setting wins.
+    for name, value in DYNAMIC_TEAMS.items():
+        os.environ.setdefault(name, value)
     ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
     return path
 
