@@ -44,7 +44,7 @@ class Client:
             from polyblocks_jax.pjrt import gpu_executable
             return gpu_executable.compile_for(code, compile_options, device)
         compiled = polyblocks_jax.compile(code)  # honours the donation JAX marked in the program
-        return LoadedExecutable(Executable(compiled, "main", compile_options), device)
+        return LoadedExecutable(Executable(compiled, "main", compile_options, program=code), device)
 
     def load(self, data: bytes, compile_options: bytes | None = None) -> LoadedExecutable:
         """Load on the device the options assign (by default the ones it was compiled with)."""

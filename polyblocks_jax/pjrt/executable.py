@@ -23,7 +23,7 @@ from polyblocks_jax.cpu.array_pool import data_address
 from polyblocks_jax.pjrt import device_assignment, handles
 from polyblocks_jax.pjrt.buffer import TYPE_OF_NUMPY, Buffer, aligned_copy, aligned_empty
 from polyblocks_jax.pjrt.device import MEMORY_KIND, HandleArray, Text
-from polyblocks_jax.pjrt.errors import invalid
+from polyblocks_jax.pjrt.errors import invalid, unimplemented
 from polyblocks_jax.pjrt.events import READY_EVENT
 from polyblocks_jax.runtime import executable as runtime
 
@@ -34,9 +34,11 @@ _PREFIX = struct.Struct("<8sI")
 
 
 class Executable:
-    def __init__(self, compiled, name: str, compile_options: bytes, target: str = "cpu") -> None:
+    def __init__(self, compiled, name: str, compile_options: bytes, target: str = "cpu",
+                 program: bytes | None = None) -> None:
         self.compiled = compiled  # a runtime.Executable (cpu) or a gpu_executable.GpuProgram (nvptx)
         self.target = target
+        self.program = program  # the StableHLO compiled; None once serialized and loaded again
         self.name = Text(name or "main")
         self.compile_options = compile_options
         self.fingerprint = Text(compiled.fingerprint)
@@ -59,6 +61,17 @@ class Executable:
         self.parameter_kind_sizes = (ctypes.c_size_t * max(self.num_inputs, 1))(
             *[self.memory_kind.size] * self.num_inputs)
         self._serialized: bytes | None = None
+        self._optimized: bytes | None = None
+
+    def optimized_program(self) -> bytes:
+        """The program as ``as_text()`` shows it: the StableHLO compiled, without the ops whose
+        results nothing uses (MLIR bytecode, which jaxlib turns into HLO)."""
+        if self.program is None:
+            raise unimplemented("the program of a deserialized executable (it keeps the compiled code only)")
+        if self._optimized is None:
+            from polyblocks_jax.stablehlo_import import reader  # the compiler's side: only when asked
+            self._optimized = reader.simplified_bytecode(self.program)
+        return self._optimized
 
     def serialize(self) -> bytes:
         if self._serialized is None:

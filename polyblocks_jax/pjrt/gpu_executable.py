@@ -46,7 +46,7 @@ def chip_for(capability: str) -> str:
 def compile_for(code: bytes, compile_options: bytes, device) -> "GpuLoadedExecutable":
     from polyblocks_jax.nvptx import compile_gpu
     exe = compile_gpu(code, chip_for(device.gpu.chip))
-    return GpuLoadedExecutable(Executable(GpuProgram(exe), "main", compile_options, TARGET), device)
+    return GpuLoadedExecutable(Executable(GpuProgram(exe), "main", compile_options, TARGET, program=code), device)
 
 
 def deserialize_program(data: bytes) -> GpuProgram:

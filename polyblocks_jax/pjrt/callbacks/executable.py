@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import ctypes
 
-from pypjrt._abi.pjrt_0_114 import PJRT_ExecuteOptions
+from pypjrt._abi.pjrt_0_114 import PJRT_ExecuteOptions, PJRT_Program
 
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.callbacks import implements, pointer_array
+from polyblocks_jax.pjrt.device import Text
 from polyblocks_jax.pjrt.events import handle_of
 from polyblocks_jax.pjrt.executable import ExecutableRef
-from polyblocks_jax.pjrt.errors import invalid, unimplemented
+from polyblocks_jax.pjrt.errors import invalid
 
 _BYTES_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 # Serialized bytes handed to jaxlib stay in the handle table until it calls this deleter.
@@ -181,6 +182,15 @@ def executable_compile_options(args):
     args.serialized_compile_options_deleter = _RELEASE_ADDRESS
 
 
+_MLIR = Text("mlir")
+
+
 @implements("PJRT_Executable_OptimizedProgram")
 def executable_optimized_program(args):
-    raise unimplemented("Executable_OptimizedProgram (the optimized program is MLIR, not HLO)")
+    """Asked twice: for the size (``code`` NULL), then with a buffer of that size to fill."""
+    program = PJRT_Program.from_address(args.program)
+    code = _executable(args.executable).optimized_program()
+    if program.code:
+        ctypes.memmove(program.code, code, len(code))
+    program.code_size = len(code)
+    program.format, program.format_size = _MLIR.address, _MLIR.size
