@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -77,6 +78,48 @@ def cases(quick: bool) -> dict[str, Case]:
     return {"matmul512": matmul(512), "matmul1024": matmul(1024), "matmul2048": matmul(2048),
             "conv3x3": conv(8, 56, 64, 64, 3), "conv1x1": conv(8, 56, 64, 256, 1),
             "attention": attention(1, 8, 512, 64), "layernorm_gelu": layernorm_gelu(8, 512, 768)}
+
+
+# The matmul sweep: every type pair the issue names, square from 16 up, rectangular, and
+# skinny (decode-shaped: a few rows against a large weight).
+SWEEP_TYPES = {  # name -> (operand dtype, result dtype)
+    "f32": (jnp.float32, jnp.float32), "bf16": (jnp.bfloat16, jnp.bfloat16),
+    "bf16_f32": (jnp.bfloat16, jnp.float32), "int8_i32": (jnp.int8, jnp.int32)}
+SWEEP_SQUARE = (16, 64, 256, 1024, 2048, 4096, 8192)
+
+
+def sweep_shapes(largest: int) -> list[tuple[int, int, int]]:
+    """(M, K, N) of the sweep up to ``largest``."""
+    square = [(n, n, n) for n in SWEEP_SQUARE if n <= largest]
+    big = min(largest, 4096)
+    rectangular = [(big // 4, big, big), (big, big // 4, big), (big, big, big // 4)]
+    skinny = [(m, big, big) for m in (1, 4, 16)]
+    return square + rectangular + skinny
+
+
+def sweep_cases(largest: int) -> dict[str, tuple[Callable, list, float]]:
+    """name -> (fn, arguments, flops) for every type pair and shape of the sweep."""
+    rng = np.random.default_rng(0)
+    out = {}
+    for tname, (operand, result) in SWEEP_TYPES.items():
+        for m, k, n in sweep_shapes(largest):
+            if operand == jnp.int8:
+                a, b = (rng.integers(-8, 8, s).astype(np.int8) for s in ((m, k), (k, n)))
+            else:
+                a, b = (rng.standard_normal(s).astype(operand) for s in ((m, k), (k, n)))
+            fn = functools.partial(jnp.matmul, preferred_element_type=result)
+            out[f"{tname}_{m}x{k}x{n}"] = (fn, [a, b], 2.0 * m * k * n)
+    return out
+
+
+def with_peak_fraction(rows: list["Row"]) -> dict[str, float]:
+    """The best GFLOP/s measured per type pair (either side): the machine's peak as this
+    run saw it, which the table's fractions are of."""
+    peaks: dict[str, float] = {}
+    for r in rows:
+        kind = r.op.rsplit("_", 1)[0]
+        peaks[kind] = max(peaks.get(kind, 0.0), r.xla_gflops or 0.0, r.pb_gflops or 0.0)
+    return peaks
 
 
 @dataclasses.dataclass
@@ -158,9 +201,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ops", default="", help="comma-separated subset of the ops (default: all)")
     parser.add_argument("--repeat", type=int, default=None, help="timed calls (default 10, 5 with --quick)")
     parser.add_argument("--tag", default="", help="suffix of the results file, e.g. no-vectorize")
+    parser.add_argument("--sweep", type=int, nargs="?", const=4096, default=0, metavar="LARGEST",
+                        help="the matmul sweep instead (f32, bf16, bf16->f32, int8->int32; square from 16 to "
+                             "LARGEST, default 4096 (8192 takes minutes a row), rectangular and skinny)")
     results_files.add_save_argument(parser)
     args = parser.parse_args(argv)
     args.repeat = args.repeat or (5 if args.quick else 10)
+    if args.sweep:
+        args.ops = [o for o in args.ops.split(",") if o]
+        return args
     known = cases(args.quick)
     args.ops = [o for o in args.ops.split(",") if o] or list(known)
     unknown = set(args.ops) - set(known)
@@ -171,6 +220,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.sweep:
+        return sweep(args)
     known = cases(args.quick)
     rows = []
     for name in args.ops:
@@ -179,8 +230,27 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{results_files.machine_slug()} ({results_files.cpu_name()}, {results_files.cores()} cores), "
           f"best of {runner.ROUNDS} medians of {args.repeat}, flags {os.environ.get('POLYBLOCKS_FLAGS', '') or '(default)'}")
     print(format_table(rows))
-    if not args.no_save:
-        print(f"wrote {write_results(rows, args)}")
+    print(f"wrote {write_results(rows, args)}")
+
+
+def sweep(args: argparse.Namespace) -> None:
+    rows = []
+    for name, (fn, operands, flops) in sweep_cases(args.sweep).items():
+        if args.ops and not any(name.startswith(o) for o in args.ops):
+            continue
+        repeat = max(2, min(args.repeat, int(2e10 / flops)))  # large sizes: fewer calls
+        rows.append(measure_call(name, fn, operands, repeat, flops))
+        print(format_table(rows[-1:]).splitlines()[-1], flush=True)
+    peaks = with_peak_fraction(rows)
+    print(f"\n{results_files.machine_slug()} ({results_files.cpu_name()}, {results_files.cores()} cores), "
+          f"best of {runner.ROUNDS} medians; fraction of the best GFLOP/s measured per type pair "
+          f"({', '.join(f'{k} {v:.0f}' for k, v in peaks.items())}):")
+    for r in rows:
+        peak = peaks[r.op.rsplit("_", 1)[0]]
+        share = f"{r.pb_gflops / peak:6.0%}" if r.pb_gflops and peak else "     -"
+        print(f"  {r.op:<28} {share} of peak, {'%.2fx' % r.ratio if r.ratio else 'FAILED'} XLA")
+    args.quick = False
+    print(f"wrote {write_results(rows, args, stem='matmul-sweep')}")
 
 
 if __name__ == "__main__":
