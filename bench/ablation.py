@@ -5,7 +5,7 @@ optimization ``polyblocks_jax.Options`` can switch off; cells: median latency an
 slowdown against all on (the style of the PolyBlocks paper's Table 3). Each configuration
 runs in a fresh process with ``POLYBLOCKS_FLAGS`` set (JAX caches compiled programs by
 their text, so a flag changed in-process would not recompile), measured by
-``bench.models.measure``, XLA beside it. Writes bench/results/ablation-<machine>[-quick].json
+``bench.models.measure``, XLA beside it. Writes ablation-<machine>[-quick].json
 and a markdown table beside it.
 
     python bench/ablation.py                 # small model configurations (default)
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
 import subprocess
@@ -28,9 +27,8 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable from t
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import polyblocks_jax as pb  # noqa: E402
-from bench import flax_models, models  # noqa: E402
+from bench import flax_models, models, results_files  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ALL_ON = "all-on"
 
 
@@ -77,17 +75,15 @@ def format_table(results: dict[str, list[dict]], model_names: list[str]) -> str:
 
 
 def write_results(results: dict[str, list[dict]], table: str, args: argparse.Namespace) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = f"ablation-{models.machine_slug()}" + ("" if args.full else "-quick") + (f"-{args.tag}" if args.tag else "")
+    stem = f"ablation-{results_files.machine_slug()}" + ("" if args.full else "-quick") + (f"-{args.tag}" if args.tag else "")
     report = {
-        "machine": models.machine_slug(), "cpu": models.cpu_name(), "cores": models.cores(),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"), "quick": not args.full,
+        **results_files.provenance(), "quick": not args.full,
         "batch": args.batch, "repeat": args.repeat, "results": results,
     }
-    path = RESULTS / f"{stem}.json"
+    path = results_files.folder(args.save) / f"{stem}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
-    (RESULTS / f"{stem}.md").write_text(
-        f"Ablation on {models.machine_slug()} ({models.cpu_name()}, {models.cores()} cores), batch "
+    path.with_suffix(".md").write_text(
+        f"Ablation on {report['machine']} ({report['cpu']}, {report['cores']} cores), batch "
         f"{args.batch}, {'full' if args.full else 'small'} configs, median of {args.repeat}; "
         f"slowdown against all on in parentheses.\n\n{table}\n")
     return path
@@ -102,6 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=None, help="timed calls (default 20, 5 small)")
     parser.add_argument("--tag", default="", help="suffix of the results file (a run of some configurations)")
+    results_files.add_save_argument(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
@@ -124,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{config}: " + ", ".join(f"{r['model']} {r['pb_ms'] or float('nan'):.1f} ms"
                                         for r in results[config]), flush=True)
     table = format_table(results, args.models)
-    print(f"\n{models.machine_slug()} ({models.cpu_name()}, {models.cores()} cores), batch {args.batch}\n{table}")
+    print(f"\n{results_files.machine_slug()} ({results_files.cpu_name()}, {results_files.cores()} cores), batch {args.batch}\n{table}")
     print(f"wrote {write_results(results, table, args)}")
 
 

@@ -10,7 +10,8 @@ counts as crashed and the file continues in a new process without the tests alre
 
 The goal: of the tests that pass on XLA CPU and that JAX runs on the platform (not skipped
 there, e.g. by its run_on_devices / skip_on_devices marks), at least 99% pass on polyblocks.
-Writes bench/results/conformance-<machine>.json (and a markdown table beside it) after
+Writes conformance-<machine>.json (and a markdown table beside it; where: bench/results_files.py,
+``--save``: bench/results/) after
 every file: per file the counts and seconds of both sides, and the failing tests grouped by
 their error's first line (the cause). XLA's outcomes do not depend on this repository, so
 they are cached per jax version, test file and settings; ``--reuse-xla`` reads them back.
@@ -29,7 +30,6 @@ import collections
 import dataclasses
 import datetime
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -43,7 +43,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a script: make `bench` importable from the repo root
     sys.path.insert(0, str(REPO))
-RESULTS = REPO / "bench" / "results"
 DEFAULT_FILES = ("lax_test", "lax_numpy_operators_test", "lax_numpy_reducers_test", "lax_control_flow_test",
                  "lax_autodiff_test", "lax_vmap_op_test", "nn_test", "random_lax_test", "fft_test", "linalg_test",
                  "debugging_primitives_test", "api_test")
@@ -299,24 +298,6 @@ def load_side(path: Path) -> SideRun:
     return SideRun(**data)
 
 
-def machine_info() -> dict:
-    """The host, versions, commit and flags the results were measured with."""
-    # bench.models loads jax and matplotlib: imported here, so the logic above needs neither.
-    from bench import models
-    from polyblocks_jax.cpu import target
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                           capture_output=True, text=True).stdout.strip()
-    host = target.host()
-    return {
-        "machine": models.machine_slug(), "cpu": models.cpu_name(), "cores": models.cores(),
-        "device_kind": host.description(), "cpu_features": sorted(host.features),
-        "commit": commit + ("-dirty" if dirty else ""),
-        "versions": {p: importlib.metadata.version(p) for p in ("jax", "jaxlib", "polyblocks-jax", "pytest")},
-        "flags": os.environ.get("POLYBLOCKS_FLAGS", ""),
-    }
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tests", type=Path, help="a copy of JAX's tests/ folder at the installed jaxlib's tag")
@@ -325,11 +306,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-k", dest="keyword", default="", help="pytest's -k expression, on both sides")
     parser.add_argument("--cases", type=int, default=2, help="JAX_NUM_GENERATED_CASES (default %(default)s)")
     parser.add_argument("--results", type=Path, default=None,
-                        help="the JSON to write, a .md beside it (default bench/results/conformance-<machine>.json)")
+                        help="the JSON to write, a .md beside it (default conformance-<machine>.json, see --save)")
     parser.add_argument("--reuse-xla", action="store_true",
                         help="read XLA's outcomes from the cache where it has them for these settings")
     parser.add_argument("--xla-cache", type=Path, default=Path.home() / ".cache" / "polyblocks_jax" / "conformance",
                         help="where XLA's outcomes are kept (default %(default)s)")
+    parser.add_argument("--save", action="store_true",
+                        help="write bench/results/conformance-<machine>.{json,md} (default: bench/results_files.py's folder)")
     parser.add_argument("--stall", type=float, default=DEFAULT_STALL_S,
                         help="seconds without a test finishing after which a run counts as hung")
     args = parser.parse_args(argv)
@@ -342,8 +325,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    info = machine_info()
-    results = args.results or RESULTS / f"conformance-{info['machine']}.json"
+    from bench import results_files  # it loads the compiler: not needed by the logic above
+    info = results_files.provenance()
+    results = args.results or results_files.folder(args.save) / f"conformance-{info['machine']}.json"
     env = dict(os.environ, JAX_NUM_GENERATED_CASES=str(args.cases))
     pytest_args = ["-k", args.keyword] if args.keyword else []
     settings = {"jax": info["versions"]["jax"], "jaxlib": info["versions"]["jaxlib"], "cases": args.cases,

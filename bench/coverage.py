@@ -1,14 +1,17 @@
 """Coverage of the model zoo: for each entry, compiled / correct / failed with the op at fault.
 
-Writes bench/results/coverage.json and bench/results/coverage.md and prints
+Writes coverage.json and coverage.md (bench/results_files.py says where; ``--save``:
+bench/results/) and prints
 "N/M compiled, K correct". Beside the first failure, each entry lists every op of its
 program that has no converter yet, so the report ranks the largest gaps.
 
     python bench/coverage.py                # the whole zoo
     python bench/coverage.py softmax lstm   # some entries
+    python bench/coverage.py --save         # into bench/results/
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import datetime
@@ -22,10 +25,9 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable from t
 
 import numpy as np  # noqa: E402
 
-from bench import runner, zoo  # noqa: E402
+from bench import results_files, runner, zoo  # noqa: E402
 from polyblocks_jax.stablehlo_import import CONVERTERS, reader  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 _STRUCTURAL = frozenset({"func.func", "func.return", "stablehlo.return"})
 
 
@@ -124,7 +126,11 @@ def markdown(results: list[Result], when: str) -> str:
 
 
 def main(argv: list[str]) -> None:
-    wanted = set(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("entries", nargs="*", help="zoo entries (default: all)")
+    results_files.add_save_argument(parser)
+    args = parser.parse_args(argv)
+    wanted = set(args.entries)
     entries = [e for e in zoo.ENTRIES if not wanted or e.name in wanted]
     results = []
     for entry in entries:
@@ -135,10 +141,12 @@ def main(argv: list[str]) -> None:
         print(f"{r.name:<20} {r.status:<8}{where} {r.error[:100]} "
               f"({time.perf_counter() - start:.1f} s)", flush=True)
     when = datetime.date.today().isoformat()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    report = {"date": when, "summary": summary(results), "results": [dataclasses.asdict(r) for r in results]}
-    (RESULTS / "coverage.json").write_text(json.dumps(report, indent=1) + "\n")
-    (RESULTS / "coverage.md").write_text(markdown(results, when))
+    folder = results_files.folder(args.save)
+    report = {**results_files.provenance(), "summary": summary(results),
+              "results": [dataclasses.asdict(r) for r in results]}
+    (folder / "coverage.json").write_text(json.dumps(report, indent=1) + "\n")
+    (folder / "coverage.md").write_text(markdown(results, when))
+    print(f"wrote {folder / 'coverage.json'} and coverage.md")
     print(summary(results))
 
 

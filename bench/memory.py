@@ -8,8 +8,8 @@ intermediates' memory each compiler planned (XLA's temporary buffers, polyblocks
 A polyblocks program is compiled by a first child into a temporary JAX persistent cache
 and loaded from it by the measured one, as a deployed program would be: the compiler
 (MLIR, LLVM) never enters the measured process, as XLA's own compiler does not count
-beyond the jaxlib both load. Prints a table; ``--save`` writes
-bench/results/memory-<machine>[-quick].json beside the other tables.
+beyond the jaxlib both load. Prints a table and writes
+memory-<machine>[-quick].json (bench/results_files.py says where; ``--save``: bench/results/).
 
     python bench/memory.py                   # the small (--quick) configs, batch 2
     python bench/memory.py --models unet --batch 1 8
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
 import subprocess
@@ -112,13 +111,13 @@ def _child(env: dict[str, str], args: list) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from bench import flax_models
+    from bench import flax_models, results_files
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(flax_models.MODEL_NAMES))
     parser.add_argument("--batch", nargs="+", type=int, default=[2])
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     parser.add_argument("--full", action="store_true", help="the full configurations (default: small)")
-    parser.add_argument("--save", action="store_true", help="write bench/results/memory-<machine>.json")
+    results_files.add_save_argument(parser)
     args = parser.parse_args(argv)
     print(f"{'model':<10} {'batch':>5}  {'backend':<20} {'peak MiB':>9} {'run growth MiB':>15} {'planned MiB':>12}")
     rows = []
@@ -129,16 +128,14 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(dict(model=name, batch=batch, **dataclasses.asdict(p)))
                 print(f"{name:<10} {batch:>5}  {backend:<20} {p.peak_mib:>9.1f} {p.growth_mib:>15.2f} "
                       f"{p.planned_mib:>12.3f}", flush=True)
-    if args.save:
-        print(f"wrote {_save(rows, args.full)}")
+    print(f"wrote {_save(rows, args.full, args.save)}")
 
 
-def _save(rows: list[dict], full: bool) -> Path:
-    from bench import models
-    path = ROOT / "bench" / "results" / f"memory-{models.machine_slug()}{'' if full else '-quick'}.json"
+def _save(rows: list[dict], full: bool, save: bool) -> Path:
+    from bench import results_files
+    path = results_files.folder(save) / f"memory-{results_files.machine_slug()}{'' if full else '-quick'}.json"
     path.write_text(json.dumps({
-        "machine": models.machine_slug(), "cpu": models.cpu_name(), "cores": models.cores(),
-        "date": datetime.date.today().isoformat(), "full_size": full,
+        **results_files.provenance(), "full_size": full,
         "units": "MiB: process peak over one run, its growth over the run, planned intermediates",
         "rows": rows}, indent=1) + "\n")
     return path

@@ -3,7 +3,8 @@
 For each model and batch size: compile time (each side's fastest of ``--compiles``, caches
 emptied before each), median latency after warm-up, maximum
 relative error against XLA, and speed ratio (XLA time / polyblocks time). Prints a
-table, writes bench/results/<machine>.json and a PNG chart beside it. ``--train`` times a
+table, writes <machine>.json and a PNG chart beside it (bench/results_files.py says where;
+``--save``: into bench/results/). ``--train`` times a
 training step instead of inference: the loss's gradients and an SGD update of the
 parameters (``flax_models.train_step``), written to <machine>-train.json.
 
@@ -16,12 +17,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import math
-import os
-import platform
-import re
 import sys
 from pathlib import Path
 from typing import Callable
@@ -29,14 +26,9 @@ from typing import Callable
 if __package__ in (None, ""):  # run as a script: make `bench` importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bench import chart, flax_models, runner  # noqa: E402
-from polyblocks_jax.cpu import target  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
+from bench import chart, flax_models, results_files, runner  # noqa: E402
 
 @dataclasses.dataclass
 class Row:
@@ -82,65 +74,50 @@ def _program(case: flax_models.ModelCase, train: bool) -> tuple[Callable, tuple]
     return case.apply, (case.params, case.input)
 
 
-def format_table(rows: list[Row]) -> str:
+# Largest norm-wise relative error (max |pb - xla| / max |xla|) a correct result shows: f32
+# results differ from XLA's by the order of summation; bf16 ones by a rounding of 2^-8.
+TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}
+
+
+def table_head() -> list[str]:
     head = (f"{'model':<10} {'batch':>5} {'xla compile s':>13} {'xla ms':>9} {'pb compile s':>12} "
-            f"{'pb ms':>9} {'max rel err':>11} {'speedup':>8}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        left = f"{r.model:<10} {r.batch:>5} {r.xla_compile_s:>13.2f} {r.xla_ms:>9.2f} "
-        if r.pb_ms is None:
-            stage = f"(compiled in {r.pb_compile_s:.2f} s) " if r.pb_compile_s is not None else ""
-            lines.append(left + f"FAILED {stage}{r.failed_op or ''}: {r.error}")
-        else:
-            lines.append(left + f"{r.pb_compile_s:>12.2f} {r.pb_ms:>9.2f} {r.max_rel_error:>11.2e} "
-                         f"{r.speedup:>7.2f}x")
+            f"{'pb ms':>9} {'max rel err':>11} {'correct':>7} {'speedup':>8}")
+    return [head, "-" * len(head)]
+
+
+def format_row(r: Row, tolerance: float) -> str:
+    left = f"{r.model:<10} {r.batch:>5} {r.xla_compile_s:>13.2f} {r.xla_ms:>9.2f} "
+    if r.pb_ms is None:
+        stage = f"(compiled in {r.pb_compile_s:.2f} s) " if r.pb_compile_s is not None else ""
+        return left + f"FAILED {stage}{r.failed_op or ''}: {r.error}"
+    verdict = "yes" if r.max_rel_error <= tolerance else "NO"
+    return left + f"{r.pb_compile_s:>12.2f} {r.pb_ms:>9.2f} {r.max_rel_error:>11.2e} {verdict:>7} {r.speedup:>7.2f}x"
+
+
+def summary(rows: list[Row], tolerance: float) -> str:
+    """What the table says: correctness against the tolerance, the speedups' meaning and geomean."""
+    ran = [r for r in rows if r.pb_ms is not None]
+    correct = sum(r.max_rel_error <= tolerance for r in ran)
+    lines = [f"correct: {correct} of {len(rows)} rows within a relative error of {tolerance:g} of XLA's results"
+             + (f" ({len(rows) - len(ran)} failed to run)" if len(ran) < len(rows) else "")]
+    if ran:
+        geomean = math.exp(sum(math.log(r.speedup) for r in ran) / len(ran))
+        lines.append(f"speedup = XLA time / polyblocks time (above 1: polyblocks is faster); geomean {geomean:.2f}x")
     return "\n".join(lines)
 
 
-def _cpuinfo(field: str) -> str | None:
-    """The first value of ``field`` in /proc/cpuinfo, or None."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            match = re.search(rf"^{field}\s*:\s*(.+)$", f.read(), re.M)
-    except OSError:
-        return None
-    return match.group(1).strip() if match else None
-
-
-def cpu_name() -> str:
-    return _cpuinfo("model name") or platform.processor() or platform.machine()
-
-
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def machine_slug() -> str:
-    """A short name for the host: first two words of the CPU model, its family, the core
-    count and the vector width (a virtual machine's "AMD EPYC" covers Zen 3, 4 and 5: Zen 5
-    is family 26 and issues twice Zen 4's AVX-512 FMAs)."""
-    words = re.sub(r"\((R|TM|tm)\)", "", cpu_name()).lower().split()
-    words = [re.sub(r"[^a-z0-9]+", "", w) for w in words]
-    family = _cpuinfo("cpu family")
-    return "-".join([w for w in words if w][:2] + ([f"fam{family}"] if family else [])
-                    + [f"{cores()}c", target.host().vector_isa])
-
-
 def write_results(rows: list[Row], args: argparse.Namespace) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = machine_slug() + ("-quick" if args.quick else "") + ("" if args.dtype == "float32" else f"-{args.dtype}") \
+    stem = results_files.machine_slug() + ("-quick" if args.quick else "") + ("" if args.dtype == "float32" else f"-{args.dtype}") \
         + ("-train" if args.train else "")
     report = {
-        "machine": machine_slug(), "cpu": cpu_name(), "cores": cores(),
-        "jax": jax.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "quick": args.quick, "dtype": args.dtype, "train": args.train, "repeat": args.repeat, "compiles": args.compiles,
+        **results_files.provenance(), "quick": args.quick, "dtype": args.dtype, "train": args.train, "repeat": args.repeat, "compiles": args.compiles,
         "configs": {name: dataclasses.asdict(flax_models.CONFIGS[name][2 if args.quick else 1])
                     for name in args.models},
         "rows": [dataclasses.asdict(r) for r in rows],
     }
-    path = RESULTS / f"{stem}.json"
+    path = results_files.folder(args.save) / f"{stem}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
-    chart.plot(report, RESULTS / f"{stem}.png")
+    chart.plot(report, path.with_suffix(".png"))
     return path
 
 
@@ -159,6 +136,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compiles", type=int, default=None,
                         help="compiles per side, the fastest reported (default 3, 1 with --quick; "
                              "one compile's time varies by 10-30%%)")
+    results_files.add_save_argument(parser)
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     unknown = set(args.models) - set(flax_models.MODEL_NAMES)
@@ -172,15 +150,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    tolerance = TOLERANCE[args.dtype] * (10 if args.train else 1)  # gradients: a longer chain of roundings
+    print(f"{results_files.machine_slug()} ({results_files.cpu_name()}, {results_files.cores()} cores), "
+          f"{'small' if args.quick else 'full'} {args.dtype} configs{', training steps' if args.train else ''}, "
+          f"best of {runner.ROUNDS} medians of {args.repeat}, compile times the best of {args.compiles}\n")
+    print("\n".join(table_head()), flush=True)
     rows = []
     for name in args.models:
         for batch in args.batch:
             rows.append(measure(name, batch, args.quick, args.repeat, args.compiles, args.dtype, args.train))
-            print(format_table(rows[-1:]).splitlines()[-1], flush=True)
-    print(f"\n{machine_slug()} ({cpu_name()}, {cores()} cores), "
-          f"{'small' if args.quick else 'full'} {args.dtype} configs{', training steps' if args.train else ''}, best of {runner.ROUNDS} medians of {args.repeat}, "
-          f"compile times the best of {args.compiles}")
-    print(format_table(rows))
+            print(format_row(rows[-1], tolerance), flush=True)
+    print(f"\n{summary(rows, tolerance)}")
     print(f"wrote {write_results(rows, args)}")
 
 

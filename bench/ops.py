@@ -3,19 +3,19 @@
 f32 matmuls, a 3x3 and a 1x1 NHWC convolution, softmax attention and layernorm+GELU(erf):
 median latency after warm-up, maximum relative error against XLA, and the ratio
 XLA time / polyblocks time (> 1: polyblocks is faster). Prints a table and writes
-bench/results/ops-<machine>.json.
+ops-<machine>.json (bench/results_files.py says where; ``--save``: bench/results/).
 
     python bench/ops.py                    # the issue's sizes
     python bench/ops.py --quick            # small sizes, seconds
     python bench/ops.py --ops conv3x3,attention --repeat 20
-    python bench/ops.py --ops matmul512,matmul1024 --no-save   # while iterating: no results file
+    python bench/ops.py --save             # into bench/results/, the committed figures
     POLYBLOCKS_FLAGS=no-vectorize python bench/ops.py --tag no-vectorize
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
+import functools
 import json
 import math
 import os
@@ -30,9 +30,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench import chart, models, runner  # noqa: E402
+from bench import chart, results_files, runner  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +78,48 @@ def cases(quick: bool) -> dict[str, Case]:
     return {"matmul512": matmul(512), "matmul1024": matmul(1024), "matmul2048": matmul(2048),
             "conv3x3": conv(8, 56, 64, 64, 3), "conv1x1": conv(8, 56, 64, 256, 1),
             "attention": attention(1, 8, 512, 64), "layernorm_gelu": layernorm_gelu(8, 512, 768)}
+
+
+# The matmul sweep: every type pair the issue names, square from 16 up, rectangular, and
+# skinny (decode-shaped: a few rows against a large weight).
+SWEEP_TYPES = {  # name -> (operand dtype, result dtype)
+    "f32": (jnp.float32, jnp.float32), "bf16": (jnp.bfloat16, jnp.bfloat16),
+    "bf16_f32": (jnp.bfloat16, jnp.float32), "int8_i32": (jnp.int8, jnp.int32)}
+SWEEP_SQUARE = (16, 64, 256, 1024, 2048, 4096, 8192)
+
+
+def sweep_shapes(largest: int) -> list[tuple[int, int, int]]:
+    """(M, K, N) of the sweep up to ``largest``."""
+    square = [(n, n, n) for n in SWEEP_SQUARE if n <= largest]
+    big = min(largest, 4096)
+    rectangular = [(big // 4, big, big), (big, big // 4, big), (big, big, big // 4)]
+    skinny = [(m, big, big) for m in (1, 4, 16)]
+    return square + rectangular + skinny
+
+
+def sweep_cases(largest: int) -> dict[str, tuple[Callable, list, float]]:
+    """name -> (fn, arguments, flops) for every type pair and shape of the sweep."""
+    rng = np.random.default_rng(0)
+    out = {}
+    for tname, (operand, result) in SWEEP_TYPES.items():
+        for m, k, n in sweep_shapes(largest):
+            if operand == jnp.int8:
+                a, b = (rng.integers(-8, 8, s).astype(np.int8) for s in ((m, k), (k, n)))
+            else:
+                a, b = (rng.standard_normal(s).astype(operand) for s in ((m, k), (k, n)))
+            fn = functools.partial(jnp.matmul, preferred_element_type=result)
+            out[f"{tname}_{m}x{k}x{n}"] = (fn, [a, b], 2.0 * m * k * n)
+    return out
+
+
+def with_peak_fraction(rows: list["Row"]) -> dict[str, float]:
+    """The best GFLOP/s measured per type pair (either side): the machine's peak as this
+    run saw it, which the table's fractions are of."""
+    peaks: dict[str, float] = {}
+    for r in rows:
+        kind = r.op.rsplit("_", 1)[0]
+        peaks[kind] = max(peaks.get(kind, 0.0), r.xla_gflops or 0.0, r.pb_gflops or 0.0)
+    return peaks
 
 
 @dataclasses.dataclass
@@ -141,17 +182,14 @@ def _gflops(value: float | None) -> str:
 
 def write_results(rows: list[Row], args: argparse.Namespace, stem: str = "ops",
                   plot: Callable[[dict, Path], None] = chart.plot) -> Path:
-    """bench/results/<stem>-<machine>[-quick][-tag].json and its chart drawn by ``plot``."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    """<stem>-<machine>[-quick][-tag].json and its chart drawn by ``plot``, where
+    results_files puts them."""
     suffix = ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
     report = {
-        "machine": models.machine_slug(), "cpu": models.cpu_name(), "cores": models.cores(),
-        "jax": jax.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "quick": args.quick, "repeat": args.repeat,
-        "flags": os.environ.get("POLYBLOCKS_FLAGS", ""), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        **results_files.provenance(), "quick": args.quick, "repeat": args.repeat,
         "rows": [dataclasses.asdict(r) for r in rows],
     }
-    path = RESULTS / f"{stem}-{models.machine_slug()}{suffix}.json"
+    path = results_files.folder(args.save) / f"{stem}-{results_files.machine_slug()}{suffix}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
     plot(report, path.with_suffix(".png"))
     return path
@@ -163,9 +201,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ops", default="", help="comma-separated subset of the ops (default: all)")
     parser.add_argument("--repeat", type=int, default=None, help="timed calls (default 10, 5 with --quick)")
     parser.add_argument("--tag", default="", help="suffix of the results file, e.g. no-vectorize")
-    parser.add_argument("--no-save", action="store_true", help="print the table only, write no results file")
+    parser.add_argument("--sweep", type=int, nargs="?", const=4096, default=0, metavar="LARGEST",
+                        help="the matmul sweep instead (f32, bf16, bf16->f32, int8->int32; square from 16 to "
+                             "LARGEST, default 4096 (8192 takes minutes a row), rectangular and skinny)")
+    results_files.add_save_argument(parser)
     args = parser.parse_args(argv)
     args.repeat = args.repeat or (5 if args.quick else 10)
+    if args.sweep:
+        args.ops = [o for o in args.ops.split(",") if o]
+        return args
     known = cases(args.quick)
     args.ops = [o for o in args.ops.split(",") if o] or list(known)
     unknown = set(args.ops) - set(known)
@@ -176,16 +220,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.sweep:
+        return sweep(args)
     known = cases(args.quick)
     rows = []
     for name in args.ops:
         rows.append(measure(name, known[name], args.repeat))
         print(format_table(rows[-1:]).splitlines()[-1], flush=True)
-    print(f"\n{models.machine_slug()} ({models.cpu_name()}, {models.cores()} cores), "
+    print(f"\n{results_files.machine_slug()} ({results_files.cpu_name()}, {results_files.cores()} cores), "
           f"best of {runner.ROUNDS} medians of {args.repeat}, flags {os.environ.get('POLYBLOCKS_FLAGS', '') or '(default)'}")
     print(format_table(rows))
-    if not args.no_save:
-        print(f"wrote {write_results(rows, args)}")
+    print(f"wrote {write_results(rows, args)}")
+
+
+def sweep(args: argparse.Namespace) -> None:
+    rows = []
+    for name, (fn, operands, flops) in sweep_cases(args.sweep).items():
+        if args.ops and not any(name.startswith(o) for o in args.ops):
+            continue
+        repeat = max(2, min(args.repeat, int(2e10 / flops)))  # large sizes: fewer calls
+        rows.append(measure_call(name, fn, operands, repeat, flops))
+        print(format_table(rows[-1:]).splitlines()[-1], flush=True)
+    peaks = with_peak_fraction(rows)
+    print(f"\n{results_files.machine_slug()} ({results_files.cpu_name()}, {results_files.cores()} cores), "
+          f"best of {runner.ROUNDS} medians; fraction of the best GFLOP/s measured per type pair "
+          f"({', '.join(f'{k} {v:.0f}' for k, v in peaks.items())}):")
+    for r in rows:
+        peak = peaks[r.op.rsplit("_", 1)[0]]
+        share = f"{r.pb_gflops / peak:6.0%}" if r.pb_gflops and peak else "     -"
+        print(f"  {r.op:<28} {share} of peak, {'%.2fx' % r.ratio if r.ratio else 'FAILED'} XLA")
+    args.quick = False
+    print(f"wrote {write_results(rows, args, stem='matmul-sweep')}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ scatters, convolutions of several kinds, sorts and selections, loops, a training
 gradients, at a few MB each, so that a program far slower than XLA's shows up. Before this
 table existed, jnp.var's layernorm, tanh, a 1-D convolution, a gather of rows, a masked
 softmax, top_k and a fori_loop took 2.4x to 85x XLA's time. Prints a table and writes
-bench/results/programs-<machine>.json with a chart of the ratios.
+programs-<machine>.json with a chart of the ratios (``--save``: into bench/results/).
 
     python bench/programs.py
     python bench/programs.py --programs tanh,cumsum_last --repeat 30
@@ -26,7 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
-from bench import chart, models, ops, runner  # noqa: E402
+from bench import chart, ops, results_files, runner  # noqa: E402
 
 _NHWC = ("NHWC", "HWIO", "NHWC")
 
@@ -121,6 +121,10 @@ def programs() -> dict[str, tuple[Callable, list]]:
         "fori_loop": (lambda a: lax.fori_loop(0, 100, lambda i, c: c * 0.99 + 0.01, a), [_normal(8, 256, 256)]),
         "scan_rnn": (lambda h, xs, w: lax.scan(lambda c, v: (jnp.tanh(c @ w + v), None), h, xs)[0],
                      [_normal(32, 256), _normal(64, 32, 256), _normal(256, 256, seed=1) / 16]),
+        "rfft_last": (lambda a: jnp.fft.rfft(a, axis=-1), [x]),
+        "fft2_complex": (lambda a: jnp.fft.fft2(lax.complex(a, a * 0.5)), [_normal(16, 256, 256)]),
+        "irfft_spectral_filter": (lambda a: jnp.fft.irfft(jnp.fft.rfft(a, axis=1) * 0.5, n=128, axis=1), [x]),
+        "fft_prime_length": (lambda a: jnp.fft.fft(a.astype(jnp.complex64), axis=-1), [_normal(256, 1031)]),
         **_training(),
     }
 
@@ -155,7 +159,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", default="", help="comma-separated subset (default: all)")
     parser.add_argument("--repeat", type=int, default=20, help="timed calls per measurement")
-    parser.add_argument("--no-save", action="store_true", help="print the table only, write no results file")
+    results_files.add_save_argument(parser)
     args = parser.parse_args(argv)
     known = programs()
     args.programs = [p for p in args.programs.split(",") if p] or list(known)
@@ -175,12 +179,11 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(ops.measure_call(name, fn, arguments, args.repeat))
         print(ops.format_table(rows[-1:]).splitlines()[-1], flush=True)
     ratios = [r.ratio for r in rows if r.ratio]
-    print(f"\n{models.machine_slug()} ({models.cpu_name()}, {models.cores()} cores), best of {runner.ROUNDS} medians of {args.repeat}: "
+    print(f"\n{results_files.machine_slug()} ({results_files.cpu_name()}, {results_files.cores()} cores), best of {runner.ROUNDS} medians of {args.repeat}: "
           f"{len(ratios)}/{len(rows)} ran, geomean {np.exp(np.mean(np.log(ratios))):.2f}x, "
           f"{sum(r < 1 for r in ratios)} below 1")
     print(ops.format_table(rows))
-    if not args.no_save:
-        print(f"wrote {ops.write_results(rows, args, 'programs', chart.plot_ratios)}")
+    print(f"wrote {ops.write_results(rows, args, 'programs', chart.plot_ratios)}")
 
 
 if __name__ == "__main__":

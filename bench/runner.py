@@ -132,7 +132,10 @@ def max_relative_error(actual: Sequence, expected: Sequence) -> float:
     near zero do not dominate); inf on a shape mismatch or a differing NaN/inf."""
     worst = 0.0
     for a, e in zip(actual, expected, strict=True):
-        a, e = np.asarray(a, np.float64), np.asarray(e, np.float64)
+        a, e = (np.asarray(v) for v in (a, e))
+        if np.iscomplexobj(a) or np.iscomplexobj(e):  # both parts, as pairs
+            a, e = (np.stack([v.real, v.imag], -1) for v in (a, e))
+        a, e = a.astype(np.float64), e.astype(np.float64)
         if a.shape != e.shape:
             return float("inf")
         finite = np.isfinite(e)

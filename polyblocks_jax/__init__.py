@@ -7,12 +7,14 @@ into an ``Executable`` called with numpy arrays; ``Executable.serialize`` and
 """
 from __future__ import annotations
 
+from polyblocks_jax import logs
 from polyblocks_jax.errors import (CallbackError, CompilationError, InvalidArgumentError, InvalidProgramError,
                                    PolyblocksError, ResourceExhaustedError, UnsupportedError)
 from polyblocks_jax.options import Options
 from polyblocks_jax.runtime.executable import Executable, deserialize  # no MLIR: loads anywhere
 
 __version__ = "0.1.0"
+logs.configure()
 
 __all__ = ["compile", "deserialize", "Executable", "Options", "PolyblocksError", "UnsupportedError",
            "CompilationError", "InvalidProgramError", "InvalidArgumentError", "ResourceExhaustedError",

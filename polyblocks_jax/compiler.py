@@ -19,7 +19,8 @@ from typing import Callable, Sequence
 
 from mlir import ir
 
-from polyblocks_jax import compile_workers, cpu, donation, passes
+from polyblocks_jax import compile_workers, cpu, donation, logs, passes
+from polyblocks_jax.dumps import Dump
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import results
@@ -73,16 +74,21 @@ def compile(program, options: Options | None = None,  # noqa: A001 (public API n
     source = reader.program_source(program)
     text, marks = _read(source)
     key = _key(text, options, donate_argnums)
+    name = logs.program_name(text)
     cached = CACHE.get(key)
     if cached is not None:
+        logs.logger.info("%s: in the compile cache", name)
         return cached
     exe = None
     # A program calling back into Python compiles here: its callbacks are objects of this
     # process, and its code calls them at this process's addresses.
     if not options.in_process and runtime_callbacks.TARGET not in text:
-        exe = compile_workers.compile(compile_workers.Job(source, options, key, marks, donate_argnums), text)
+        with logs.CompileReport(name, "compile worker") as report:
+            exe = compile_workers.compile(compile_workers.Job(source, options, key, marks, donate_argnums), text,
+                                          report.stage)
     if exe is None:  # in process, or no worker could start (logged)
-        exe = compile_in_process(source, options, key, marks, donate_argnums)
+        with logs.CompileReport(name, "in process") as report:
+            exe = compile_in_process(source, options, key, marks, donate_argnums, report.stage)
     CACHE.put(key, exe)
     return exe
 
@@ -134,6 +140,11 @@ def _read(source: str | bytes) -> tuple[str, dict[int, int | None]]:
         return module.operation.get_asm(enable_debug_info=False), marks
 
 
+def program_text(source: str | bytes) -> str:
+    """The program's text (bytecode printed), without locations."""
+    return _read(source)[0]
+
+
 def _key(text: str, options: Options, donate_argnums: Sequence[int] | None) -> str:
     requested = "" if donate_argnums is None else "-donate" + ",".join(map(str, donate_argnums))
     return hashlib.sha256(text.encode()).hexdigest()[:32] + "-" + options.cache_key() + requested
@@ -148,13 +159,17 @@ def _compile_uncached(source: str | bytes, options: Options, key: str,
                       donate_argnums: Sequence[int] | None = None,
                       on_stage: Callable[[str], None] = _ignore) -> Executable:
     """Compile in this process; ``on_stage`` is told each stage's name as it starts."""
+    dump = Dump(None, "")
+    if options.dump_dir:
+        dump = Dump(options.dump_dir, f"{logs.program_name(program_text(source))}-{key}")
+        dump.stablehlo(source)
     with ir.Context() as context, ir.Location.unknown():
         on_stage("import")
         imported = import_program(source, context)
         inputs, outputs = imported.inputs, imported.outputs
         donated = donation.plan(donation.requested_marks(marks or {}, donate_argnums, len(inputs)), inputs, outputs)
         try:
-            return _compile_imported(imported, options, key, donated, on_stage)
+            return _compile_imported(imported, options, key, donated, on_stage, dump)
         except CompilationError as e:
             if e.stage != "bufferize" or not donated.aliases:
                 raise
@@ -163,19 +178,20 @@ def _compile_uncached(source: str | bytes, options: Options, key: str,
     with ir.Context() as context, ir.Location.unknown():
         on_stage("import")
         imported = import_program(source, context)
-        return _compile_imported(imported, options, key, donation.Donation(donated.donated), on_stage)
+        return _compile_imported(imported, options, key, donation.Donation(donated.donated), on_stage, dump)
 
 
 def _compile_imported(imported: ImportedProgram, options: Options, key: str,
-                      donated: donation.Donation, on_stage: Callable[[str], None]) -> Executable:
+                      donated: donation.Donation, on_stage: Callable[[str], None], dump: Dump) -> Executable:
     if donated.aliases:
         results.mark_donated_arguments(imported.module, donated.aliases)
     callbacks = host_callbacks.entries(imported.module)
     stages = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
-    timings = passes.run_stages(imported.module, stages, options, label=key, on_stage=on_stage)
+    timings = passes.run_stages(imported.module, stages, options, dump, on_stage)
     recorded = results.output_aliases(imported.module)
     aliases = None if recorded is None else [None if a < 0 else a for a in recorded]
     on_stage("codegen")  # translation to LLVM IR here, then LLVM's tools in processes of their own
     exe = cpu.build(imported.module, imported.inputs, imported.outputs, options, aliases,
-                    overwritten=donated.aliases)  # the donors bufferization may write
+                    overwritten=donated.aliases, timings=timings, dump=dump)  # the donors bufferization may write
+    dump.timings(timings)
     return Executable(exe, key, timings, donated.donated, callbacks)

@@ -22,7 +22,7 @@ import polyblocks_jax as pb
 import support
 from polyblocks_jax import cpu
 from polyblocks_jax.cpu.avx512_bf16 import round_computed_vectors
-from polyblocks_jax.cpu.bf16 import define_truncsfbf2
+from polyblocks_jax.cpu.bf16 import bf16_vectors_as_bits, define_truncsfbf2
 
 BF16 = ml_dtypes.bfloat16
 SETTINGS = (pb.Options(), pb.Options(fusion=False, tiling=False, parallel=False, vectorize=False))
@@ -49,6 +49,49 @@ class ProgramsTest(parameterized.TestCase):
         x = _bf16(sum(shape), shape, edge)
         for options in SETTINGS:
             support.check_against_xla(self, fn, x, options=options)
+
+
+class OddRowsTest(parameterized.TestCase):
+    """bf16 rows moved in vectors whose last is of 8k+1 lanes (25 = 16 + 9, 41 = 32 + 9):
+    on a host with AVX-512 BF16, llc could not split such a bf16 vector's load or store
+    (cpu/bf16.py's ``bf16_vectors_as_bits``). Moves: XLA's bits exactly."""
+
+    @parameterized.named_parameters(
+        ("broadcast", lambda x: jnp.broadcast_to(x, (3, *x.shape)), (4, 25)),
+        ("broadcast_rows", lambda x: jnp.broadcast_to(x[:, None], (x.shape[0], 5, x.shape[1])), (3, 41)),
+        ("tile", lambda x: jnp.tile(x, (2, 3)), (2, 25)),
+        ("transpose", lambda x: (x.T, jnp.transpose(x.reshape(5, 5, 1, 9), (2, 1, 0, 3))), (25, 9)),
+        ("patches", lambda x: lax.conv_general_dilated_patches(x, (5, 5), (1, 1), ((2, 2), (2, 2))), (1, 10, 10, 5)),
+    )
+    def test_against_xla(self, fn, shape):
+        support.check_against_xla(self, fn, _bf16(len(shape), shape), rtol=0, atol=0)
+
+    def test_moves_become_i16_moves(self):
+        # Every move of a bf16 vector takes and gives i16 lanes; the casts between two moves
+        # cancel, those to and from the bf16 scalars moved in and out stay.
+        module_text = """
+        llvm.func @f(%a: !llvm.ptr, %b: !llvm.ptr, %m: vector<9xi1>, %x: bf16) {
+          %p = llvm.mlir.poison : vector<9xbf16>
+          %v = llvm.load %a {alignment = 2 : i64} : !llvm.ptr -> vector<9xbf16>
+          %s = llvm.select %m, %v, %p : vector<9xi1>, vector<9xbf16>
+          %c = llvm.mlir.constant(3 : i32) : i32
+          %i = llvm.insertelement %x, %s[%c : i32] : vector<9xbf16>
+          %e = llvm.extractelement %i[%c : i32] : vector<9xbf16>
+          llvm.store %e, %b : bf16, !llvm.ptr
+          %r = llvm.shufflevector %i, %p [8, 7, 6, 5, 4, 3, 2, 1, 0] : vector<9xbf16>
+          llvm.store %r, %b {alignment = 2 : i64} : vector<9xbf16>, !llvm.ptr
+          llvm.intr.masked.store %i, %b, %m {alignment = 2 : i32} : vector<9xbf16>, vector<9xi1> into !llvm.ptr
+          llvm.return
+        }
+        """
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(module_text)
+            self.assertTrue(bf16_vectors_as_bits(module, pb.Options()))
+            self.assertTrue(module.operation.verify())
+            text = str(module)
+        self.assertNotIn("xbf16>", text)
+        self.assertEqual(text.count("llvm.bitcast"), 2)
+        self.assertRegex(text, r"llvm\.load .* -> vector<9xi16>")
 
 
 class TruncsfbfTest(absltest.TestCase):

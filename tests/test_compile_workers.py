@@ -1,5 +1,6 @@
 """Compile workers: a compile that crashes its worker is an error naming the stage, with a
 reproducer that replays; the process, its cache and the next compiles go on."""
+import dataclasses
 import os
 import signal
 import subprocess
@@ -108,6 +109,29 @@ class CrashTest(absltest.TestCase):
             os.kill(worker.pid, signal.SIGKILL)
             worker.process.wait()
         support.check_against_xla(self, lambda a: a - 3.0, x)
+
+
+class MemoryLimitTest(absltest.TestCase):
+    def test_a_compile_over_the_limit_is_an_error_and_the_process_goes_on(self):
+        lowered = _lowered(_layers, np.ones((64, 64), np.float32))
+        with tempfile.TemporaryDirectory() as dump:
+            job = protocol.Job(lowered.as_text(), pb.Options(dump_dir=dump), "memory-limit-test", {}, None)
+            with mock.patch.dict(os.environ, {"POLYBLOCKS_WORKER_MEMORY_GB": "0.001"}):
+                small = pool.Pool(1)  # its workers start under the limit of 1 MiB
+            self.addCleanup(small.close)
+            with self.assertRaisesRegex(CompilationError, r"the compile ran out of memory: its worker held "
+                                                          r"[0-9.]+ GiB, over the 0.00 GiB a compile worker may use"):
+                small.compile(job, lowered.as_text())
+            self.assertTrue([f for f in os.listdir(dump) if f.startswith("crash-")])
+        x = np.random.default_rng(0).standard_normal((64, 64), np.float32)
+        support.check_against_xla(self, _layers, x)
+
+    def test_the_limit_shares_the_memory_among_the_workers(self):
+        self.assertGreaterEqual(pool.memory_limit(64), 4 * 2 ** 30)
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        self.assertEqual(pool.memory_limit(1), max(4 * 2 ** 30, int(0.8 * physical)))
+        with mock.patch.dict(os.environ, {"POLYBLOCKS_WORKER_MEMORY_GB": "6"}):
+            self.assertEqual(pool.memory_limit(2), 6 * 2 ** 30)
 
 
 class ScriptTest(absltest.TestCase):

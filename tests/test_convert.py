@@ -43,6 +43,26 @@ WIDTHS = (np.int8, np.uint8, np.int16, np.float16, BF16, np.int32, np.float32, n
           np.uint64)
 
 
+NARROW = tuple(getattr(ml_dtypes, n) for n in (
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz", "float8_e3m4",
+    "float8_e4m3", "float8_e8m0fnu", "float4_e2m1fn", "int4", "uint4", "int2", "uint2"))
+
+
+# The width of each type whose values are narrower than a byte (bitcasts are in those bits).
+SUB_BYTE = {ml_dtypes.float4_e2m1fn: 4, ml_dtypes.int4: 4, ml_dtypes.uint4: 4, ml_dtypes.int2: 2, ml_dtypes.uint2: 2}
+
+
+def _bits(dtype) -> int:
+    return SUB_BYTE.get(dtype, np.dtype(dtype).itemsize * 8)
+
+
+def _random_bits(rng, shape, dtype) -> np.ndarray:
+    """Random bit patterns of ``dtype`` (NaN payloads included); a narrow type's in the low
+    bits of its byte."""
+    size = np.dtype(dtype).itemsize
+    raw = rng.integers(0, 256, size=(*shape, size), dtype=np.uint8).view(f"u{size}")[..., 0]
+    return (raw & ((1 << _bits(dtype)) - 1) if _bits(dtype) < 8 else raw).view(dtype)
+
 class BitcastTest(parameterized.TestCase):
     def test_same_width(self):
         rng = np.random.default_rng(1)
@@ -60,6 +80,21 @@ class BitcastTest(parameterized.TestCase):
                                      source) for t in targets]
         support.check_against_xla(self, lambda *xs: tuple(
             lax.bitcast_convert_type(x, t) for x, t in zip(xs, targets)), *args)
+
+    @parameterized.named_parameters([dict(testcase_name=np.dtype(n).name, narrow=n) for n in NARROW])
+    def test_narrow_widths(self, narrow):
+        # A narrow type's bits are the low bits of its byte: cut from and joined into every
+        # type of another width, both ways, bit for bit as XLA.
+        others = [t for t in NARROW + WIDTHS if _bits(t) != _bits(narrow)]
+        pairs = [(narrow, t) for t in others] + [(t, narrow) for t in others]
+        rng = np.random.default_rng(_bits(narrow))
+        args = [_random_bits(rng, (2, 3, 4) + ((_bits(t) // _bits(s),) if _bits(t) > _bits(s) else ()), s)
+                for s, t in pairs]
+        fn = lambda *xs: tuple(lax.bitcast_convert_type(x, np.dtype(t)) for x, (_, t) in zip(xs, pairs))
+        for got, want, (s, t) in zip(support.polyblocks(fn, *args), support.xla_cpu(fn, *args), pairs):
+            self.assertEqual(got.dtype, want.dtype)
+            np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{want.itemsize}"),
+                                          f"{np.dtype(s).name} -> {np.dtype(t).name}")
 
 
 class ReducePrecisionTest(parameterized.TestCase):

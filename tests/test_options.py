@@ -88,14 +88,25 @@ class CacheAndDumpTest(absltest.TestCase):
         self.assertIsNone(cache.get("0"))
         self.assertIsNotNone(cache.get("4"))
 
-    def test_dump_writes_every_stage_and_timings(self):
+    def test_dump_writes_stablehlo_every_stage_llvm_ir_assembly_and_timings(self):
         x = np.ones(7, np.float32)
         with tempfile.TemporaryDirectory() as d:
             exe = pb.compile(_lowered(lambda a: a + a + a, x), pb.Options(dump_dir=d))
             (sub,) = os.listdir(d)
-            files = sorted(os.listdir(os.path.join(d, sub)))
-            self.assertIn("timings.txt", files)
-            self.assertEqual(len(files), len(exe.timings) + 2)  # input + each stage + timings
+            self.assertTrue(sub.startswith("jit__lambda") and sub.endswith(exe.fingerprint), sub)
+            folder = os.path.join(d, sub)
+            files = sorted(os.listdir(folder))
+            self.assertEqual(files[0], "00-stablehlo.mlir")
+            self.assertIn("stablehlo.add", open(os.path.join(folder, files[0])).read())
+            stages = [f for f in files if f.endswith(".mlir")][1:]
+            self.assertEqual([f.split("-", 1)[1][:-5] for f in stages], ["input", *list(exe.timings)[:len(stages) - 1]])
+            llvm = sorted(os.listdir(os.path.join(folder, "llvm")))
+            self.assertIn("translated.ll", llvm)
+            self.assertIn("part0.optimized.ll", llvm)
+            self.assertIn(".text", open(os.path.join(folder, "llvm", "part0.s")).read())
+            timings = open(os.path.join(folder, "timings.txt")).read()
+            for name in ("fusion", "translate to LLVM IR", "opt part0", "llc part0", "link"):
+                self.assertRegex(timings, rf"(?m)^{name}\t[0-9.]+ ms$")
 
 
 class GarbageCollectionTest(absltest.TestCase):

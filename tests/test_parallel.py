@@ -132,8 +132,9 @@ def _compile(fn, *args, options: pb.Options) -> tuple[compiler.Executable, bool]
     lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
     with tempfile.TemporaryDirectory() as d:
         exe = compiler._compile_uncached(lowered.as_text(), options.replace(dump_dir=d), "k")
-        (last,) = [f for f in os.listdir(os.path.join(d, "k")) if f.endswith("to-llvm.mlir")]
-        with open(os.path.join(d, "k", last)) as f:
+        (program,) = os.listdir(d)
+        (last,) = [f for f in os.listdir(os.path.join(d, program)) if f.endswith("to-llvm.mlir")]
+        with open(os.path.join(d, program, last)) as f:
             return exe, "omp.parallel" in f.read()
 
 
@@ -202,6 +203,33 @@ class ParallelSerializationTest(absltest.TestCase):
             self.assertEqual(done.returncode, 0, done.stderr)
             np.testing.assert_array_equal(np.load(os.path.join(d, "out.npy")), exe(x)[0])
 
+
+
+class DynamicTeamsTest(absltest.TestCase):
+    """Teams sized by libomp's load balance (the cores idle when a region starts), unless the
+    user set OpenMP's dynamic adjustment themselves."""
+
+    SCRIPT = textwrap.dedent("""
+        import ctypes, numpy as np, jax, jax.numpy as jnp
+        import polyblocks_jax as pb
+        from polyblocks_jax.cpu.executable import openmp_runtime
+        x = np.ones((512, 512), np.float32)
+        pb.compile(jax.jit(lambda a: a @ a).trace(x).lower(lowering_platforms=("cpu",)))(x)
+        print(ctypes.CDLL(openmp_runtime()).omp_get_dynamic())
+    """)
+
+    def _dynamic(self, **env) -> str:
+        base = {k: v for k, v in os.environ.items() if k not in ("OMP_DYNAMIC", "KMP_DYNAMIC_MODE")}
+        done = subprocess.run([sys.executable, "-c", self.SCRIPT], env={**base, **env}, capture_output=True,
+                              text=True, timeout=300)
+        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+        return done.stdout.split()[-1]
+
+    def test_on_by_default(self):
+        self.assertEqual(self._dynamic(), "1")
+
+    def test_the_users_setting_wins(self):
+        self.assertEqual(self._dynamic(OMP_DYNAMIC="false"), "0")
 
 if __name__ == "__main__":
     absltest.main()

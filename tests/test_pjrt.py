@@ -256,6 +256,51 @@ def owned_by_device(a: np.ndarray) -> jax.Array:
     return jax.jit(lambda v: v + 0)(on_pb(a)[0])
 
 
+class CompiledTextTest(absltest.TestCase):
+    """``compiled.as_text()``: the StableHLO program compiled, dead ops removed, as HLO text."""
+
+    def _texts(self, fn, x):
+        """Our compiled text and XLA CPU's, after checking both compute the same (exactly)."""
+        texts = []
+        for device in (pb_device(), jax.devices("cpu")[0]):
+            compiled = jax.jit(fn).lower(jax.device_put(x, device)).compile()
+            texts.append(compiled.as_text())
+            self.assertIsInstance(texts[-1], str)
+        support.assert_close(self, run_pb(fn, x), support.xla_cpu(fn, x), rtol=0, atol=0)
+        return texts
+
+    def test_dce_sink_keeps_its_operands_and_nothing_else(self):
+        # lax_test's test_dce_sink_prevents_xla_dce: the add feeding a dce_sink stays, an add
+        # feeding nothing is gone, as in XLA's optimized HLO.
+        def kept(x):
+            lax.dce_sink(x + 1, prevent_mlir_dce=True)
+            return x
+
+        def dropped(x):
+            lax.dce_sink(x + 1)
+            return x
+
+        for fn, present in ((kept, True), (dropped, False)):
+            ours, xla = self._texts(fn, np.float32(1.0))
+            for word in ("custom_call", "dce_sink", "add"):
+                self.assertEqual(word in xla, present, f"{fn.__name__}: {word} in XLA's text")
+                self.assertEqual(word in ours, present, f"{fn.__name__}: {word} in our text:\n{ours}")
+
+    def test_named_scopes_are_in_the_text(self):
+        def fn(x):
+            with jax.named_scope("outer_scope"), jax.named_scope("inner_scope"):
+                return jnp.sin(x) * 2
+
+        ours, xla = self._texts(fn, np.arange(4.0, dtype=np.float32))
+        for name in ("outer_scope", "inner_scope"):
+            self.assertIn(name, xla)
+            self.assertIn(name, ours)
+
+    def test_a_deserialized_executable_keeps_its_text(self):
+        lowered = jax.jit(lambda a: a + 1).trace(np.ones(3, np.float32)).lower(lowering_platforms=("cpu",))
+        exe = pjrt_executable.Executable(pb.compile(lowered), "main", b"", lowered.as_text().encode())
+        self.assertEqual(pjrt_executable.deserialize(exe.serialize()).optimized_program(), exe.optimized_program())
+
 class DLPackTest(absltest.TestCase):
     def test_import_through_the_cpu(self):
         # jax.dlpack imports onto XLA's CPU client, then copies to the device asked for.
@@ -501,6 +546,30 @@ class NativeFunctionsTest(absltest.TestCase):
         self.assertEqual([line for line in call.splitlines() if line.startswith("pjrt:")],
                          ["pjrt: PJRT_LoadedExecutable_Execute"])
 
+
+
+class QuietWhenUnusedTest(absltest.TestCase):
+    """Installing the package does not change what a program that never asks for the
+    platform prints; one that asks gets JAX's notice that the platform is experimental."""
+
+    SCRIPT = "import jax, jax.numpy as jnp; print(float(jnp.ones(3).sum()), jax.default_backend())"
+
+    def _run(self, **env):
+        base = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+        done = subprocess.run([sys.executable, "-c", self.SCRIPT], env={**base, **env}, capture_output=True,
+                              text=True, timeout=300)
+        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+        return done
+
+    def test_unrequested_platform_is_silent(self):
+        done = self._run()
+        self.assertEqual(done.stdout.split(), ["3.0", "cpu"])
+        self.assertNotIn("polyblocks", done.stderr)
+
+    def test_requested_platform_is_announced(self):
+        done = self._run(JAX_PLATFORMS="polyblocks,cpu")
+        self.assertEqual(done.stdout.split(), ["3.0", "polyblocks"])
+        self.assertIn("Platform 'polyblocks' is experimental", done.stderr)
 
 if __name__ == "__main__":
     absltest.main()

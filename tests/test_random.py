@@ -67,9 +67,19 @@ class RngBitGeneratorTest(parameterized.TestCase):
         np.testing.assert_array_equal(bits, xla_bits)
         np.testing.assert_array_equal(state, xla_state.view(np.uint64))
 
-    def test_three_fry_is_unsupported(self):
+    @parameterized.parameters(
+        (np.uint32, (5, 7)),      # no even dim: split along the largest
+        (np.uint32, (3, 4, 5)),   # the first even dim
+        (np.uint32, (7,)), (np.uint32, ()), (np.uint8, (2, 3)), (np.uint16, (9, 1)),
+        (np.uint64, (5, 7)), (np.uint64, ()))
+    def test_three_fry_bit_exact(self, dtype, shape):
+        key = np.array([0x0123456789ABCDEF, 0xFFFFFFFFFFFFFFF0], np.uint64)  # the counter wraps
+        draw = lambda k: lax.rng_bit_generator(k, shape, dtype=dtype, algorithm=lax.RandomAlgorithm.RNG_THREE_FRY)
+        support.check_against_xla(self, draw, key, **EXACT)
+
+    def test_three_fry_needs_a_u64_pair(self):
         with self.assertRaisesRegex(pb.UnsupportedError, "THREE_FRY"):
-            pb.compile(_rng_program(2, "tensor<4xui32>", "THREE_FRY"))
+            pb.compile(_rng_program(3, "tensor<4xui32>", "THREE_FRY"))
 
 
 class CustomCallTest(absltest.TestCase):

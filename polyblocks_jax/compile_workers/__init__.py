@@ -8,6 +8,8 @@ the program's StableHLO, the options and the requested donation; the executable 
 serialized, the in-memory cache stays here. A worker that dies during a compile becomes a
 CompilationError naming the stage it died in, with the program saved to replay (``crashes``);
 an error raised in the worker reaches the caller with its type and message (``protocol``).
+A worker whose resident memory passes its share of the machine's during a compile is
+stopped, and the compile is a CompilationError saying so (``POLYBLOCKS_WORKER_MEMORY_GB``).
 
 ``POLYBLOCKS_FLAGS=in-process`` (``Options(in_process=True)``) compiles in the calling
 process instead, for pdb and profilers; so does every compile when no worker can start
@@ -18,6 +20,8 @@ caller's: ``polyblocks_jax.compile`` starts one before importing the compiler it
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from polyblocks_jax.compile_workers.pool import POOL
 from polyblocks_jax.compile_workers.protocol import Job
 from polyblocks_jax.runtime.executable import Executable
@@ -25,10 +29,11 @@ from polyblocks_jax.runtime.executable import Executable
 __all__ = ["Job", "compile", "prestart"]
 
 
-def compile(job: Job, text: str) -> Executable | None:  # noqa: A001 (the driver's verb)
-    """``job`` compiled in a worker (``text``: the program without locations, for a reproducer);
-    None when no worker can start."""
-    return POOL.compile(job, text)
+def compile(job: Job, text: str, on_stage: Callable[[str], None] | None = None  # noqa: A001 (the driver's verb)
+            ) -> Executable | None:
+    """``job`` compiled in a worker (``text``: the program without locations, for a reproducer;
+    ``on_stage``: told each stage's name as the worker starts it); None when no worker can start."""
+    return POOL.compile(job, text, on_stage)
 
 
 def prestart() -> None:

@@ -25,6 +25,13 @@ def crash_error(stage: str, returncode: int | None, output: str, reproducer: str
     return CompilationError(stage, f"the compile worker crashed ({death(returncode)}); reproducer: {reproducer}{tail}")
 
 
+def memory_error(stage: str, resident: int, limit: int, reproducer: str) -> CompilationError:
+    """The error of a compile whose worker was stopped for holding ``resident`` bytes."""
+    return CompilationError(stage, f"the compile ran out of memory: its worker held {resident / 2 ** 30:.2f} GiB, "
+                                   f"over the {limit / 2 ** 30:.2f} GiB a compile worker may use (set by "
+                                   f"POLYBLOCKS_WORKER_MEMORY_GB); reproducer: {reproducer}")
+
+
 def save_reproducer(text: str, source: str | bytes, options: Options,
                     donate_argnums: Sequence[int] | None, key: str) -> str:
     """Write the program that crashed the compiler; returns the path of its text."""

@@ -16,6 +16,8 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from typing import Callable
 
 import polyblocks_jax
 from polyblocks_jax.compile_workers import crashes, protocol
@@ -24,13 +26,14 @@ from polyblocks_jax.runtime.executable import Executable, deserialize
 logger = logging.getLogger(__name__)
 
 _OUTPUT_LINES = 60            # of a worker's output, kept for the report of its crash
+_MEMORY_POLL_S = 0.05         # between two reads of a worker's resident memory
 _EXIT_WAIT_S = 10             # for a worker that closed its pipe to exit, before it is killed
 
 
 class Worker:
     """One compile process; one job at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory_limit: int) -> None:
         job_out, job_in = os.pipe()
         reply_out, reply_in = os.pipe()
         try:
@@ -47,12 +50,18 @@ class Worker:
             os.close(job_out)
             os.close(reply_in)
         self._jobs, self._replies = protocol.writer(job_in), protocol.reader(reply_out)
+        self.memory_limit = memory_limit
+        self.memory_exceeded: int | None = None  # the resident bytes it was stopped at
+        self._job_running = False
         self.ready = False
         self.stage: str | None = None  # the stage of the job under way, as the worker reported it
         self._output: collections.deque[bytes] = collections.deque(maxlen=_OUTPUT_LINES)
         self._forwarder = threading.Thread(target=self._forward_output, name="polyblocks-compile-worker-output",
                                            daemon=True)
         self._forwarder.start()
+        if memory_limit:
+            threading.Thread(target=self._watch_memory, name="polyblocks-compile-worker-memory",
+                             daemon=True).start()
 
     @property
     def pid(self) -> int:
@@ -80,21 +89,26 @@ class Worker:
         self.ready = True
         return None
 
-    def compile(self, job: protocol.Job, text: str) -> Executable:
+    def compile(self, job: protocol.Job, text: str, on_stage: Callable[[str], None] | None = None) -> Executable:
         """Run ``job``; raises what the compile raised, or a CompilationError if the worker died."""
         self.stage = None
         self._output.clear()
+        self._job_running = True
         try:
             self._jobs.send(job)
             reply = self._replies.recv()
             while reply[0] == protocol.STAGE:
                 self.stage = reply[1]
+                if on_stage is not None:
+                    on_stage(self.stage)
                 reply = self._replies.recv()
         except (EOFError, OSError):
             raise self._crash_error(job, text) from None
         except BaseException:  # interrupted here: the worker's state is unknown
             self.kill()
             raise
+        finally:
+            self._job_running = False
         if reply[0] == protocol.ERROR:
             raise protocol.decode_error(reply[1], self.stage or "worker")
         exe = deserialize(reply[1])
@@ -120,6 +134,8 @@ class Worker:
         except OSError as e:
             reproducer = f"(not saved: {e})"
         self.close()
+        if self.memory_exceeded is not None:
+            return crashes.memory_error(self.stage or "worker", self.memory_exceeded, self.memory_limit, reproducer)
         return crashes.crash_error(self.stage or "worker", code, self._output_text(), reproducer)
 
     def _exit_code(self) -> int:
@@ -131,6 +147,23 @@ class Worker:
 
     def _output_text(self) -> str:
         return b"".join(self._output).decode(errors="replace")
+
+    def _watch_memory(self) -> None:
+        """Stop the worker once its resident memory passes the limit: a compile that runs
+        away (an exponential fusion, a huge constant) then fails alone, before the machine
+        swaps or the kernel's OOM killer picks a victim (perhaps the user's process)."""
+        page = os.sysconf("SC_PAGE_SIZE")
+        while self.process.poll() is None:
+            try:
+                with open(f"/proc/{self.pid}/statm") as f:
+                    resident = int(f.read().split()[1]) * page
+            except (OSError, ValueError, IndexError):  # exited, or no /proc here
+                return
+            if resident > self.memory_limit and self._job_running:
+                self.memory_exceeded = resident
+                self.process.kill()
+                return
+            time.sleep(_MEMORY_POLL_S if self._job_running else 10 * _MEMORY_POLL_S)
 
     def _forward_output(self) -> None:
         stream = self.process.stdout
@@ -152,12 +185,14 @@ class Pool:
 
     def __init__(self, size: int) -> None:
         self.size = size
+        self.memory_limit = memory_limit(size)
         self.unavailable: str | None = None
         self._idle: list[Worker] = []
         self._busy: set[Worker] = set()
         self._changed = threading.Condition()
 
-    def compile(self, job: protocol.Job, text: str) -> Executable | None:
+    def compile(self, job: protocol.Job, text: str,
+                on_stage: Callable[[str], None] | None = None) -> Executable | None:
         """Compile ``job`` in a worker; None if no worker can start."""
         worker = self._acquire()
         if worker is None:
@@ -167,7 +202,7 @@ class Pool:
             if failure is not None:
                 self._give_up(failure)
                 return None
-            return worker.compile(job, text)
+            return worker.compile(job, text, on_stage)
         finally:
             self._release(worker)
 
@@ -229,7 +264,7 @@ class Pool:
 
     def _spawn(self) -> Worker | None:
         try:
-            return Worker()
+            return Worker(self.memory_limit)
         except OSError as e:
             self._give_up(f"it does not start: {e}")
             return None
@@ -250,6 +285,20 @@ def _environment() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"  # a line printed before a crash is not lost in a buffer
     return env
+
+
+def memory_limit(workers: int) -> int:
+    """Resident bytes each of ``workers`` compile workers may hold: together within 80% of
+    the physical memory, and at least 4 GiB; ``POLYBLOCKS_WORKER_MEMORY_GB`` sets it
+    instead. 0: no limit."""
+    override = os.environ.get("POLYBLOCKS_WORKER_MEMORY_GB")
+    if override:
+        return int(float(override) * 2 ** 30)
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # not on this system: no limit
+        return 0
+    return max(4 * 2 ** 30, int(0.8 * physical / max(1, workers)))
 
 
 def _cores() -> int:

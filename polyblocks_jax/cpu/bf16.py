@@ -12,13 +12,19 @@ integer rounding, but two kinds of bf16 operation still reach LLVM:
 - whatever else LLVM narrows. ``define_truncsfbf2`` defines the routine in the module
   itself (integer ops, round to nearest even as compiler-rt), so the library resolves
   it there instead of failing to load.
+
+On a host with AVX-512 BF16, where bf16 vectors are legal types, llc's type legalizer
+aborts on loads, stores, selects and element moves of a bf16 vector of 8k+1 lanes
+(k >= 1: the remainder of a row of 25 after a vector of 16, which the vectorize stage
+gives its own vector of 9): the lane it splits off becomes a promoted scalar it cannot put
+back in a vector. ``bf16_vectors_as_bits`` moves every bf16 vector as i16 lanes.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 from mlir import ir
-from mlir.dialects import arith
+from mlir.dialects import arith, llvm
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.transform import walk
@@ -64,6 +70,61 @@ def _is_bf16(type_: ir.Type) -> bool:
     """A bf16 scalar or vector (a select of bf16 buffers, a branch's, moves no bf16 value)."""
     elem = ir.VectorType(type_).element_type if isinstance(type_, ir.VectorType) else type_
     return isinstance(elem, ir.BF16Type)
+
+
+# LLVM-dialect ops that only move the values of their bf16 operands and results (or make
+# one of no value).
+_MOVES = frozenset((
+    "llvm.mlir.poison", "llvm.mlir.undef", "llvm.mlir.zero", "llvm.load", "llvm.store", "llvm.select",
+    "llvm.shufflevector", "llvm.extractelement", "llvm.insertelement", "llvm.intr.masked.load",
+    "llvm.intr.masked.store", "llvm.intr.masked.gather", "llvm.intr.masked.scatter",
+    "llvm.intr.masked.expandload", "llvm.intr.masked.compressstore"))
+
+
+def bf16_vectors_as_bits(module: ir.Module, options: Options) -> bool:
+    """Every LLVM-dialect move of a bf16 vector (and of the bf16 scalars it exchanges with
+    one) as the same move of i16 bits; whether there was one. The bits meet the bf16
+    values the rest of the code uses through bitcasts, which cancel between two moves."""
+    ops = [op for op in walk(module.operation) if op.name in _MOVES and any(
+        isinstance(t, ir.VectorType) and _is_bf16(t) for t in _value_types(op))]
+    casts = []
+    for op in ops:
+        with ir.InsertionPoint(op), op.location:
+            moved = ir.Operation.create(
+                op.name, results=[_bits_type(r.type) for r in op.results],
+                operands=[_as_bits(v, casts) for v in op.operands],
+                attributes={name: op.attributes[name] for name in op.attributes})
+            for old, new in zip(op.results, moved.results):
+                if old.type != new.type:
+                    new = llvm.bitcast(old.type, new)
+                    casts.append(new.owner.operation)
+                old.replace_all_uses_with(new)
+        op.erase()
+    for cast in reversed(casts):  # the casts of a move's result that the next move took back
+        if not list(cast.result.uses):
+            cast.erase()
+    return bool(ops)
+
+
+def _value_types(op: ir.Operation) -> list[ir.Type]:
+    return [v.type for v in (*op.operands, *op.results)]
+
+
+def _bits_type(type_: ir.Type) -> ir.Type:
+    return _same_shape(type_, ir.IntegerType.get_signless(16)) if _is_bf16(type_) else type_
+
+
+def _as_bits(value: ir.Value, casts: list) -> ir.Value:
+    """``value`` as i16 bits: the source of a cast from them, else a new cast."""
+    if not _is_bf16(value.type):
+        return value
+    if isinstance(value, ir.OpResult):
+        source = value.owner.operation
+        if source.name == "llvm.bitcast" and source.operands[0].type == _bits_type(value.type):
+            return source.operands[0]
+    cast = llvm.bitcast(_bits_type(value.type), value)
+    casts.append(cast.owner.operation)
+    return cast
 
 
 def _same_shape(type_: ir.Type, elem: ir.Type) -> ir.Type:

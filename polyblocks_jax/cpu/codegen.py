@@ -13,12 +13,15 @@ import ctypes
 import functools
 import importlib.metadata
 import os
+import shutil
 import subprocess
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from polyblocks_jax.cpu import constants
 from polyblocks_jax.cpu.ir_parts import balanced_parts
+from polyblocks_jax.dumps import Dump
 from polyblocks_jax.errors import CompilationError
 
 # Our kernels reach LLVM vectorized, with their register tiles unrolled: of the -O2
@@ -55,14 +58,21 @@ _SPLIT_BYTES = 256 << 10
 _LINKER = os.environ.get("CC", "cc")
 
 
-def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int) -> bytes:
+def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int,
+                   timings: dict[str, float] | None = None, dump: Dump | None = None) -> bytes:
     """The bytes of a shared library holding ``llvm_module`` (LLVM dialect) for this CPU,
-    compiled by ``cores`` processes at a time."""
+    compiled by ``cores`` processes at a time; each tool's time goes into ``timings``, the
+    LLVM IR (translated, optimized) and the assembly into ``dump``."""
+    timings = {} if timings is None else timings
+    dump = dump or Dump(None, "")
     from mlir._mlir_libs._mlirDialectsLLVM import translate_module_to_llvmir  # compiler side
     blobs = constants.detach_large_constants(llvm_module)
     # The translation names no target. Without one, opt knows no C library: it would expand
     # every memset and memcpy into a loop of byte stores (a matmul's zero fill: 8% of its time).
+    start = time.perf_counter()
     text = f'target triple = "{_host_triple()}"\n' + translate_module_to_llvmir(llvm_module.operation)
+    timings["translate to LLVM IR"] = time.perf_counter() - start
+    dump.text("llvm/translated.ll", text)
     with tempfile.TemporaryDirectory(prefix="polyblocks-") as tmp:
         pieces = []
         for number, part in enumerate(balanced_parts(text, cores if len(text) > _SPLIT_BYTES else 1)):
@@ -70,30 +80,39 @@ def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int)
             with open(pieces[-1], "w") as f:
                 f.write(part)
         with ThreadPoolExecutor(len(pieces)) as pool:
-            objects = list(pool.map(functools.partial(_object_file, opt_level=opt_level), pieces))
+            objects = list(pool.map(functools.partial(_object_file, opt_level=opt_level, timings=timings,
+                                                      dump=dump), pieces))
         if blobs:
             data = os.path.join(tmp, "constants.o")
-            _run([_LINKER, "-c", constants.assembly(blobs, tmp), "-o", data], "constants")
+            _run([_LINKER, "-c", constants.assembly(blobs, tmp), "-o", data], "constants", timings)
             objects.append(data)
         library = os.path.join(tmp, "main.so")
         runtime = os.path.dirname(openmp_runtime)
         _run([_LINKER, "-shared", "-o", library, *objects, "-lm", f"-L{runtime}", "-lomp",
-              f"-Wl,-rpath,{runtime}"], "link")
+              f"-Wl,-rpath,{runtime}"], "link", timings)
         with open(library, "rb") as f:
             return f.read()
 
 
-def _object_file(module: str, opt_level: int) -> str:
-    optimized, obj = module + ".opt.bc", module + ".o"
+def _object_file(module: str, opt_level: int, timings: dict[str, float], dump: Dump) -> str:
+    part = os.path.splitext(os.path.basename(module))[0]
+    # the optimized module as text only for a dump: llc reads bitcode faster
+    optimized, obj = module + (".opt.ll" if dump else ".opt.bc"), module + ".o"
     level = f"-O{opt_level}"
     passes = f"-passes={_OPTIMIZER_PASSES}" if opt_level else level
-    _run([_tool("opt"), passes, "-mcpu=native", *_OPTIMIZER_OPTIONS, module, "-o", optimized], "optimize")
-    _run([_tool("llc"), level, "-mcpu=native", "-relocation-model=pic", "-filetype=obj", *_CODEGEN_OPTIONS,
-          optimized, "-o", obj], "codegen")
+    _run([_tool("opt"), passes, "-mcpu=native", *_OPTIMIZER_OPTIONS, module, "-o", optimized, *["-S"] * bool(dump)],
+         "optimize", timings, f"opt {part}")
+    llc = [_tool("llc"), level, "-mcpu=native", "-relocation-model=pic", *_CODEGEN_OPTIONS, optimized]
+    _run([*llc, "-filetype=obj", "-o", obj], "codegen", timings, f"llc {part}")
+    if dump:
+        shutil.copy(optimized, dump.path(f"llvm/{part}.optimized.ll"))
+        _run([*llc, "-filetype=asm", "-o", dump.path(f"llvm/{part}.s")], "codegen")
     return obj
 
 
-def _run(command: list[str], stage: str) -> None:
+def _run(command: list[str], stage: str, timings: dict[str, float] | None = None, name: str | None = None) -> None:
+    """Run one of LLVM's tools or the linker; its time goes into ``timings[name or stage]``."""
+    start = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True)
     except OSError as e:  # no such tool (a CC naming no compiler), or not executable
@@ -103,6 +122,8 @@ def _run(command: list[str], stage: str) -> None:
         lines = done.stderr.strip().splitlines()
         shown = lines if len(lines) <= 24 else [*lines[:16], "...", *lines[-8:]]
         raise CompilationError(stage, f"{os.path.basename(command[0])} failed: " + "\n".join(shown))
+    if timings is not None:
+        timings[name or stage] = time.perf_counter() - start
 
 
 @functools.cache

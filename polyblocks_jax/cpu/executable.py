@@ -48,13 +48,18 @@ _DESCRIPTOR_ENTRY = "_mlir_ciface_main"
 
 
 def build(llvm_module, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], options,
-          aliases: Sequence[int | None] | None = None, overwritten: Iterable[int] = ()) -> "CpuExecutable":
-    """Compile an LLVM-dialect module (compiler side: needs MLIR) into a CpuExecutable."""
+          aliases: Sequence[int | None] | None = None, overwritten: Iterable[int] = (),
+          timings: dict[str, float] | None = None, dump=None) -> "CpuExecutable":
+    """Compile an LLVM-dialect module (compiler side: needs MLIR) into a CpuExecutable; the
+    times of LLVM's tools go into ``timings``, their inputs and outputs into ``dump``."""
     from polyblocks_jax.cpu import codegen
     from polyblocks_jax.cpu.target import host
     from polyblocks_jax.passes.arena import arena_bytes
-    library = codegen.shared_library(llvm_module, options.opt_level, openmp_runtime(), host().cores)
+    library = codegen.shared_library(llvm_module, options.opt_level, openmp_runtime(), host().cores, timings, dump)
     return CpuExecutable(library, inputs, outputs, aliases, overwritten, arena_bytes(llvm_module))
+
+
+DYNAMIC_TEAMS = {"OMP_DYNAMIC": "true", "KMP_DYNAMIC_MODE": "load_balance"}
 
 
 @functools.cache
@@ -66,6 +71,12 @@ def openmp_runtime() -> str:
         raise CompilationError("openmp", "the cmeel-libomp package is not installed") from None
     if os.environ.get("OMP_NUM_THREADS", "unset").strip() == "":
         del os.environ["OMP_NUM_THREADS"]  # libomp aborts the process on an empty value
+    # A parallel region ends when its last thread does: where other processes also use the
+    # cores, a descheduled thread holds every region for a time slice. libomp's load-balance
+    # mode sizes each team to the cores idle at that moment (sampled at most once a second);
+    # read when the runtime initializes, at the first parallel region. A user's setting wins.
+    for name, value in DYNAMIC_TEAMS.items():
+        os.environ.setdefault(name, value)
     ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
     return path
 

@@ -7,7 +7,7 @@ from mlir import ir
 from mlir.dialects import func
 
 from polyblocks_jax.cpu.avx512_bf16 import round_computed_vectors
-from polyblocks_jax.cpu.bf16 import bits_for_bf16_moves, define_truncsfbf2
+from polyblocks_jax.cpu.bf16 import bf16_vectors_as_bits, bits_for_bf16_moves, define_truncsfbf2
 from polyblocks_jax.cpu.heap import check_heap_buffers
 from polyblocks_jax.cpu.host_callbacks import define_host_callbacks
 from polyblocks_jax.cpu.matrix_units import lower_matrix_units
@@ -70,6 +70,8 @@ def cpu_stages(options: Options) -> list[Stage]:
         # Conversions that work function by function are nested in func.func: MLIR runs them
         # on the outlined kernels in parallel, one per core (ViT-Tiny: 0.41 -> 0.29 s).
         Stage("to-llvm", lower_to_llvm),
+        # Memory is pointers now: bf16 vectors move as i16 ones, which llc splits at any length.
+        Stage("bf16-vector-bits", bf16_vectors_as_bits),
         Stage("bf16-rounding", define_truncsfbf2),
     ]
 

@@ -68,7 +68,8 @@ def compile_gpu(program, chip: str = "sm_90", options: Options | None = None) ->
     """Compile StableHLO text, VHLO bytes or a ``jax.stages.Lowered`` to PTX for ``chip``; no GPU needed."""
     from mlir import ir  # the compiler side only
 
-    from polyblocks_jax import compiler, passes
+    from polyblocks_jax import compiler, logs, passes
+    from polyblocks_jax.dumps import Dump
     from polyblocks_jax.nvptx import lowering, ptx
     from polyblocks_jax.nvptx.host import read_plan
     from polyblocks_jax.stablehlo_import import host_callbacks, import_program, reader
@@ -77,14 +78,21 @@ def compile_gpu(program, chip: str = "sm_90", options: Options | None = None) ->
     target = target_of(chip)
     source = reader.program_source(program)
     key = compiler.fingerprint(source, options) + "-" + chip
+    dump = Dump(None, "")
+    if options.dump_dir:
+        dump = Dump(options.dump_dir, f"{logs.program_name(compiler.program_text(source))}-{key}")
+        dump.stablehlo(source)
     with ir.Context() as context, ir.Location.unknown():
         imported = import_program(source, context)
         if host_callbacks.entries(imported.module):  # the host target calls them (cpu/host_callbacks.py)
             raise UnsupportedError(host_callbacks.PREFIX, "calls back into Python from a GPU program")
         stages = passes.shared_stages(options, target.hardware()) + \
             lowering.nvptx_stages(options, target, ptx.find_toolkit())
-        timings = passes.run_stages(imported.module, stages, options, label=key)
+        timings = passes.run_stages(imported.module, stages, options, dump)
         modules = _ptx_modules(imported.module)
+        for name, ptx_text in modules.items():
+            dump.text(f"ptx/{name}.ptx", ptx_text)
+        dump.timings(timings)
         plan = read_plan(imported.module, len(imported.inputs))
     check_plan(plan, modules, target)
     return GpuExecutable(chip, modules, plan, imported.inputs, imported.outputs, key, timings)

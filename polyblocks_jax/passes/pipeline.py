@@ -2,7 +2,7 @@
 
 A stage is an upstream pass-pipeline string (or a Python function for the few
 rewrites upstream lacks). ``POLYBLOCKS_DUMP=dir`` writes the module after every stage
-as ``NN-<stage>.mlir`` and the times as ``timings.txt``.
+(``polyblocks_jax.dumps``).
 
 The module is verified after each stage written in Python (the IR it builds by hand), not
 after every upstream pass: the pass manager's verifier took 14% of a model's compile time
@@ -13,12 +13,12 @@ is not verified again (4-8 ms a model each; nine stages find nothing to do in mo
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Callable, Sequence
 
 from mlir import ir, passmanager
 
+from polyblocks_jax.dumps import Dump
 from polyblocks_jax.errors import CompilationError, PolyblocksError
 from polyblocks_jax.options import Options
 
@@ -31,22 +31,22 @@ class Stage:
 
 
 def run_stages(module: ir.Module, stages: Sequence[Stage], options: Options,
-               label: str = "program", on_stage: Callable[[str], None] | None = None) -> dict[str, float]:
+               dump: Dump | None = None, on_stage: Callable[[str], None] | None = None) -> dict[str, float]:
     """Run ``stages`` in order on ``module`` in place; returns seconds per stage.
 
-    ``on_stage`` is told each stage's name as it starts: a compile worker reports it to its
-    parent, which then names the stage a crash of MLIR or LLVM ended the worker in."""
+    ``dump`` gets the module before the first stage and after each. ``on_stage`` is told
+    each stage's name as it starts: a compile worker reports it to its parent, which then
+    names the stage a crash of MLIR or LLVM ended the worker in."""
     timings: dict[str, float] = {}
-    dump = _Dumper(options.dump_dir, label)
-    dump.write("input", module)
+    dump = dump or Dump(None, "")
+    dump.stage("input", module)
     for stage in stages:
         if on_stage is not None:
             on_stage(stage.name)
         start = time.perf_counter()
         _run_stage(stage, module, options)
         timings[stage.name] = time.perf_counter() - start
-        dump.write(stage.name, module)
-    dump.timings(timings)
+        dump.stage(stage.name, module)
     return timings
 
 
@@ -73,22 +73,3 @@ def _run_stage(stage: Stage, module: ir.Module, options: Options) -> None:
         hint = f"\nreproduce: mlir-opt --pass-pipeline='builtin.module({stage.passes})'" \
             if isinstance(stage.passes, str) else ""
         raise CompilationError(stage.name, f"{e}{hint}", before) from None
-
-
-class _Dumper:
-    def __init__(self, directory: str | None, label: str) -> None:
-        self.dir = os.path.join(directory, label) if directory else None
-        self.count = 0
-        if self.dir:
-            os.makedirs(self.dir, exist_ok=True)
-
-    def write(self, stage: str, module: ir.Module) -> None:
-        if self.dir:
-            with open(os.path.join(self.dir, f"{self.count:02d}-{stage}.mlir"), "w") as f:
-                f.write(str(module))
-            self.count += 1
-
-    def timings(self, timings: dict[str, float]) -> None:
-        if self.dir:
-            with open(os.path.join(self.dir, "timings.txt"), "w") as f:
-                f.writelines(f"{name}\t{secs * 1e3:.2f} ms\n" for name, secs in timings.items())

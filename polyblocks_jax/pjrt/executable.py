@@ -7,8 +7,8 @@ there (``gpu_executable`` binds PTX programs to a GPU device). Loading a seriali
 executable goes through ``polyblocks_jax.runtime`` (or ``nvptx``): no MLIR.
 
 Introspection: the Executable keeps the StableHLO it was compiled from (in its serialized
-form too), which ``compiled.as_text()`` shows (jaxlib prints it as HLO) and our cost model
-(``polyblocks_jax.cost_analysis``) reads on the first ``cost_analysis()``;
+form too); ``compiled.as_text()`` shows it without its dead ops (jaxlib prints it as HLO),
+and our cost model (``polyblocks_jax.cost_analysis``) reads that on the first ``cost_analysis()``;
 ``memory_analysis()`` gives the sizes of arguments, outputs, aliased outputs, the arena of
 temporaries and the code. A token result reads as XLA's does: an error.
 
@@ -39,7 +39,6 @@ from polyblocks_jax.runtime import executable as runtime
 # Serialized plugin executable: magic, header length, JSON header, runtime executable.
 _MAGIC = b"PBLKPJR3"
 _PREFIX = struct.Struct("<8sI")
-PROGRAM_FORMAT = Text("mlir")  # what Executable_OptimizedProgram hands back
 
 
 class Executable:
@@ -49,7 +48,7 @@ class Executable:
         self.target = target
         self.name = Text(name or "main")
         self.compile_options = compile_options
-        self.program = program  # the StableHLO received
+        self.program = program  # the StableHLO received, serialized with the executable
         self.fingerprint = Text(compiled.fingerprint)
         outputs = compiled.outputs
         self.token_outputs = tuple(_token_results(program, outputs) if token_outputs is None else token_outputs)
@@ -72,12 +71,14 @@ class Executable:
             *[self.memory_kind.size] * self.num_inputs)
         self._serialized: bytes | None = None
         self._cost: NamedValues | None = None
+        self._optimized: bytes | None = None
 
     def cost_properties(self) -> NamedValues:
-        """Our cost model's flops, transcendentals and bytes accessed, as PJRT named values."""
+        """Our cost model's flops, transcendentals and bytes accessed of the program ``as_text()``
+        shows (dead ops removed, as XLA's count has none), as PJRT named values."""
         if self._cost is None:
             from polyblocks_jax.cost_analysis import cost_analysis
-            self._cost = NamedValues(cost_analysis(self.program))
+            self._cost = NamedValues(cost_analysis(self.optimized_program()))
         return self._cost
 
     def memory_stats(self) -> dict[str, int]:
@@ -91,6 +92,14 @@ class Executable:
         stats["peak_memory_in_bytes"] = (stats["argument_size_in_bytes"] + stats["output_size_in_bytes"]
                                          - stats["alias_size_in_bytes"] + stats["temp_size_in_bytes"])
         return stats
+
+    def optimized_program(self) -> bytes:
+        """The program as ``as_text()`` shows it: the StableHLO compiled, without the ops whose
+        results nothing uses (MLIR bytecode, which jaxlib turns into HLO)."""
+        if self._optimized is None:
+            from polyblocks_jax.stablehlo_import import reader  # the compiler's side: only when asked
+            self._optimized = reader.simplified_bytecode(self.program)
+        return self._optimized
 
     def serialize(self) -> bytes:
         if self._serialized is None:

@@ -13,8 +13,8 @@ from polyblocks_jax.stablehlo_import.importer import ImportedProgram, Importer
 from polyblocks_jax.stablehlo_import.registry import COMPLEX_CONVERTERS, CONVERTERS, FAMILY
 # Op families: each registers its converters on import.
 from polyblocks_jax.stablehlo_import import (  # noqa: F401
-    bit_ops, calls, complex, constants, control_flow, convert, convolution, custom_call, dot, elementwise,
-    host_callbacks, indexing, linear_algebra, reduce, rng, shape_ops, sort, windows)
+    bit_ops, calls, collectives, complex, constants, control_flow, convert, convolution, custom_call, dot,
+    elementwise, fft, host_callbacks, indexing, linear_algebra, reduce, rng, shape_ops, sort, windows)
 
 __all__ = ["import_program", "ImportedProgram", "COMPLEX_CONVERTERS", "CONVERTERS", "FAMILY"]
 

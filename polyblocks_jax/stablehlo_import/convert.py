@@ -103,7 +103,8 @@ def _float_to_int(x: ir.Value, dst: DType, out: ir.Type) -> ir.Value:
 def bitcast_convert(cx, op):
     """Equal widths reinterpret each element. Between widths, the narrower side has one more
     dimension, of size the ratio of the widths, holding the parts of one wide element
-    lowest bits first (XLA CPU's little-endian memory order)."""
+    lowest bits first (XLA CPU's little-endian memory order). A narrow type's bits are the
+    low bits of its byte (narrow_types.py): the parts are cut and joined on those."""
     src, dst = op.operand_specs[0], op.result_specs[0]
     if src.dtype.is_bool or dst.dtype.is_bool:
         raise op.unsupported(f"bitcast from {src} to {dst}: booleans have no bit layout")
@@ -115,22 +116,37 @@ def bitcast_convert(cx, op):
     return [_join_bits(x, src, dst.dtype)]
 
 
-def _bits_type(dtype: DType) -> ir.Type:
-    return ir.IntegerType.get_signless(dtype.bits)
+def _storage_type(dtype: DType) -> ir.Type:
+    """The integer type holding ``dtype``'s bits: a narrow type's byte, else its width."""
+    return ir.IntegerType.get_signless(dtype.itemsize * 8)
+
+
+def _to_bits(x: ir.Value, dtype: DType) -> ir.Value:
+    """``x`` (a scalar or a tensor) as the integers holding its bits."""
+    if dtype.is_float and not dtype.is_narrow:
+        return arith.bitcast(builders.shaped_like(x, _storage_type(dtype)), x)
+    return x
+
+
+def _from_bits(bits: ir.Value, dtype: DType) -> ir.Value:
+    if dtype.is_float and not dtype.is_narrow:
+        return arith.bitcast(builders.shaped_like(bits, element_type(dtype)), bits)
+    return bits
 
 
 def _split_bits(x: ir.Value, src: DType, dst: TensorSpec) -> ir.Value:
     """Each element of ``x`` cut into ``dst``'s last dimension, part k from bit k * dst.bits."""
     rank = dst.rank
     outer = ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(d) for d in range(rank - 1)])
-    wide_t, narrow_t = _bits_type(src), _bits_type(dst.dtype)
+    wide_t, part_t = _storage_type(src), _storage_type(dst.dtype)
 
     def body(element: ir.Value, _out: ir.Value) -> ir.Value:
-        wide = arith.bitcast(wide_t, element) if src.is_float else element
         part = arith.index_cast(wide_t, linalg.IndexOp(rank - 1).result)
-        shift = arith.muli(part, builders.splat(dst.dtype.bits, wide_t))
-        narrow = arith.trunci(narrow_t, arith.shrui(wide, shift))
-        return arith.bitcast(element_type(dst.dtype), narrow) if dst.dtype.is_float else narrow
+        shifted = arith.shrui(_to_bits(element, src), arith.muli(part, builders.splat(dst.dtype.bits, wide_t)))
+        narrow = arith.trunci(part_t, shifted) if part_t != wide_t else shifted
+        if dst.dtype.bits < dst.dtype.itemsize * 8:  # the part's bits only, in the low bits of its byte
+            narrow = arith.andi(narrow, builders.splat((1 << dst.dtype.bits) - 1, part_t))
+        return _from_bits(narrow, dst.dtype)
 
     return builders.parallel_generic([x], builders.empty(dst), [outer], body)
 
@@ -139,16 +155,16 @@ def _join_bits(x: ir.Value, src: TensorSpec, dst: DType) -> ir.Value:
     """The parts along ``x``'s last dimension joined into one element, part k at bit
     k * src.bits: elementwise ops on the slices of the parts."""
     outer, parts = list(src.shape[:-1]), src.shape[-1]
+    joined_t = ir.RankedTensorType.get(outer, _storage_type(dst))
     joined = None
     for k in range(parts):
-        part = slices.extract_slice(x, [*outer, 1], [*[0] * len(outer), k], shape=outer)
-        if src.dtype.is_float:
-            part = arith.bitcast(ir.RankedTensorType.get(outer, _bits_type(src.dtype)), part)
-        part = arith.extui(ir.RankedTensorType.get(outer, _bits_type(dst)), part)
+        part = _to_bits(slices.extract_slice(x, [*outer, 1], [*[0] * len(outer), k], shape=outer), src.dtype)
+        if part.type != joined_t:
+            part = arith.extui(joined_t, part)
         if k:
             part = arith.shli(part, builders.constant_like(k * src.dtype.bits, part))
         joined = part if joined is None else arith.ori(joined, part)
-    return arith.bitcast(ir.RankedTensorType.get(outer, element_type(dst)), joined) if dst.is_float else joined
+    return _from_bits(joined, dst)
 
 
 @converts("stablehlo.reduce_precision")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from typing import Sequence
 
 from jaxlib.mlir import ir as jir
@@ -63,6 +64,10 @@ class Importer:
         self.functions = {
             jir.StringAttr(op.attributes["sym_name"]).value: op.operation
             for op in jmodule.body.operations if op.operation.name == "func.func"}
+        # The devices the program runs on, replicas x partitions (collectives.py).
+        self.devices = math.prod(jir.IntegerAttr(jmodule.operation.attributes[name]).value
+                                 for name in ("mhlo.num_replicas", "mhlo.num_partitions")
+                                 if name in jmodule.operation.attributes)
         self._scalar_depth = 0
         # Values visible to the block being imported: nested regions (while, if, case)
         # use values of enclosing blocks without passing them as arguments.

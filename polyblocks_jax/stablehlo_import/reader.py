@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 from jaxlib.mlir import ir as jir
+from jaxlib.mlir import passmanager as jpassmanager
 from jaxlib.mlir.dialects import chlo, sdy, stablehlo
 # JAX's own context factory registers func/arith/... through this registry; the public
 # dialect modules only register stablehlo, chlo and sdy, so we use it the same way.
@@ -76,6 +77,19 @@ def parse(source: str | bytes, ctx: jir.Context) -> jir.Module:
         if not module.operation.verify():
             raise InvalidProgramError("StableHLO module does not verify")
         return module
+
+
+def simplified_bytecode(source: str | bytes) -> bytes:
+    """The program after MLIR's canonicalizer (dead ops removed, constants folded), as MLIR
+    bytecode: the StableHLO form of what the importer computes, which jaxlib turns into the
+    HLO text of a compiled program (``as_text()``). Locations are kept: they name scopes."""
+    ctx = new_context()
+    module = parse(source, ctx)
+    with ctx:
+        jpassmanager.PassManager.parse("builtin.module(canonicalize)").run(module.operation)
+    out = io.BytesIO()
+    module.operation.write_bytecode(out)
+    return out.getvalue()
 
 
 def _bytecode_producer(source: bytes) -> bytes:

@@ -6,7 +6,12 @@ word is written back; with u64[3] it is (state[1], state[2]). Output element ``L
 (row-major) takes 32-bit lane ``L % 4`` of the Philox block at counter + ``L // 4``
 (64-bit outputs pair lanes 0,1 and 2,3; 8- and 16-bit outputs truncate the 32-bit
 stream). Each output element recomputes its block: simple, parallel, 4x redundant.
-THREE_FRY is not implemented and raises UnsupportedError.
+
+THREE_FRY (Threefry2x32-20) takes a u64[2] state ``[key, counter]``. A 64-bit output
+element ``L`` is the block at counter + ``L`` (its two words joined); narrower outputs split
+the shape along its first even dim (else its largest) into two halves: element ``i`` along it
+takes word ``i % 2`` of the block at counter + the row-major position of the element with
+``i // 2`` in its place. The counter advances by the number of blocks.
 """
 from __future__ import annotations
 
@@ -33,8 +38,10 @@ def _i64() -> ir.Type:
 def rng_bit_generator(cx, op):
     algorithm = reader.enum_name(op.attr("rng_algorithm"))
     state_spec, (_, out) = op.operand_specs[0], op.result_specs
+    if algorithm == "THREE_FRY":
+        return _threefry_generator(op)
     if algorithm not in ("DEFAULT", "PHILOX"):
-        raise op.unsupported(f"rng_algorithm {algorithm} (XLA CPU's DEFAULT/PHILOX stream is supported)")
+        raise op.unsupported(f"rng_algorithm {algorithm}")
     if state_spec.shape not in ((2,), (3,)) or out.dtype.name not in ("ui8", "ui16", "ui32", "ui64"):
         raise op.unsupported(f"state {state_spec} with output {out}")
     state = op.operands[0]
@@ -54,6 +61,67 @@ def rng_bit_generator(cx, op):
     carried = arith.select(arith.cmpi(arith.CmpIPredicate.ult, new_low, low), arith.addi(high, _c64(1)), high)
     new_words = [key, new_low] + ([carried] if len(words) == 3 else [])
     return [tensor.FromElementsOp(op.operands[0].type, new_words).result, bits]
+
+
+_ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
+_PARITY = 0x1BD11BDA
+
+
+def _threefry_generator(op) -> list[ir.Value]:
+    state_spec, (_, out) = op.operand_specs[0], op.result_specs
+    if state_spec.shape != (2,) or out.dtype.name not in ("ui8", "ui16", "ui32", "ui64"):
+        raise op.unsupported(f"THREE_FRY with state {state_spec} and output {out} (XLA takes a u64[2] state)")
+    state = op.operands[0]
+    key, counter = (tensor.ExtractOp(state, [builders.index_constant(i)]).result for i in range(2))
+    shape = list(out.shape)
+    wide = out.dtype.bits == 64
+    split = None if wide else _split_dim(shape)  # None for a scalar too: one block, word 0
+    half = [-(-n // 2) if d == split else n for d, n in enumerate(shape)]
+
+    def element(_out):
+        position = [arith.index_cast(_i64(), linalg.IndexOp(d).result) for d in range(len(shape))]
+        word = None
+        if split is not None:
+            word = arith.remui(position[split], _c64(2))
+            position[split] = arith.divui(position[split], _c64(2))
+        linear = _c64(0)
+        for size, iv in zip(half, position):
+            linear = arith.addi(arith.muli(linear, _c64(size)), iv)
+        x = _threefry(_split(arith.addi(counter, linear)), key)
+        if wide:
+            return _join(x[0], x[1])
+        chosen = x[0] if word is None else arith.select(arith.cmpi(arith.CmpIPredicate.eq, word, _c64(0)), x[0], x[1])
+        return chosen if out.dtype.bits == 32 else arith.trunci(ir.IntegerType.get_signless(out.dtype.bits), chosen)
+
+    bits = builders.parallel_generic([], builders.empty(out), [], element)
+    blocks = 1
+    for n in half:
+        blocks *= n
+    new_state = tensor.FromElementsOp(state.type, [key, arith.addi(counter, _c64(blocks))]).result
+    return [new_state, bits]
+
+
+def _split_dim(shape: list[int]) -> int | None:
+    """The dim XLA splits into the two words of each block: the first even one, else the
+    (first) largest; None for a scalar."""
+    if not shape:
+        return None
+    even = [d for d, n in enumerate(shape) if n % 2 == 0]
+    return even[0] if even else max(range(len(shape)), key=lambda d: (shape[d], -d))
+
+
+def _threefry(x: list[ir.Value], key: ir.Value) -> list[ir.Value]:
+    """Threefry2x32 with 20 rounds: five groups of four, the key schedule injected after each."""
+    ks = _split(key)
+    ks.append(arith.xori(arith.xori(ks[0], ks[1]), _c32(_PARITY)))
+    x = [arith.addi(x[0], ks[0]), arith.addi(x[1], ks[1])]
+    for group in range(5):
+        for rotation in _ROTATIONS[4 * (group % 2):4 * (group % 2) + 4]:
+            x0 = arith.addi(x[0], x[1])
+            rotated = arith.ori(arith.shli(x[1], _c32(rotation)), arith.shrui(x[1], _c32(32 - rotation)))
+            x = [x0, arith.xori(x0, rotated)]
+        x = [arith.addi(x[0], ks[(group + 1) % 3]), arith.addi(arith.addi(x[1], ks[(group + 2) % 3]), _c32(group + 1))]
+    return x
 
 
 def _c64(value: int) -> ir.Value:

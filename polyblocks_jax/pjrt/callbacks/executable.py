@@ -7,8 +7,9 @@ from pypjrt._abi.pjrt_0_114 import PJRT_Executable_GetCompiledMemoryStats_Args, 
 
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.callbacks import has_field, implements, pointer_array
+from polyblocks_jax.pjrt.device import Text
 from polyblocks_jax.pjrt.events import handle_of
-from polyblocks_jax.pjrt.executable import PROGRAM_FORMAT, ExecutableRef
+from polyblocks_jax.pjrt.executable import ExecutableRef
 from polyblocks_jax.pjrt.errors import invalid
 
 _BYTES_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -195,15 +196,17 @@ def executable_compile_options(args):
     args.serialized_compile_options_deleter = _RELEASE_ADDRESS
 
 
+_MLIR = Text("mlir")
+
+
 @implements("PJRT_Executable_OptimizedProgram")
 def executable_optimized_program(args):
-    """The StableHLO received (our optimized program is upstream MLIR, which jaxlib cannot read).
-    jaxlib asks twice: for the size (no code buffer), then for the code into its buffer."""
+    """Asked twice: for the size (``code`` NULL), then with a buffer of that size to fill."""
     program = PJRT_Program.from_address(args.program)
-    code = _executable(args.executable).program
-    program.format, program.format_size = PROGRAM_FORMAT.address, PROGRAM_FORMAT.size
+    code = _executable(args.executable).optimized_program()
     if program.code:
         if program.code_size < len(code):
             raise invalid(f"program buffer of {program.code_size} bytes is smaller than the {len(code)} needed")
         ctypes.memmove(program.code, code, len(code))
     program.code_size = len(code)
+    program.format, program.format_size = _MLIR.address, _MLIR.size

@@ -1,0 +1,87 @@
+"""Logging: the ``polyblocks_jax`` logger, its level, and what a compile reports.
+
+Every module logs under ``polyblocks_jax``. Its level comes from ``POLYBLOCKS_LOG``
+(``debug``, ``info``, ``warning``, ``error``; a handler to stderr is added then, unless
+the application configured logging); without it the logger inherits the root logger's,
+which absl sets from ``--verbosity`` / ``-v`` where absl is in use. A compile reports one
+INFO line with its time, where it ran and whether the cache had it; a compile still
+running after ``PROGRESS_S`` reports its stage at INFO every ``PROGRESS_S``, and once at
+WARNING after ``SLOW_S`` (as XLA warns of a slow compile), so a long one is never silent.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+
+logger = logging.getLogger("polyblocks_jax")
+
+PROGRESS_S = 2.0
+SLOW_S = 30.0
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def configure() -> None:
+    """Apply ``POLYBLOCKS_LOG`` (called once, on import of the package)."""
+    name = os.environ.get("POLYBLOCKS_LOG", "").strip().lower()
+    if not name:
+        return
+    if name not in LEVELS:
+        logger.warning("POLYBLOCKS_LOG=%s is not one of %s: ignored", name, ", ".join(LEVELS))
+        return
+    logger.setLevel(LEVELS[name])
+    if not logging.getLogger().handlers and not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s polyblocks_jax %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+
+
+def program_name(text: str) -> str:
+    """The module's name (``jit_f`` for ``jax.jit(f)``), or ``program``."""
+    match = re.search(r"^\s*module\s+@\"?([\w.$-]+)", text, re.M)
+    return match.group(1) if match else "program"
+
+
+class CompileReport:
+    """One compile's log lines: progress while it runs, then its outcome.
+
+    ``stage(name)`` records the stage under way (any thread); leaving the ``with`` block
+    logs the time taken."""
+
+    def __init__(self, name: str, where: str) -> None:
+        self.name, self.where = name, where
+        self.current: str | None = None
+        self._start = time.perf_counter()
+        self._done = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def stage(self, name: str) -> None:
+        self.current = name
+
+    def __enter__(self) -> "CompileReport":
+        if logger.isEnabledFor(logging.WARNING):
+            self._watcher = threading.Thread(target=self._watch, name="polyblocks-compile-progress", daemon=True)
+            self._watcher.start()
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self._done.set()
+        seconds = time.perf_counter() - self._start
+        if error is None:
+            logger.info("compiled %s in %.2f s (%s)", self.name, seconds, self.where)
+        else:
+            logger.info("compile of %s failed after %.2f s in stage %s: %s", self.name, seconds,
+                        self.current or "?", type(error).__name__)
+
+    def _watch(self) -> None:
+        warned = False
+        while not self._done.wait(PROGRESS_S):
+            seconds = time.perf_counter() - self._start
+            if seconds >= SLOW_S and not warned:
+                warned = True
+                logger.warning("compiling %s has taken %.0f s so far (stage %s)", self.name, seconds,
+                               self.current or "?")
+            else:
+                logger.info("compiling %s: %.0f s, stage %s", self.name, seconds, self.current or "?")

@@ -1,0 +1,234 @@
+"""stablehlo.fft (FFT, IFFT, RFFT, IRFFT over the last 1 to 3 axes) as matrix products.
+
+XLA CPU calls an FFT library; we have none, and the pipeline is at its best on
+contractions. So each transformed axis becomes products with small DFT matrices: a length
+n = n1 * n2 is a Cooley-Tukey step (DFTs of length n1 across the rows, a twiddle product,
+DFTs of length n2), recursively, down to lengths whose dense DFT matrix is cheaper; a long
+prime length is Bluestein's convolution, done by transforms of a power-of-two length.
+Every length works, and the pieces are ordinary matmuls, transposes and elementwise
+generics on the (real, imaginary) parts, which the later stages tile, vectorize and
+parallelize like any other. DFT matrices and twiddles are computed in float64 with their
+exponents reduced modulo n, then rounded once to the part type.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from mlir import ir
+from mlir.dialects import arith, linalg
+
+from polyblocks_jax.dtypes import DType, TensorSpec
+from polyblocks_jax.stablehlo_import import builders, layout, reader, slices
+from polyblocks_jax.stablehlo_import.complex_values import Pair, part_spec
+from polyblocks_jax.stablehlo_import.registry import converts_complex
+
+# Longest length transformed by its dense DFT matrix: beyond it a Cooley-Tukey step costs
+# fewer multiplications (n1 + n2 per element instead of n).
+DENSE_LENGTH = 32
+# A prime length up to this also uses its dense matrix: below it Bluestein's three
+# transforms of a length >= 2n cost more than the dense product.
+DENSE_PRIME_LENGTH = 256
+
+
+@converts_complex("stablehlo.fft")
+def fft(cx, op):
+    kind = reader.enum_name(op.attr("fft_type"))
+    lengths = reader.i64_list(op.attr("fft_length"))
+    (x,), (out,) = op.operands, op.result_specs
+    part = (part_spec(out) if out.dtype.is_complex else out).dtype
+    rank = len(out.shape)
+    axes = list(range(rank - len(lengths), rank))
+    if 0 in out.shape or 0 in op.operand_specs[0].shape:
+        zero = builders.filled(builders.splat(0.0, builders.elem_type_of(x.re if isinstance(x, Pair) else x)),
+                               out.shape)
+        return [Pair(zero, zero) if out.dtype.is_complex else zero]
+    if kind == "RFFT":
+        y = _real_dft_last(x, part)
+        for axis in axes[:-1]:
+            y = _along(y, axis, lambda v: _dft_last(v, part, inverse=False))
+        return [y]
+    if kind == "IRFFT":
+        for axis in axes[:-1]:
+            x = _along(x, axis, lambda v: _dft_last(v, part, inverse=True))
+        return [_inverse_real_dft_last(x, lengths[-1], part)]
+    inverse = kind == "IFFT"
+    for axis in axes:
+        x = _along(x, axis, lambda v: _dft_last(v, part, inverse=inverse))
+    return [x]
+
+
+Parts = Pair  # (re, im); im is None for a real tensor entering the first product
+
+
+def _each(fn, x: Parts) -> Parts:
+    return Pair(fn(x.re), None if x.im is None else fn(x.im))
+
+
+def _shape(x: Parts) -> list[int]:
+    return builders.shape_of(x.re)
+
+
+def _along(x: Pair, axis: int, transform) -> Pair:
+    """``transform`` (which works on the last axis) applied along ``axis``."""
+    rank = len(_shape(x))
+    if axis == rank - 1:
+        return transform(x)
+    perm = [d for d in range(rank) if d != axis] + [axis]
+    inverse = [perm.index(d) for d in range(rank)]
+    y = transform(_each(lambda v: layout.transpose(v, perm), x))
+    return _each(lambda v: layout.transpose(v, inverse), y)
+
+
+def _swap_last_two(x: Parts) -> Parts:
+    rank = len(_shape(x))
+    return _each(lambda v: layout.transpose(v, [*range(rank - 2), rank - 1, rank - 2]), x)
+
+
+def _roots(rows: np.ndarray, cols: np.ndarray, n: int, inverse: bool) -> np.ndarray:
+    """exp(+-2 pi i r c / n) for every pair of ``rows`` x ``cols``, in float64 with the
+    exponent reduced modulo n first (exact for any n)."""
+    exponent = np.mod(np.multiply.outer(rows.astype(np.int64), cols.astype(np.int64)), n)
+    angle = (2.0 if inverse else -2.0) * np.pi * exponent / n
+    return np.cos(angle) + 1j * np.sin(angle)
+
+
+def _constant(array: np.ndarray, part: DType) -> ir.Value:
+    return builders.dense_constant(array, TensorSpec(array.shape, part))
+
+
+def _matmul(a: ir.Value, b: ir.Value) -> ir.Value:
+    """``a`` [..., k] times the matrix ``b`` [k, m], as one 2-d linalg.matmul."""
+    shape = builders.shape_of(a)
+    k, m = builders.shape_of(b)
+    rows = layout.reshape(a, [math.prod(shape[:-1]), k])
+    init = builders.filled(builders.splat(0.0, builders.elem_type_of(a)), [math.prod(shape[:-1]), m])
+    return layout.reshape(linalg.matmul(rows, b, outs=[init]), [*shape[:-1], m])
+
+
+def _times_matrix(x: Parts, matrix: np.ndarray, part: DType) -> Pair:
+    """x [..., k] times a complex constant matrix [k, m]: four real products (two for a
+    real x)."""
+    re, im = _constant(matrix.real, part), _constant(matrix.imag, part)
+    if x.im is None:
+        return Pair(_matmul(x.re, re), _matmul(x.re, im))
+    return Pair(arith.subf(_matmul(x.re, re), _matmul(x.im, im)),
+                arith.addf(_matmul(x.re, im), _matmul(x.im, re)))
+
+
+def _times_trailing(x: Parts, factor: np.ndarray, part: DType) -> Pair:
+    """x times a complex constant shaped like x's trailing dims (broadcast over the
+    leading ones), in one elementwise generic."""
+    rank, k = len(_shape(x)), factor.ndim
+    dims = [ir.AffineDimExpr.get(d) for d in range(rank)]
+    identity, trailing = ir.AffineMap.get(rank, 0, dims), ir.AffineMap.get(rank, 0, dims[rank - k:])
+    ins = [x.re] + ([] if x.im is None else [x.im]) + [_constant(factor.real, part), _constant(factor.imag, part)]
+
+    def body(*args):
+        if x.im is None:
+            a, c, d = args[:3]
+            return [arith.mulf(a, c), arith.mulf(a, d)]
+        a, b, c, d = args[:4]
+        return [arith.subf(arith.mulf(a, c), arith.mulf(b, d)), arith.addf(arith.mulf(a, d), arith.mulf(b, c))]
+    outs = [builders.empty_like(x.re), builders.empty_like(x.re)]
+    re, im = builders.generic(ins, outs, [identity] * (len(ins) - 2) + [trailing] * 2 + [identity] * 2,
+                              ["parallel"] * rank, body)
+    return Pair(re, im)
+
+
+def _scaled(x: Pair, scale: float) -> Pair:
+    return _each(lambda v: arith.mulf(v, builders.constant_like(scale, v)), x)
+
+
+def _dft_last(x: Parts, part: DType, inverse: bool) -> Pair:
+    """The DFT along the last axis (IFFT: conjugate roots and the 1/n scale, as XLA's)."""
+    n = _shape(x)[-1]
+    y = _unscaled_dft_last(x, part, inverse)
+    return _scaled(y, 1.0 / n) if inverse and n > 1 else y
+
+
+def _unscaled_dft_last(x: Parts, part: DType, inverse: bool) -> Pair:
+    shape = _shape(x)
+    n = shape[-1]
+    if n == 1:
+        return x if x.im is not None else Pair(x.re, builders.filled(builders.splat(0.0, builders.elem_type_of(x.re)), shape))
+    n1 = _split(n)
+    if n1 is None:
+        if n <= DENSE_PRIME_LENGTH:
+            index = np.arange(n)
+            return _times_matrix(x, _roots(index, index, n, inverse), part)
+        return _bluestein_last(x, part, inverse)
+    n2 = n // n1
+    # x[j1, j2] = x[n2 j1 + j2];  X[k1 + n1 k2] = sum_j2 w_n2^(j2 k2) w_n^(j2 k1) sum_j1 w_n1^(j1 k1) x[j1, j2]
+    rows = _swap_last_two(_each(lambda v: layout.reshape(v, [*shape[:-1], n1, n2]), x))  # [..., j2, j1]
+    y = _unscaled_dft_last(rows, part, inverse)  # [..., j2, k1]
+    y = _times_trailing(y, _roots(np.arange(n2), np.arange(n1), n, inverse), part)
+    z = _unscaled_dft_last(_swap_last_two(y), part, inverse)  # [..., k1, k2]
+    return _each(lambda v: layout.reshape(v, shape), _swap_last_two(z))  # k = k2 n1 + k1
+
+
+def _split(n: int) -> int | None:
+    """The n1 of a Cooley-Tukey step for length n (the divisor nearest sqrt(n), so both
+    sides are short), or None where the length is dense or prime."""
+    if n <= DENSE_LENGTH:
+        return None
+    return next((n1 for n1 in range(math.isqrt(n), 1, -1) if n % n1 == 0), None)
+
+
+def _bluestein_last(x: Parts, part: DType, inverse: bool) -> Pair:
+    """A prime length n: with w_j = exp(-+ i pi j^2 / n), X_k = w_k sum_j (x_j w_j)
+    conj(w)_(k-j), a circular convolution of a power-of-two length m >= 2n - 1."""
+    shape = _shape(x)
+    n = shape[-1]
+    m = 1 << (2 * n - 2).bit_length()
+    j = np.arange(n, dtype=np.int64)
+    chirp = np.exp((1.0 if inverse else -1.0) * 1j * np.pi * np.mod(j * j, 2 * n) / n)
+    kernel = np.zeros(m, np.complex128)
+    kernel[:n] = np.conj(chirp)
+    kernel[m - n + 1:] = np.conj(chirp[1:][::-1])
+    padding = [0] * (len(shape) - 1)
+    a = _each(lambda v: slices.pad(v, 0.0, [*padding, 0], [*padding, m - n], [0] * len(shape)),
+              _times_trailing(x, chirp, part))
+    spectrum = _times_trailing(_unscaled_dft_last(a, part, False), np.fft.fft(kernel), part)
+    convolved = _dft_last(spectrum, part, inverse=True)
+    head = _each(lambda v: slices.extract_slice(v, shape, [0] * len(shape)), convolved)
+    return _times_trailing(head, chirp, part)
+
+
+def _real_dft_last(x: ir.Value, part: DType) -> Pair:
+    """RFFT along the last axis: the first n // 2 + 1 terms of the DFT of a real x."""
+    shape = builders.shape_of(x)
+    n = shape[-1]
+    half = n // 2 + 1
+    if _split(n) is None and n <= DENSE_PRIME_LENGTH:
+        return _times_matrix(Pair(x, None), _roots(np.arange(n), np.arange(half), n, False), part)
+    y = _dft_last(Pair(x, None), part, inverse=False)
+    return _each(lambda v: slices.extract_slice(v, [*shape[:-1], half], [0] * len(shape)), y)
+
+
+def _inverse_real_dft_last(x: Pair, n: int, part: DType) -> ir.Value:
+    """IRFFT along the last axis: the real signal of length n whose spectrum has the
+    n // 2 + 1 leading terms ``x`` and Hermitian symmetry. The imaginary parts of the zero
+    and Nyquist terms drop out, as in numpy and XLA."""
+    shape = _shape(x)
+    half = n // 2 + 1
+    if shape[-1] != half:  # fewer terms: zeros; more: the extra ones are not read
+        x = _each(lambda v: slices.pad(v, 0.0, [0] * len(shape), [0] * (len(shape) - 1) + [half - shape[-1]],
+                                       [0] * len(shape)), x)
+        shape = _shape(x)
+    if _split(n) is None and n <= DENSE_PRIME_LENGTH:
+        # out_j = (1/n) sum_k c_k (Re X_k cos t - Im X_k sin t), t = 2 pi j k / n, c_k = 2
+        # for the terms that stand for a conjugate pair too
+        k = np.arange(half)
+        weight = np.where((k == 0) | (2 * k == n), 1.0, 2.0)[:, None] / n
+        roots = _roots(k, np.arange(n), n, inverse=True) * weight
+        return arith.subf(_matmul(x.re, _constant(roots.real, part)), _matmul(x.im, _constant(roots.imag, part)))
+    # the whole spectrum: X_k for k < half, conj(X_(n-k)) above
+    mirrored = _each(lambda v: layout.reverse(slices.extract_slice(v, [*shape[:-1], n - half], [0] * (len(shape) - 1) + [1]),
+                                              [len(shape) - 1]), x)
+    mirrored = Pair(mirrored.re, arith.negf(mirrored.im))
+    full_shape = [*shape[:-1], n]
+    full = _each(lambda v: builders.empty(TensorSpec(full_shape, part)), x)
+    full = Pair(*(slices.insert_slice(m, slices.insert_slice(h, f, [0] * len(shape)), [0] * (len(shape) - 1) + [half])
+                  for h, m, f in zip(x, mirrored, full)))
+    return _dft_last(full, part, inverse=True).re

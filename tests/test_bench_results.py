@@ -1,0 +1,41 @@
+"""The benchmarks' results files: written outside the tracked tree unless --save, each
+recording the commit, flags, versions and CPU it was measured with."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from absl.testing import absltest
+
+from bench import results_files
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class ResultsFilesTest(absltest.TestCase):
+    def test_provenance_names_commit_versions_flags_and_cpu(self):
+        info = results_files.provenance()
+        self.assertRegex(info["commit"], r"^[0-9a-f]{40}(-dirty)?$")
+        for package in ("jax", "jaxlib", "polyblocks-jax"):
+            self.assertIn(package, info["versions"])
+        self.assertIn("flags", info)
+        self.assertTrue(info["cpu"] and info["cpu_features"] and info["machine"])
+
+    def test_a_run_writes_outside_the_tree_and_save_into_it(self):
+        with tempfile.TemporaryDirectory() as scratch:
+            env = dict(os.environ, POLYBLOCKS_BENCH_RESULTS=scratch, JAX_PLATFORMS="polyblocks,cpu")
+            done = subprocess.run([sys.executable, "bench/programs.py", "--programs", "clip", "--repeat", "2"],
+                                  cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+            self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+            written = Path(scratch) / f"programs-{results_files.machine_slug()}.json"
+            self.assertIn(f"wrote {written}", done.stdout)
+            report = json.loads(written.read_text())
+            self.assertEqual(report["commit"], results_files.provenance()["commit"])
+            self.assertEqual([row["op"] for row in report["rows"]], ["clip"])
+        self.assertEqual(results_files.folder(save=True), REPO / "bench" / "results")
+
+
+if __name__ == "__main__":
+    absltest.main()
