@@ -212,9 +212,10 @@ class JitTest(absltest.TestCase):
 
     def test_unsupported_op_is_a_python_exception_naming_the_op(self):
         x = jax.device_put(np.ones((2, 2), np.float32), pb_device())
-        # polyblocks_jax has no FFT: stablehlo.fft is refused.
-        with self.assertRaisesRegex(Exception, r"UNIMPLEMENTED.*unsupported stablehlo\.fft"):
-            jax.jit(lambda a: jnp.fft.fft(jax.lax.complex(a, a)).imag)(x)
+        # a custom call nothing implements is refused, named, with where it came from
+        with self.assertRaisesRegex(Exception, r"UNIMPLEMENTED.*unsupported stablehlo\.custom_call: custom_call "
+                                               r"target 'no_such_target' has no lowering \(at jit\(<lambda>\)/ffi_call\)"):
+            jax.jit(lambda a: jax.ffi.ffi_call("no_such_target", jax.ShapeDtypeStruct((2, 2), jnp.float32))(a))(x)
         # primitives without a generic lowering fail in JAX, naming the primitive and platform.
         with self.assertRaisesRegex(Exception, "'eig' not found for platform polyblocks"):
             jax.jit(lambda a: jnp.linalg.eigvals(a))(x)
