@@ -150,11 +150,11 @@ def summary(rows: list[Row]) -> str:
         if ran:
             parts.append(f"{kind}s: geomean {geomean(rows, kind):.2f}x over {len(ran)}, "
                          f"{sum(r.ratio < 1 for r in ran)} below 1")
-    checked = [r for r in rows if r.correct is not None]
-    parts.append(f"correct {sum(bool(r.correct) for r in checked)}/{len(rows)}")
-    failed = [r.name for r in rows if r.error]
-    if failed:
-        parts.append(f"failed: {', '.join(failed)}")
+    parts.append(f"correct {sum(bool(r.correct) for r in rows)}/{len(rows)}")
+    for label, names in (("wrong", [r.name for r in rows if r.correct is False]),
+                         ("failed", [r.name for r in rows if r.error])):
+        if names:
+            parts.append(f"{label}: {', '.join(names)}")
     return "; ".join(parts)
 
 

@@ -62,9 +62,12 @@ def _boxes(b: int) -> np.ndarray:
 
 
 def _quantize(x):
-    """Symmetric int8 quantization per row, and its dequantized value."""
+    """Symmetric int8 quantization per row, and its dequantized value. The values are
+    multiplied by the inverse scale, as quantized kernels do: XLA CPU rewrites
+    ``x / broadcast(scale)`` as ``x * broadcast(1 / scale)``, so that a quotient of exactly
+    k + 0.5 would round to different integers on the two sides."""
     scale = jnp.max(jnp.abs(x), -1, keepdims=True) / 127
-    q = jnp.clip(jnp.round(x / scale), -127, 127).astype(jnp.int8)
+    q = jnp.clip(jnp.round(x * (1 / scale)), -127, 127).astype(jnp.int8)
     return q, q.astype(jnp.float32) * scale
 
 

@@ -39,7 +39,7 @@ def normal(*shape: int, seed: int = 0, scale: float = 1.0) -> np.ndarray:
     return (scale * np.random.default_rng(seed).standard_normal(shape)).astype(np.float32)
 
 
-def integers(high: int, *shape: int, seed: int = 0, low: int = 0, dtype=np.int32) -> np.ndarray:
+def integers(high: int, *shape: int, seed: int = 0, low: int = 0, dtype: type = np.int32) -> np.ndarray:
     return np.random.default_rng(seed).integers(low, high, shape).astype(dtype)
 
 
