@@ -23,8 +23,6 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `bench` importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-
 from bench import results_files, runner, zoo  # noqa: E402
 from polyblocks_jax.stablehlo_import import CONVERTERS, reader  # noqa: E402
 
@@ -63,20 +61,6 @@ def op_names(fn, args) -> set[str]:
     return names - _STRUCTURAL
 
 
-def matches(actual: list, expected: list, rtol: float) -> tuple[bool, float]:
-    """Integer and bool outputs must be equal; float outputs within ``rtol`` norm-wise."""
-    if len(actual) != len(expected):
-        return False, float("inf")
-    ok, worst = True, 0.0
-    for a, e in zip(actual, expected):
-        a, e = np.asarray(a), np.asarray(e)
-        err = runner.max_relative_error([a], [e])
-        worst = max(worst, err)
-        exact = e.dtype.kind in "biu"
-        ok &= a.dtype == e.dtype and (np.array_equal(a, e) if exact else err <= rtol)
-    return bool(ok), worst
-
-
 def check(entry: zoo.Entry) -> Result:
     result = Result(entry.name, entry.kind, note=entry.note)
     fn, args = entry.build()
@@ -85,7 +69,7 @@ def check(entry: zoo.Entry) -> Result:
     try:
         compiled = runner.compile_polyblocks(fn, *args)
         result.compile_s, result.via = compiled.compile_s, compiled.via
-        ok, result.max_rel_error = matches(runner.flat_numpy(compiled.call()), expected, entry.rtol)
+        ok, result.max_rel_error = runner.matches(runner.flat_numpy(compiled.call()), expected, entry.rtol)
         result.status = "correct" if ok else "wrong"
     except Exception as e:  # noqa: BLE001 (a failing entry is a row of the report)
         result.failed_op, result.error = runner.failure(e)

@@ -32,6 +32,7 @@ class ResNetConfig:
     stage_blocks: tuple[int, ...] = (2, 2, 2, 2)
     widths: tuple[int, ...] = (64, 128, 256, 512)
     classes: int = 1000
+    bottleneck: bool = False  # ResNet-50's blocks: 1x1 reduce, 3x3, 1x1 expand to 4x the width
 
 
 class ResNetBlock(nn.Module):
@@ -49,6 +50,21 @@ class ResNetBlock(nn.Module):
         return nn.relu(x + y)
 
 
+class BottleneckBlock(nn.Module):
+    width: int
+    stride: int
+
+    @nn.compact
+    def __call__(self, x):
+        norm = lambda: nn.BatchNorm(use_running_average=True)
+        y = nn.relu(norm()(nn.Conv(self.width, (1, 1), use_bias=False)(x)))
+        y = nn.relu(norm()(nn.Conv(self.width, (3, 3), self.stride, padding=1, use_bias=False)(y)))
+        y = norm()(nn.Conv(4 * self.width, (1, 1), use_bias=False)(y))
+        if x.shape != y.shape:
+            x = norm()(nn.Conv(4 * self.width, (1, 1), self.stride, use_bias=False)(x))
+        return nn.relu(x + y)
+
+
 class ResNet(nn.Module):
     config: ResNetConfig
 
@@ -58,9 +74,10 @@ class ResNet(nn.Module):
         x = nn.Conv(c.widths[0], (7, 7), 2, padding=3, use_bias=False)(x)
         x = nn.relu(nn.BatchNorm(use_running_average=True)(x))
         x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+        block_cls = BottleneckBlock if c.bottleneck else ResNetBlock
         for stage, (blocks, width) in enumerate(zip(c.stage_blocks, c.widths)):
             for block in range(blocks):
-                x = ResNetBlock(width, 2 if stage > 0 and block == 0 else 1)(x)
+                x = block_cls(width, 2 if stage > 0 and block == 0 else 1)(x)
         return nn.Dense(c.classes)(jnp.mean(x, axis=(1, 2)))
 
 
@@ -179,10 +196,14 @@ def build(name: str, module: nn.Module, x: np.ndarray, seed: int = 0) -> ModelCa
     Running Flax's initializers would cost a compile or an eager op per parameter, tens
     of seconds on a loaded 2-core host; tracing costs a fraction of a second.
     """
+    return ModelCase(name, module.apply, random_params(module, x, seed=seed), x)
+
+
+def random_params(module: nn.Module, *inputs: Any, seed: int = 0) -> Any:
+    """The variables of ``module`` applied to ``inputs``, as numpy arrays from ``random_leaf``."""
     rng = np.random.default_rng(seed + 1)
-    shapes = jax.eval_shape(module.init, jax.random.PRNGKey(seed), x)
-    params = jax.tree_util.tree_map_with_path(lambda path, s: random_leaf(path, s, rng), shapes)
-    return ModelCase(name, module.apply, params, x)
+    shapes = jax.eval_shape(module.init, jax.random.PRNGKey(seed), *inputs)
+    return jax.tree_util.tree_map_with_path(lambda path, s: random_leaf(path, s, rng), shapes)
 
 
 def random_leaf(path, spec: jax.ShapeDtypeStruct, rng: np.random.Generator) -> np.ndarray:

@@ -89,4 +89,10 @@ def provenance() -> dict:
         "commit": commit + ("-dirty" if dirty else ""), "versions": versions,
         "flags": os.environ.get("POLYBLOCKS_FLAGS", ""), "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "load_average": load_average(),
     }
+
+
+def load_average() -> list[float]:
+    """The machine's 1, 5 and 15-minute load averages: on a shared machine, how loaded it was."""
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []

@@ -146,6 +146,21 @@ def max_relative_error(actual: Sequence, expected: Sequence) -> float:
     return worst
 
 
+def matches(actual: Sequence, expected: Sequence, tolerance: float) -> tuple[bool, float]:
+    """(verdict, max relative error): integer and bool outputs must be equal and float ones
+    within ``tolerance`` norm-wise (``max_relative_error``), each of the expected dtype."""
+    if len(actual) != len(expected):
+        return False, float("inf")
+    ok, worst = True, 0.0
+    for a, e in zip(actual, expected):
+        a, e = np.asarray(a), np.asarray(e)
+        err = max_relative_error([a], [e])
+        worst = max(worst, err)
+        exact = e.dtype.kind in "biu"
+        ok &= a.dtype == e.dtype and (np.array_equal(a, e) if exact else err <= tolerance)
+    return bool(ok), worst
+
+
 _UNSUPPORTED = re.compile(r"unsupported (\S+?): (.*?)(?: \(at .*\))?$", re.M)
 # A pipeline failure locates its op by name: error: "stablehlo.compare eq": <message>
 _LOCATED = re.compile(r'error: "((?:stablehlo|chlo|func)\.\w+)[^"]*": (.*)$', re.M)
