@@ -352,6 +352,28 @@ def _assert_within_mixed_error(test, actual, x, y):
     test.assertGreater(np.max(np.abs(actual - expected)), 0)  # the operands were rounded
 
 
+class WideningTest(parameterized.TestCase):
+    """Narrow float contractions no unit takes (f16; bf16 without a unit) are computed from
+    operands converted to f32, so the f32 tiling takes them instead of a scalar loop."""
+
+    @parameterized.parameters((np.float16, "auto"), (BF16, "fma"))
+    def test_tiled_as_f32_and_equal_to_xla(self, dtype, matrix_unit):
+        options = pb.Options(matrix_unit=matrix_unit)
+        x, y = _random((64, 96), dtype), _random((96, 80), dtype, 1)
+        hardware = host().hardware()
+        before, after = (str(support.module_after(stage, _matmul, x, y, hardware=hardware, options=options))
+                         for stage in ("matrix-units", "tiling"))
+        self.assertRegex(before, rf"linalg\.matmul ins\([^)]*tensor<96x80xf32>")  # the operands widened
+        self.assertNotIn("linalg.matmul", after)  # and tiled: no untiled contraction is left
+        f32_result = lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32)  # noqa: E731
+        # f32 results: another summation order than XLA's, as in the f32 tiling tests
+        support.check_against_xla(self, f32_result, x, y, rtol=1e-5, atol=1e-5, options=options)
+        batched = lambda a, b: jnp.einsum("bik,bkj->bij", a, b)  # noqa: E731
+        for fn, args in ((_matmul, (x, y)), (batched, (x.reshape(2, 32, 96), y[None].repeat(2, 0))),
+                         (_conv, (_random((2, 9, 9, 8), dtype), _random((3, 3, 8, 16), dtype, 1)))):
+            support.check_against_xla(self, fn, *args, options=options)
+
+
 class HostPathsTest(parameterized.TestCase):
     """End to end through pb.compile, on each path; the AMX and AVX-512 BF16 ones where the CPU has them."""
 

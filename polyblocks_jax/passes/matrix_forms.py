@@ -79,6 +79,8 @@ def map_matrix_units(module: ir.Module, options: Options, unit: MatrixUnit | Non
             mapped += 1
         elif unit_operand_types(c, options.precision) != (c.lhs, c.rhs):
             _round_operands(op, "bf16")
+        elif c.lhs == c.rhs != c.accumulate and _is_float(c.lhs) and c.accumulate in ("f32", "f64"):
+            _widen_operands(op, c)
     if mapped:  # drops the replaced accumulators' fills, folds the template's constants
         pass_manager("builtin.module(canonicalize, cse)", module.context).run(module.operation)
 
@@ -168,6 +170,26 @@ def _round_operands(op: ir.Operation, to: str) -> None:
         text = templates.function([f"%x: {value.type}"], [str(value.type)],
                                   body.lines + [f"return {rounded} : {value.type}"])
         op.operands[index] = templates.splice(text, op, [value])[0]
+
+
+def _widen_operands(op: ir.Operation, c: Contraction) -> None:
+    """Compute ``op`` from its narrow float operands (f16; bf16 where no unit takes it)
+    converted to its accumulator type, exactly: the tiling takes contractions of one type,
+    and a mixed one left to the loop lowering runs a scalar loop."""
+    types = [str(v.type) for v in op.operands]
+    shapes = [list(ir.RankedTensorType(v.type).shape) for v in op.operands[:2]]
+    body = _Body()
+    lhs = body.convert("%lhs", shapes[0], c.lhs, c.accumulate)
+    rhs = body.convert("%rhs", shapes[1], c.rhs, c.accumulate)
+    attributes = {name: str(op.attributes[name]) for name in ("strides", "dilations") if name in op.attributes}
+    listed = ("{" + ", ".join(f"{k} = {v}" for k, v in attributes.items()) + "} ") if attributes else ""
+    wide = [_tensor(s, c.accumulate) for s in shapes]
+    body.lines.append(f"%out = {op.name} {listed}ins({lhs}, {rhs} : {wide[0]}, {wide[1]}) "
+                      f"outs(%init : {types[2]}) -> {types[2]}")
+    text = templates.function([f"%lhs: {types[0]}", f"%rhs: {types[1]}", f"%init: {types[2]}"],
+                              [types[2]], body.lines + [f"return %out : {types[2]}"])
+    op.results[0].replace_all_uses_with(templates.splice(text, op, list(op.operands))[0])
+    op.erase()
 
 
 def _tensor(shape: Sequence[int], element: str) -> str:
