@@ -226,6 +226,17 @@ def pass_rate(row: dict) -> float | None:
     return row["eligible_passed"] / row["eligible"] if row["eligible"] else None
 
 
+def merged(previous: dict, report: dict) -> dict:
+    """``report`` (about to be filled) holding ``previous``'s rows too, for the same settings:
+    files keep their place in the default order, and each row its own commit."""
+    if previous.get("settings") != report["settings"]:
+        raise SystemExit(f"--update: the results file was measured with {previous.get('settings')}, "
+                         f"not {report['settings']}")
+    files = {name: {"commit": previous["commit"], **row} for name, row in previous["files"].items()}
+    requested = list(dict.fromkeys([*previous["requested"], *report["requested"]]))
+    return {**report, "requested": requested, "files": files}
+
+
 def format_markdown(report: dict) -> str:
     """The per-file table, a total row, then each file's causes."""
     header = ("| file | tests | XLA passed | polyblocks passed | failed (XLA passed) | crashed | skipped "
@@ -240,6 +251,12 @@ def format_markdown(report: dict) -> str:
                                               "-" if rate is None else f"{100 * rate:.1f}% of {row['eligible']}"]
         lines.append(f"| {name} | " + " | ".join(str(c) for c in cells) + " |")
     rate = pass_rate(total)
+    commits = collections.defaultdict(list)
+    for name, row in files.items():
+        commits[row.get("commit", report.get("commit", ""))[:12]].append(name)
+    if len(commits) > 1:
+        listed = "; ".join(f"{commit}: {', '.join(names)}" for commit, names in commits.items())
+        lines[:0] = [f"Measured per file at these commits: {listed}.", ""]
     lines += ["", f"Goal: {100 * GOAL:.0f}% of the tests passing on XLA CPU that JAX runs on the platform; "
               f"{'met' if rate is not None and rate >= GOAL else 'not met'} over these files."]
     pending = [name for name in report["requested"] if name not in files]
@@ -313,6 +330,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="where XLA's outcomes are kept (default %(default)s)")
     parser.add_argument("--save", action="store_true",
                         help="write bench/results/conformance-<machine>.{json,md} (default: bench/results_files.py's folder)")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the other files' rows of the results file (each row names the commit it was "
+                             "measured at); the files run now replace theirs")
     parser.add_argument("--stall", type=float, default=DEFAULT_STALL_S,
                         help="seconds without a test finishing after which a run counts as hung")
     args = parser.parse_args(argv)
@@ -334,6 +354,8 @@ def main(argv: list[str] | None = None) -> None:
                 "keyword": args.keyword, "x64": os.environ.get("JAX_ENABLE_X64", "")}
     report = {**info, "date": datetime.datetime.now().isoformat(timespec="seconds"), "settings": settings,
               "goal": GOAL, "requested": args.files, "files": {}}
+    if args.update and results.exists():
+        report = merged(json.loads(results.read_text()), report)
     with tempfile.TemporaryDirectory(prefix="conformance-") as workdir:
         for name in args.files:
             test_file = args.tests.resolve() / f"{name}.py"
@@ -344,11 +366,12 @@ def main(argv: list[str] | None = None) -> None:
                 xla = run_side(test_file, SIDES["xla"], pytest_args, env, Path(workdir), args.stall)
                 save_side(cached, xla)
             polyblocks = run_side(test_file, SIDES["polyblocks"], pytest_args, env, Path(workdir), args.stall)
-            report["files"][name] = {**compare(xla.outcomes, polyblocks.outcomes), "xla_s": xla.seconds,
+            report["files"][name] = {**compare(xla.outcomes, polyblocks.outcomes), "commit": info["commit"],
+                                     "xla_s": xla.seconds,
                                      "polyblocks_s": polyblocks.seconds, "processes": polyblocks.processes,
                                      "errors": [f"XLA: {e}" for e in xla.errors]
                                      + [f"polyblocks: {e}" for e in polyblocks.errors]}
-            table = write_results(report, results)
+            table = write_results(report, results)  # after every file: a run cut short keeps its rows
             print(next(line for line in table.splitlines() if line.startswith(f"| {name} |")), flush=True)
     print(f"wrote {results}")
 

@@ -92,6 +92,26 @@ class CompareTest(absltest.TestCase):
         self.assertIn("- 1 x `ValueError: bad` (e.g. `b`)", text)
 
 
+class UpdateTest(absltest.TestCase):
+    def test_rows_keep_their_commit_and_new_files_replace_theirs(self):
+        row = conformance.compare({"a": Outcome("passed")}, {"a": Outcome("passed")})
+        row = {**row, "xla_s": 1.0, "polyblocks_s": 1.0, "errors": []}
+        settings = {"cases": 2}
+        previous = {"commit": "a" * 40, "settings": settings, "requested": ["one_test", "two_test"],
+                    "files": {"one_test": row, "two_test": row}}
+        report = conformance.merged(previous, {"commit": "b" * 40, "settings": settings,
+                                               "requested": ["two_test", "three_test"], "files": {}})
+        report["files"]["two_test"] = {**row, "commit": "b" * 40}
+        report["files"]["three_test"] = {**row, "commit": "b" * 40}
+        self.assertEqual(list(report["files"]), ["one_test", "two_test", "three_test"])
+        self.assertEqual(report["requested"], ["one_test", "two_test", "three_test"])
+        text = conformance.format_markdown(report)
+        self.assertIn(f"Measured per file at these commits: {'a' * 12}: one_test; {'b' * 12}: two_test, three_test.",
+                      text)
+        with self.assertRaises(SystemExit):
+            conformance.merged(previous, {**report, "settings": {"cases": 3}})
+
+
 class XlaCacheTest(absltest.TestCase):
     def test_keyed_by_version_file_and_settings_and_round_trips(self):
         root = Path(self.enterContext(tempfile.TemporaryDirectory()))
