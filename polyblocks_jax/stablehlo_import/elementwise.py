@@ -370,7 +370,7 @@ def _own_erf(name: str, op) -> list[ir.Value] | None:
 
 # The chlo ops JAX 0.10 emits for lax.erf, lgamma, sinh, ... (all on floats).
 _CHLO_EXPANDED = (
-    "acos", "acosh", "asin", "asinh", "atan", "atanh", "bessel_i1e", "cosh", "digamma",
+    "acos", "acosh", "asin", "asinh", "atan", "atanh", "bessel_i1e", "conj", "cosh", "digamma",
     "erf_inv", "is_inf", "is_neg_inf", "is_pos_inf", "lgamma", "next_after",
     "polygamma", "sinh", "square", "tan", "zeta")
 # Ops on the bit pattern, or with a boolean result: expanded in their own type.
