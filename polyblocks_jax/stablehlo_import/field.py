@@ -147,6 +147,10 @@ def transpose(x: Value, perm: Sequence[int]) -> Value:
     return map_parts(lambda p: layout.transpose(p, perm), x)
 
 
+def reverse(x: Value, dims: Sequence[int]) -> Value:
+    return map_parts(lambda p: layout.reverse(p, dims), x)
+
+
 def generic(ins: Sequence[Value], outs: Sequence[Value], maps: Sequence[ir.AffineMap],
             iterators: list[str], body: Callable[..., Sequence[Value]]) -> list[Value]:
     """builders.generic over real and complex values: one map per value (a Pair's parts share

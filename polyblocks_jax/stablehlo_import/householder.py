@@ -39,32 +39,21 @@ def householder_qr(a: Value) -> list[Value]:
     nothing to eliminate, a[j, j] real and nothing below: tau = 0, H = I)."""
     *batch, m, n = field.shape_of(a)
     nb, steps = len(batch), min(m, n)
-    scalar = affine_map(dims(nb + 2), [*dims(nb), origin(), origin()])
 
     def step(ivs: list[ir.Value], carried: list[Value]) -> list[Value]:
         factored, taus = carried
         j = ivs[0]
         col = field.extract_slice(factored, [*batch, m, 1], [0] * nb + [0, j])
-        alpha = field.extract_slice(factored, [*batch, 1, 1], [0] * nb + [j, j])
-        below = masked(col, lambda i, _: cmp("ugt", i, j))
-        k = dims(nb + 3)
-        along_k = affine_map(k, [*k[:nb], k[-1], origin()])
-        sigma = contract(field.conj(below), below, [*batch, 1, 1], along_k, along_k)
-        beta, tau, scale = field.generic(
-            [alpha, field.real(sigma)],
-            [builders.empty_like(field.real(alpha)), field.empty_like(alpha), field.empty_like(alpha)],
-            [ir.AffineMap.get_identity(nb + 2)] * 5, ["parallel"] * (nb + 2), lambda x, s, *_: _reflection(x, s))
-        v = _reflector(col, j, scale, scalar)
-        update = _reflected(factored, v, field.conj(tau), scalar)  # H^H
+        beta, tau, v = householder_vector(col, j)
+        update = reflected(factored, v, field.conj(tau))  # H^H
 
         def merged(old: Value, new: Value, vi: Value, b: ir.Value, _: Value) -> Value:
             i, c = linalg.IndexOp(nb).result, linalg.IndexOp(nb + 1).result
             column_j = field.select(cmp("ult", i, j), old, field.select(cmp("eq", i, j), field.as_field_of(b, old), vi))
             return field.select(cmp("ugt", c, j), new, field.select(cmp("eq", c, j), column_j, old))
         e = dims(nb + 2)
-        factored = field.parallel_generic(
-            [factored, update, v, beta], field.empty_like(factored),
-            [ir.AffineMap.get_identity(nb + 2)] * 2 + [affine_map(e, [*e[:nb + 1], origin()]), scalar], merged)
+        maps = [ir.AffineMap.get_identity(nb + 2)] * 2 + [affine_map(e, [*e[:nb + 1], origin()]), _per_matrix(nb + 2)]
+        factored = field.parallel_generic([factored, update, v, beta], field.empty_like(factored), maps, merged)
         taus = field.insert_slice(field.reshape(tau, [*batch, 1]), taus, [0] * nb + [j])
         return [factored, taus]
     return field.loop_nest([steps], [a, field.zeros(a, [*batch, steps])], step)
@@ -75,17 +64,34 @@ def householder_product(a: Value, taus: Value) -> Value:
     last reflector first."""
     *batch, m, n = field.shape_of(a)
     nb, k = len(batch), field.shape_of(taus)[-1]
-    e = dims(nb + 2)
 
     def step(ivs: list[ir.Value], carried: list[Value]) -> list[Value]:
         (q,) = carried
         j = arith.subi(builders.index_constant(k - 1), ivs[0])
         col = field.extract_slice(a, [*batch, m, 1], [0] * nb + [0, j])
-        v = _reflector(col, j, None, None)
+        v = _reflector(col, j)
         tau = field.reshape(field.extract_slice(taus, [*batch, 1], [0] * nb + [j]), [*batch, 1, 1])
-        return [_reflected(q, v, tau, affine_map(e, [*e[:nb], origin(), origin()]))]
+        return [reflected(q, v, tau)]
     eye = identity_like(a)
     return field.loop_nest([k], [eye], step)[0] if k else eye
+
+
+def householder_vector(col: Value, pivot: ir.Value) -> tuple[ir.Value, Value, Value]:
+    """(beta, tau, v) of the reflector H = I - tau v v^H whose adjoint maps ``col`` (..., m,
+    1) from row ``pivot`` down to (beta, 0, ...): LAPACK's larfg, v 0 above the pivot and 1
+    at it."""
+    *batch, m, _ = field.shape_of(col)
+    nb = len(batch)
+    alpha = field.extract_slice(col, [*batch, 1, 1], [0] * nb + [pivot, 0])
+    below = masked(col, lambda i, _: cmp("ugt", i, pivot))
+    k = dims(nb + 3)
+    along_k = affine_map(k, [*k[:nb], k[-1], origin()])
+    sigma = contract(field.conj(below), below, [*batch, 1, 1], along_k, along_k)
+    beta, tau, scale = field.generic(
+        [alpha, field.real(sigma)],
+        [builders.empty_like(field.real(alpha)), field.empty_like(alpha), field.empty_like(alpha)],
+        [ir.AffineMap.get_identity(nb + 2)] * 5, ["parallel"] * (nb + 2), lambda x, s, *_: _reflection(x, s))
+    return beta, tau, _reflector(col, pivot, scale)
 
 
 def _reflection(alpha: Value, sigma: ir.Value) -> list[Value]:
@@ -104,14 +110,14 @@ def _reflection(alpha: Value, sigma: ir.Value) -> list[Value]:
     return [beta, tau, scale]
 
 
-def _reflector(col: Value, j: ir.Value, scale: Value | None, scale_map: ir.AffineMap | None) -> Value:
+def _reflector(col: Value, j: ir.Value, scale: Value | None = None) -> Value:
     """The (..., m, 1) reflector of column ``col``: 0 above j, 1 at j, below it the column
-    (times ``scale`` when given)."""
+    (times ``scale`` (..., 1, 1) when given)."""
     rank = len(field.shape_of(col))
     ins, maps = [col], [ir.AffineMap.get_identity(rank)]
     if scale is not None:
         ins.append(scale)
-        maps.append(scale_map)
+        maps.append(_per_matrix(rank))
 
     def body(x: Value, *rest: Value) -> Value:
         i = linalg.IndexOp(rank - 2).result
@@ -121,7 +127,7 @@ def _reflector(col: Value, j: ir.Value, scale: Value | None, scale_map: ir.Affin
     return field.parallel_generic(ins, field.empty_like(col), maps, body)
 
 
-def _reflected(x: Value, v: Value, tau: Value, tau_map: ir.AffineMap) -> Value:
+def reflected(x: Value, v: Value, tau: Value) -> Value:
     """(I - tau v v^H) x for each matrix x (..., m, n), v (..., m, 1), tau (..., 1, 1)."""
     *batch, m, n = field.shape_of(x)
     nb = len(batch)
@@ -130,6 +136,12 @@ def _reflected(x: Value, v: Value, tau: Value, tau_map: ir.AffineMap) -> Value:
                  affine_map(d, [*d[:nb], d[nb + 2], d[nb + 1]]))
     e = dims(nb + 2)
     maps = [ir.AffineMap.get_identity(nb + 2), affine_map(e, [*e[:nb + 1], origin()]),
-            affine_map(e, [*e[:nb], origin(), e[nb + 1]]), tau_map]
+            affine_map(e, [*e[:nb], origin(), e[nb + 1]]), _per_matrix(nb + 2)]
     return field.parallel_generic([x, v, w, tau], field.empty_like(x), maps,
                                   lambda xv, vv, wv, t, _: field.sub(xv, field.mul(t, field.mul(vv, wv))))
+
+
+def _per_matrix(rank: int) -> ir.AffineMap:
+    """The map of a (..., 1, 1) operand in a loop nest over (..., rows, columns)."""
+    e = dims(rank)
+    return affine_map(e, [*e[:rank - 2], origin(), origin()])

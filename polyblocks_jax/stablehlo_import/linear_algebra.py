@@ -139,6 +139,18 @@ def _cholesky_lower(a: Value) -> Value:
     return field.loop_nest([n], [zeros_like(a)], step)[0]
 
 
+def hermitian(a: Value, lower: bool) -> Value:
+    """The symmetric (Hermitian) matrices whose ``lower`` (else upper) triangle ``a`` holds;
+    a complex diagonal's imaginary part is taken as 0, as LAPACK takes it."""
+    rank = len(field.shape_of(a))
+
+    def body(x: Value, y: Value, _: Value) -> Value:
+        i, j = linalg.IndexOp(rank - 2).result, linalg.IndexOp(rank - 1).result
+        x = field.select(cmp("eq", i, j), field.as_field_of(field.real(x), x), x)
+        return field.select(cmp("uge" if lower else "ule", i, j), x, y)
+    return field.parallel_generic([a, adjoint(a)], field.empty_like(a), [ir.AffineMap.get_identity(rank)] * 2, body)
+
+
 def identity_like(a: Value) -> Value:
     """Identity matrices (ones on the diagonal) of ``a``'s shape (..., m, n) and type."""
     rank = len(field.shape_of(a))

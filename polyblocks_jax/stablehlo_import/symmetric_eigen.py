@@ -27,7 +27,7 @@ from mlir.dialects import arith, linalg, math, scf, tensor
 
 from polyblocks_jax.stablehlo_import import builders, field
 from polyblocks_jax.stablehlo_import.complex_values import Value, flatten, map_parts
-from polyblocks_jax.stablehlo_import.linear_algebra import affine_map, check_dtype, diagonal, identity_like
+from polyblocks_jax.stablehlo_import.linear_algebra import affine_map, check_dtype, diagonal, hermitian, identity_like
 
 
 def eigh_call(op) -> list[Value]:
@@ -52,7 +52,7 @@ def eigh(a: Value, lower: bool, sort: bool, max_sweeps: int, tolerance: float) -
     def each(ivs: list[ir.Value], carried: list[Value]) -> list[Value]:
         vectors, values = carried
         m = field.extract_slice(matrices, [1, n, n], [ivs[0], 0, 0], shape=[n, n])
-        d, v = _jacobi(_symmetric(m, lower), max_sweeps, reachable)
+        d, v = _jacobi(hermitian(m, lower), max_sweeps, reachable)
         w = diagonal(field.real(d))
         if sort:
             w, v = _sorted(w, v)
@@ -70,19 +70,6 @@ def _config(op) -> tuple[bool, bool, int, float]:
         return bool(int(lower)), bool(int(sort)), int(sweeps), float(tolerance)
     except ValueError:
         raise op.unsupported(f"Eigh backend_config {text!r} (expected lower,sort,max_sweeps,tolerance)") from None
-
-
-def _symmetric(m: Value, lower: bool) -> Value:
-    """The symmetric (Hermitian) matrix whose ``lower`` (else upper) triangle ``m`` holds; a
-    complex diagonal's imaginary part is taken as 0, as LAPACK's heevd takes it."""
-    t = field.transpose(m, [1, 0])
-
-    def body(x: Value, y: Value, _: Value) -> Value:
-        i, j = linalg.IndexOp(0).result, linalg.IndexOp(1).result
-        mine = arith.cmpi(arith.CmpIPredicate.uge if lower else arith.CmpIPredicate.ule, i, j)
-        x = field.select(arith.cmpi(arith.CmpIPredicate.eq, i, j), field.as_field_of(field.real(x), x), x)
-        return field.select(mine, x, field.conj(y))
-    return field.parallel_generic([m, t], field.empty_like(m), [ir.AffineMap.get_identity(2)] * 2, body)
 
 
 def _jacobi(a: Value, max_sweeps: int, tolerance: float) -> tuple[Value, Value]:
