@@ -242,4 +242,4 @@ def _bool(op, name: str) -> bool:
 def check_dtype(op) -> None:
     dtype = op.result_specs[0].dtype
     if dtype.name not in _SOLVED_DTYPES:
-        raise op.unsupported(f"dtype {dtype.name} (supported: {', '.join(_SOLVED_DTYPES)})")
+        raise op.unsupported_dtype(dtype.name, _SOLVED_DTYPES)
