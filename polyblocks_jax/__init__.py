@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from polyblocks_jax import logs
 from polyblocks_jax.errors import (CallbackError, CompilationError, InvalidArgumentError, InvalidProgramError,
-                                   PolyblocksError, ResourceExhaustedError, UnsupportedError)
+                                   PolyblocksError, ResourceExhaustedError, UnsupportedDtypeError,
+                                   UnsupportedError)
 from polyblocks_jax.options import Options
 from polyblocks_jax.runtime.executable import Executable, deserialize  # no MLIR: loads anywhere
 
@@ -17,8 +18,8 @@ __version__ = "0.1.0"
 logs.configure()
 
 __all__ = ["compile", "deserialize", "Executable", "Options", "PolyblocksError", "UnsupportedError",
-           "CompilationError", "InvalidProgramError", "InvalidArgumentError", "ResourceExhaustedError",
-           "CallbackError"]
+           "UnsupportedDtypeError", "CompilationError", "InvalidProgramError", "InvalidArgumentError",
+           "ResourceExhaustedError", "CallbackError"]
 
 
 def compile(program, options: Options | None = None, donate_argnums=None):  # noqa: A001 (mirrors jax's naming)

@@ -11,7 +11,25 @@ class UnsupportedError(PolyblocksError):
 
     def __init__(self, op: str, reason: str, location: str = "unknown") -> None:
         self.op, self.reason, self.location = op, reason, location
-        super().__init__(f"unsupported {op}: {reason} (at {location})")
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        return f"unsupported {self.op}: {self.reason} (at {self.location})"
+
+
+class UnsupportedDtypeError(UnsupportedError):
+    """An op on a dtype it is not computed in; worded as XLA and JAX word it ("Unsupported
+    dtype ..."), which users and JAX's own tests match on whatever the backend."""
+
+    def __init__(self, op: str, dtype: str, location: str = "unknown", supported: tuple[str, ...] = ()) -> None:
+        self.dtype, self.supported = dtype, supported
+        super().__init__(op, f"dtype {dtype}{self._listed()}", location)
+
+    def _listed(self) -> str:
+        return f" (supported: {', '.join(self.supported)})" if self.supported else ""
+
+    def _message(self) -> str:
+        return f"Unsupported dtype {self.dtype} in {self.op}{self._listed()} (at {self.location})"
 
 
 class InvalidProgramError(PolyblocksError):

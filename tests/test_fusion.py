@@ -141,6 +141,37 @@ class ElementwiseFusionTest(absltest.TestCase):
         self.assertNotIn("tensor.extract", str(exps[0]))
         support.check_against_xla(self, lookup, table, ids)
 
+    def test_shared_functions_of_constants_are_copied_within_a_budget(self):
+        # Each step reads the last twice: copying every function of constants to each use
+        # gave every path through this DAG generics of its own (jax.scipy.linalg.invpascal's
+        # gammaln of iotas: 147 generics became 1.4 million, 13 GB).
+        depth = 8
+
+        def doubling(x):
+            y = jnp.arange(16, dtype=jnp.float32) / 16
+            for _ in range(depth):
+                y = y * (y - 0.5)
+            return x + y
+        generics = []  # in the module upstream fusion is given
+
+        def counted(module: ir.Module) -> None:
+            generics.append(sum(op.name == "linalg.generic" for op in walk(module.operation)))
+            fuse(module)
+        fuse = fusion._fuse_without_recomputing
+        x = np.ones(16, np.float32)
+        with mock.patch.object(fusion, "_fuse_without_recomputing", counted):
+            _after("fusion", doubling, x)
+        self.assertLess(generics[0], 8 * depth)  # the DAG's own, a few a step (was 327680)
+        support.check_against_xla(self, doubling, x)
+
+    def test_shared_broadcast_constant_fuses_into_each_use(self):
+        def scaled(x, y):
+            half = jnp.full_like(x, 0.5)  # one broadcast, two uses
+            return x * half, y * half
+        x = np.ones(16, np.float32)
+        module = _after("fusion", scaled, x, x)
+        self.assertLen([o for o in walk(module.operation) if o.name == "linalg.generic"], 2)
+
     def test_producers_fuse_into_reductions(self):
         module = _after("fusion", lambda x: (jnp.exp(x) * 2).sum(-1), np.zeros((4, 16), np.float32))
         (reduction,) = _reducing_generics(module.operation)

@@ -193,6 +193,41 @@ class SvdTest(absltest.TestCase):
                                    jnp.linalg.norm(a, 2), jnp.linalg.cond(a)), a, b, rtol=1e-3, atol=1e-4)
 
 
+def _hessenberg(a):
+    return jax.scipy.linalg.hessenberg(a, calc_q=True)
+
+
+class ReductionsTest(parameterized.TestCase):
+    # lax.linalg.tridiagonal and jax.scipy.linalg.hessenberg: LAPACK's rules on the platform
+    # too, their sytrd (hetrd) and gehrd calls computed by Householder steps; through PJRT
+    # and pb.compile. The reduction's rounding grows along the matrix as LAPACK's does.
+    @parameterized.product(dtype=[np.float32, np.complex64, np.float64, np.complex128], lower=[True, False])
+    def test_tridiagonal(self, dtype, lower):
+        rng = np.random.default_rng(20)
+        tolerance = dict(rtol=1e-4, atol=1e-4) if np.finfo(dtype).bits <= 32 else dict(rtol=1e-10, atol=1e-12)
+        for shape in ((1, 1), (7, 7), (2, 5, 5)):
+            a = rng.standard_normal(shape).astype(dtype)
+            if np.iscomplexobj(a):
+                a = a + 1j * rng.standard_normal(shape).astype(dtype)
+            other = np.triu_indices(shape[-1], 1) if lower else np.tril_indices(shape[-1], -1)
+            a[(...,) + other] = np.nan  # never read, returned as given
+
+            def reduced(a):
+                return lax.linalg.tridiagonal(a, lower=lower)
+            _check(self, reduced, a, **tolerance)
+            support.check_against_xla(self, reduced, a, **tolerance)
+
+    @parameterized.parameters(np.float32, np.complex64)
+    def test_hessenberg(self, dtype):
+        rng = np.random.default_rng(21)
+        for n in (1, 6):
+            a = rng.standard_normal((n, n)).astype(dtype)
+            if np.iscomplexobj(a):
+                a = a + 1j * rng.standard_normal((n, n)).astype(dtype)
+            _check(self, _hessenberg, a)
+            support.check_against_xla(self, _hessenberg, a, rtol=RTOL, atol=ATOL)
+
+
 class LapackCallsTest(absltest.TestCase):
     # pb.compile of programs lowered for the CPU: JAX calls LAPACK there (lapack_*_ffi).
     def test_factorizations_and_solves(self):
@@ -237,9 +272,12 @@ class SolversTest(absltest.TestCase):
         _check(self, lambda a, b: jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(a), b), spd, b[0])
 
     def test_unsupported_dtype_names_op(self):
+        # "Unsupported dtype", as XLA and JAX's CPU rules word it (JAX's testQrInvalidDtype)
         a = np.eye(3, dtype=ml_dtypes.bfloat16)
-        with self.assertRaisesRegex(Exception, r"stablehlo\.cholesky: dtype bf16"):
+        with self.assertRaisesRegex(Exception, r"Unsupported dtype bf16 in stablehlo\.cholesky"):
             run_pb(jnp.linalg.cholesky, a)
+        with self.assertRaisesRegex(Exception, r"Unsupported dtype f16 in stablehlo\.custom_call"):
+            run_pb(jnp.linalg.qr, np.ones((5, 6), np.float16))
 
 
 if __name__ == "__main__":

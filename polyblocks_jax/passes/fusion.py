@@ -8,7 +8,10 @@ fused into P.V divides 64 times per element). So reductions are generalized firs
 each producer whose fusion would recompute gets a second, temporary use for the pass's
 duration (it fuses single-use producers only; it has no hook for a cost function). For the
 same reason a broadcast constant that CSE shared between layers (GELU's 0.5, ReLU's zero)
-gets a copy per use first: shared, it would be a whole tensor alive across every layer.
+gets a copy per use first: shared, it would be a whole tensor alive across every layer. A
+copy recomputes the function of constants at its use, with its producers: only those
+within ``RECOMPUTE_BUDGET`` operations per element are copied (a DAG of shared values
+copied per use becomes a tree, as large as the DAG's number of paths).
 """
 from __future__ import annotations
 
@@ -33,6 +36,9 @@ module attributes {transform.with_named_sequence} {
 }"""
 _RESHAPES = ("tensor.collapse_shape", "tensor.expand_shape")
 _KEEP = "polyblocks_fusion_keep"  # prefix of the callees of the temporary uses
+# Operations per element a copy of a function of constants may compute at each use: about
+# what reading the shared tensor back costs (a load, its address, a cache miss's share).
+RECOMPUTE_BUDGET = 8
 
 
 def fuse_elementwise(module: ir.Module, options: Options) -> None:
@@ -82,8 +88,10 @@ def _copy_shared_constant_broadcasts(module: ir.Module) -> None:
     """Give every use but the first of an elementwise function of constants (a broadcast of
     one, its bitcast) a copy of its own, which upstream fusion then fuses. Consumers first:
     the copies of one make its producer's uses, copied in turn."""
+    costs: dict[ir.Operation, int | None] = {}
     for op in reversed(list(walk(module.operation))):
-        if not _of_constants(op):
+        cost = _recompute_cost(op, costs)
+        if cost is None or cost > RECOMPUTE_BUDGET:
             continue
         # (a use nested in another op's body, a gather's tensor.extract, would get a copy of
         # the whole tensor computed at every element)
@@ -93,13 +101,27 @@ def _copy_shared_constant_broadcasts(module: ir.Module) -> None:
                 user.operands[use.operand_number] = op.clone().results[0]
 
 
-def _of_constants(op: ir.Operation) -> bool:
-    """Whether ``op`` is an elementwise generic of constants, or of such generics."""
+def _recompute_cost(op: ir.Operation, costs: dict[ir.Operation, int | None]) -> int | None:
+    """The operations per element that a copy of ``op`` and of its producers computes, where
+    ``op`` is an elementwise generic of constants or of such generics; else None. Memoized
+    in ``costs``; past the budget the exact figure no longer matters, so it is capped there."""
+    if op in costs:
+        return costs[op]
+    costs[op] = None
     if not is_elementwise_generic(op) or _reads_variables_from_above(op):
-        return False
-    inputs = op.operands[:len(op.operands) - 1]
-    return all(isinstance(v.owner, ir.OpView)
-               and (v.owner.name == "arith.constant" or _of_constants(v.owner.operation)) for v in inputs)
+        return None
+    cost = len(op.regions[0].blocks[0].operations) - 1  # not the yield
+    for value in op.operands[:len(op.operands) - 1]:
+        if not isinstance(value.owner, ir.OpView):
+            return None
+        producer = value.owner.operation
+        if producer.name != "arith.constant":
+            inner = _recompute_cost(producer, costs)
+            if inner is None:
+                return None
+            cost += inner
+    costs[op] = min(cost, RECOMPUTE_BUDGET + 1)
+    return costs[op]
 
 
 def _reads_variables_from_above(op: ir.Operation) -> bool:

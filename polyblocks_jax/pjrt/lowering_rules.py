@@ -7,10 +7,12 @@ generic one: StableHLO loops (lu, threefry2x32), StableHLO's own ops (stablehlo.
 and triangular_solve) or XLA's custom calls for its own expansions (qr: "Qr" and
 "ProductOfElementaryHouseholderReflectors"), computed in stablehlo_import/linear_algebra.py.
 eigh has platform rules only: we register the TPU's (QDWH, ending in XLA's "Eigh" custom
-call: stablehlo_import/symmetric_eigen.py), and svd's generic rule calls eigh. The other
-primitives with platform rules only (eig, schur, hessenberg, tridiagonal, geqp3) fail at
-lowering with JAX's own error naming the primitive and the platform ("MLIR translation rule
-for primitive 'eig' not found for platform polyblocks"); callbacks are host_callbacks.py's.
+call: stablehlo_import/symmetric_eigen.py), and svd's generic rule calls eigh. hessenberg
+and tridiagonal have LAPACK rules only: we register the CPU's, whose gehrd and sytrd
+(hetrd) calls the importer computes (stablehlo_import/hessenberg.py). The other
+primitives with platform rules only (eig, schur, geqp3) fail at lowering with JAX's own
+error naming the primitive and the platform ("MLIR translation rule for primitive 'eig'
+not found for platform polyblocks"); callbacks are host_callbacks.py's.
 
 erf, erfc, top_k, argmax and argmin: a program reaches a PJRT plugin as a portable
 artifact, and jaxlib expands every chlo op into StableHLO on the way (erfc: three
@@ -40,6 +42,7 @@ def register() -> None:
         donation.append(PLATFORM)
     _register_preserved_chlo()
     _register_eigh()
+    _register_lapack_reductions()
 
 
 def _register_eigh() -> None:
@@ -54,6 +57,23 @@ def _register_eigh() -> None:
     except (ImportError, AttributeError):
         return
     mlir.register_lowering(linalg.eigh_p, rule, platform=PLATFORM)
+
+
+def _register_lapack_reductions() -> None:
+    """hessenberg and tridiagonal as the CPU lowers them: LAPACK's gehrd and sytrd (hetrd)
+    custom calls, which the importer computes. The CPU's rules are internal to JAX (no public
+    API returns a platform's rule); where a JAX version moves them, the primitives keep
+    failing at lowering as before."""
+    from jax.interpreters import mlir
+    from jax._src.interpreters import mlir as internal_mlir
+    try:
+        from jax._src.lax import linalg
+        primitives = (linalg.hessenberg_p, linalg.tridiagonal_p)
+        rules = [internal_mlir._platform_specific_lowerings["cpu"][p].rule for p in primitives]
+    except (ImportError, AttributeError, KeyError):
+        return
+    for primitive, rule in zip(primitives, rules):
+        mlir.register_lowering(primitive, rule, platform=PLATFORM)
 
 
 def _register_preserved_chlo() -> None:

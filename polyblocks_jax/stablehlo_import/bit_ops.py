@@ -17,7 +17,7 @@ _LOGICAL = {"stablehlo.and": arith.andi, "stablehlo.or": arith.ori, "stablehlo.x
 def _require_integer(op) -> None:
     dt = op.operand_specs[0].dtype
     if not dt.is_integer:
-        raise op.unsupported(f"dtype {dt.name}")
+        raise op.unsupported_dtype(dt.name)
 
 
 @converts(*_LOGICAL)

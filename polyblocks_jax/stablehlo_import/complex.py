@@ -33,7 +33,7 @@ def _add(x: Pair, y: Pair) -> Pair:
     return Pair(arith.addf(x.re, y.re), arith.addf(x.im, y.im))
 
 
-def _mul(x: Pair, y: Pair) -> Pair:
+def multiply(x: Pair, y: Pair) -> Pair:
     (a, b), (c, d) = x, y
     return Pair(arith.subf(arith.mulf(a, c), arith.mulf(b, d)), arith.addf(arith.mulf(a, d), arith.mulf(b, c)))
 
@@ -54,7 +54,7 @@ def _is_finite(x: ir.Value) -> ir.Value:
     return arith.cmpf(F.ONE, math.absf(x), _c(float("inf"), x))
 
 
-def _div(x: Pair, y: Pair) -> Pair:
+def divide(x: Pair, y: Pair) -> Pair:
     """Smith's division; where it gives NaN in both parts, C99's zero-divisor, infinite
     numerator and infinite denominator results, as XLA computes them."""
     (a, b), (c, d) = x, y
@@ -92,7 +92,7 @@ def _div(x: Pair, y: Pair) -> Pair:
     return _select(both_nan, fixed, smith)
 
 
-def _abs(x: Pair) -> ir.Value:
+def magnitude(x: Pair) -> ir.Value:
     """max * sqrt(1 + (min / max)^2) on the parts' magnitudes: no overflow before the result
     does; 0 for 0, infinity where a part is infinite, NaN where a part is NaN."""
     a, b = math.absf(x.re), math.absf(x.im)
@@ -138,7 +138,7 @@ def _sqrt(x: Pair) -> Pair:
     # t = 2 sqrt((|a| + |z|) / 8) for large parts, where |a| + |z| may overflow.
     large = arith.cmpf(F.OGT, arith.maximumf(math.absf(a), math.absf(b)), one)
     scale = arith.select(large, _c(0.125, a), _c(0.5, a))
-    scaled_abs = _abs(Pair(arith.mulf(scale, a), arith.mulf(scale, b)))
+    scaled_abs = magnitude(Pair(arith.mulf(scale, a), arith.mulf(scale, b)))
     t = arith.mulf(math.sqrt(arith.addf(arith.mulf(scale, math.absf(a)), scaled_abs)),
                    arith.select(large, _c(2.0, a), one))
     two_t = arith.addf(t, t)
@@ -153,13 +153,13 @@ def _sqrt(x: Pair) -> Pair:
 
 def _rsqrt(x: Pair) -> Pair:
     one = _c(1.0, x.re)
-    return _div(Pair(one, _c(0.0, one)), _sqrt(x))
+    return divide(Pair(one, _c(0.0, one)), _sqrt(x))
 
 
 def _pow(x: Pair, y: Pair) -> Pair:
     """exp(y log x); x^0 is 1 for every x, and 0^y is 0 for a positive real y, NaN otherwise."""
     zero, one, nan = _c(0.0, x.re), _c(1.0, x.re), _c(float("nan"), x.re)
-    power = _exp(_mul(y, _log(x)))
+    power = _exp(multiply(y, _log(x)))
     base_zero = arith.andi(arith.cmpf(F.OEQ, x.re, zero), arith.cmpf(F.OEQ, x.im, zero))
     real_y = arith.cmpf(F.OEQ, y.im, zero)
     at_zero = arith.select(arith.andi(real_y, arith.cmpf(F.OGT, y.re, zero)), zero, nan)
@@ -231,20 +231,20 @@ def _log1p(x: Pair) -> Pair:
 
 def _sign(x: Pair) -> Pair:
     """z / |z|; 0 stays itself (signs of zero kept), NaN parts make NaN."""
-    m = _abs(x)
+    m = magnitude(x)
     return _select(arith.cmpf(F.OEQ, m, _c(0.0, m)), x, Pair(arith.divf(x.re, m), arith.divf(x.im, m)))
 
 
 def _logistic(x: Pair) -> Pair:
     one = _c(1.0, x.re)
     e = _exp(Pair(arith.negf(x.re), arith.negf(x.im)))
-    return _div(Pair(one, _c(0.0, one)), Pair(arith.addf(one, e.re), e.im))
+    return divide(Pair(one, _c(0.0, one)), Pair(arith.addf(one, e.re), e.im))
 
 
 _BINARY: dict[str, Callable[[Pair, Pair], Pair]] = {
     "stablehlo.add": _add,
     "stablehlo.subtract": lambda x, y: Pair(arith.subf(x.re, y.re), arith.subf(x.im, y.im)),
-    "stablehlo.multiply": _mul, "stablehlo.divide": _div, "stablehlo.power": _pow,
+    "stablehlo.multiply": multiply, "stablehlo.divide": divide, "stablehlo.power": _pow,
 }
 
 _UNARY: dict[str, Callable[[Pair], Pair]] = {
@@ -269,7 +269,7 @@ def unary(cx, op):
 
 @converts_complex("stablehlo.abs")
 def abs_(cx, op):
-    return [_abs(op.operands[0])]
+    return [magnitude(op.operands[0])]
 
 
 @converts_complex("stablehlo.real")

@@ -171,7 +171,7 @@ def _join_bits(x: ir.Value, src: TensorSpec, dst: DType) -> ir.Value:
 def reduce_precision(cx, op):
     dt = op.operand_specs[0].dtype
     if not dt.is_float:
-        raise op.unsupported(f"dtype {dt.name}")
+        raise op.unsupported_dtype(dt.name)
     exponent_bits = jir.IntegerAttr(op.attr("exponent_bits")).value
     mantissa_bits = jir.IntegerAttr(op.attr("mantissa_bits")).value
     return [_reduce_precision(op.operands[0], dt, exponent_bits, mantissa_bits)]

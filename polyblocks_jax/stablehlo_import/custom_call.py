@@ -4,17 +4,18 @@ Sharding and placement annotations are identities on one device. ApproxTopK is w
 ``lax.approx_max_k``/``approx_min_k`` emit; XLA CPU computes it exactly (sort, then the
 first k), and so do we. XLA's Householder QR ("Qr") and the product of its reflectors are
 what jnp.linalg.qr lowers to off LAPACK: computed as LAPACK's geqrf and orgqr
-(linear_algebra.py); so are the LAPACK routines a program lowered for the CPU calls for
-them (lapack.py). Calls back into Python are host_callbacks.py's. Any other target (other
-LAPACK routines, XLA's own callbacks, ...) raises UnsupportedError naming it.
+(householder.py); so are the LAPACK routines a program lowered for the CPU calls for
+them (lapack.py). Those and the annotations take complex operands too. Calls back into
+Python are host_callbacks.py's. Any other target (other LAPACK routines, XLA's own
+callbacks, ...) raises UnsupportedError naming it.
 """
 from __future__ import annotations
 
 from jaxlib.mlir import ir as jir
 
 from polyblocks_jax.runtime import host_callbacks as runtime_callbacks
-from polyblocks_jax.stablehlo_import import host_callbacks, lapack, linear_algebra, sort, symmetric_eigen
-from polyblocks_jax.stablehlo_import.registry import converts
+from polyblocks_jax.stablehlo_import import host_callbacks, householder, lapack, sort, symmetric_eigen
+from polyblocks_jax.stablehlo_import.registry import converts, converts_complex
 
 # Targets that only annotate their operands (sharding, memory placement, ...); with one
 # device and one memory space each returns its operands unchanged.
@@ -27,8 +28,8 @@ IDENTITY_TARGETS = frozenset({
 
 # XLA's own decompositions, which JAX's generic rules call (jnp.linalg.qr: geqrf, orgqr;
 # eigh's QDWH: Jacobi on its blocks).
-_DECOMPOSITIONS = {"Qr": linear_algebra.qr_call,
-                   "ProductOfElementaryHouseholderReflectors": linear_algebra.householder_product_call,
+_DECOMPOSITIONS = {"Qr": householder.qr_call,
+                   "ProductOfElementaryHouseholderReflectors": householder.householder_product_call,
                    "Eigh": symmetric_eigen.eigh_call}
 
 
@@ -50,6 +51,19 @@ def custom_call(cx, op):
     if (results := lapack.lapack_call(op, target)) is not None:
         return results
     raise op.unsupported(f"custom_call target {target!r} has no lowering")
+
+
+@converts_complex("stablehlo.custom_call")
+def complex_custom_call(cx, op):
+    """The targets that compute on complex values as on real ones."""
+    target = jir.StringAttr(op.attr("call_target_name")).value
+    if target in IDENTITY_TARGETS:
+        return _identity(op, target)
+    if target in _DECOMPOSITIONS:
+        return _DECOMPOSITIONS[target](op)
+    if (results := lapack.lapack_call(op, target)) is not None:
+        return results
+    raise op.unsupported(f"custom_call target {target!r} has no lowering for complex types")
 
 
 @converts("sdy.sharding_constraint")

@@ -80,7 +80,7 @@ _BINARY = {
 def _pick(table: tuple, dt: DType, op):
     fn = table[("float", "sint", "uint", "bool").index(dt.kind)]
     if fn is None:
-        raise op.unsupported(f"dtype {dt.name}")
+        raise op.unsupported_dtype(dt.name)
     return fn
 
 
@@ -205,7 +205,7 @@ _FLOAT_UNARY: dict[str, Callable[[ir.Value], ir.Value]] = {
 @converts(*_FLOAT_UNARY)
 def float_unary(cx, op):
     if not _dtype(op).is_float:
-        raise op.unsupported(f"dtype {_dtype(op).name}")
+        raise op.unsupported_dtype(_dtype(op).name)
     return [in_f32(_FLOAT_UNARY[op.name], op.operands[0])]
 
 
@@ -351,7 +351,7 @@ _OWN_F32 = {"chlo.erf": _erf, "chlo.erfc": _erfc}
 def erf_erfc(cx, op) -> Sequence[ir.Value]:
     """Ours on f32 (and bf16/f16 through f32); chlo's expansion on f64."""
     if not _dtype(op).is_float:
-        raise op.unsupported(f"dtype {_dtype(op).name}")
+        raise op.unsupported_dtype(_dtype(op).name)
     return _own_erf(op.name, op) or chlo_op(cx, op)
 
 
@@ -370,7 +370,7 @@ def _own_erf(name: str, op) -> list[ir.Value] | None:
 
 # The chlo ops JAX 0.10 emits for lax.erf, lgamma, sinh, ... (all on floats).
 _CHLO_EXPANDED = (
-    "acos", "acosh", "asin", "asinh", "atan", "atanh", "bessel_i1e", "cosh", "digamma",
+    "acos", "acosh", "asin", "asinh", "atan", "atanh", "bessel_i1e", "conj", "cosh", "digamma",
     "erf_inv", "is_inf", "is_neg_inf", "is_pos_inf", "lgamma", "next_after",
     "polygamma", "sinh", "square", "tan", "zeta")
 # Ops on the bit pattern, or with a boolean result: expanded in their own type.
@@ -416,7 +416,7 @@ def chlo_op(cx, op) -> Sequence[ir.Value]:
     is imported with the complex converters (complex.py)."""
     dt = _dtype(op)
     if not (dt.is_float or dt.is_complex):
-        raise op.unsupported(f"dtype {dt.name}")
+        raise op.unsupported_dtype(dt.name)
     widen = dt.bits == 16 and op.name not in _CHLO_EXACT
     module = _expanded_chlo(op, widen)  # owns the block imported below
     body = module.body.operations[0].regions[0].blocks[0]

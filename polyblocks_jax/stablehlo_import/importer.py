@@ -15,7 +15,7 @@ from mlir import ir
 from mlir.dialects import func
 
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
+from polyblocks_jax.errors import InvalidProgramError, UnsupportedDtypeError, UnsupportedError
 from polyblocks_jax.stablehlo_import import builders, complex_values, narrow_ops, reader
 from polyblocks_jax.stablehlo_import.complex_values import Pair
 from polyblocks_jax.stablehlo_import.registry import COMPLEX_CONVERTERS, CONVERTERS
@@ -44,6 +44,9 @@ class OpView:
 
     def unsupported(self, reason: str) -> UnsupportedError:
         return UnsupportedError(self.name, reason, self.location)
+
+    def unsupported_dtype(self, dtype: str, supported: tuple[str, ...] = ()) -> UnsupportedDtypeError:
+        return UnsupportedDtypeError(self.name, dtype, self.location, supported)
 
     def result_type(self, index: int = 0) -> ir.Type:
         spec = self.result_specs[index]

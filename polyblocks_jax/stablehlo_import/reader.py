@@ -19,7 +19,7 @@ from jaxlib.mlir._mlir_libs import _jax_mlir_ext
 
 from polyblocks_jax import dtypes
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
+from polyblocks_jax.errors import InvalidProgramError, UnsupportedDtypeError, UnsupportedError
 
 _BYTECODE_MAGIC = b"ML\xefR"
 _ARTIFACT_PRODUCER = b"StableHLO_v"
@@ -144,7 +144,7 @@ def tensor_spec(type_: jir.Type, op_name: str, loc: str) -> TensorSpec:
         raise UnsupportedError(op_name, f"dynamic shape in {type_}", loc)
     dt = dtypes.dtype(str(t.element_type))
     if dt is None:
-        raise UnsupportedError(op_name, f"dtype {t.element_type} in {type_}", loc)
+        raise UnsupportedDtypeError(op_name, str(t.element_type), loc)
     return TensorSpec(tuple(t.shape), dt)
 
 

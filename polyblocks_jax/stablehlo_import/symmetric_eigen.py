@@ -1,4 +1,4 @@
-"""XLA's "Eigh" custom call: the symmetric eigendecomposition by cyclic Jacobi rotations.
+"""XLA's "Eigh" custom call: the Hermitian eigendecomposition by cyclic Jacobi rotations.
 
 JAX's eigh on a platform without LAPACK is its QDWH spectral divide and conquer (our
 lowering rule for "polyblocks" picks it, as TPUs do: pjrt/lowering_rules.py), built from
@@ -6,14 +6,15 @@ QR, Cholesky and triangular solves (linear_algebra.py); its blocks of at most 25
 in this custom call, as does jnp.linalg.svd through eigh. Backend config:
 "lower,sort,max_sweeps,tolerance".
 
-Each matrix is made symmetric from the named triangle, then swept: every pair p < q in
-row order is rotated by the angle zeroing a[p, q] (a' = J^T a J, v' = v J: two columns and
-two rows of a, two columns of v, each rotation an elementwise op on them), until the
-off-diagonal norm is at most the tolerance times the whole norm (checked before each
-sweep) or the sweeps run out. The tolerance is at least n units in the last place: rounding
-leaves about that much off the diagonal however long the sweeps go on (f32 at 128 rows
-missed JAX's 1e-6, and all 100 sweeps ran). The eigenvalues are the diagonal, sorted ascending with their
-vectors when asked.
+Each matrix is made symmetric (Hermitian, its diagonal real) from the named triangle, then
+swept: every pair p < q in row order is rotated by the angle zeroing a[p, q] (a' = J^H a J,
+v' = v J: two columns and two rows of a, two columns of v, each rotation an elementwise op
+on them; a complex a[p, q] = |a[p, q]| u rotates as the real |a[p, q]| would, its phase u
+in J's off-diagonal elements), until the off-diagonal norm is at most the tolerance times
+the whole norm (checked before each sweep) or the sweeps run out. The tolerance is at
+least n units in the last place: rounding leaves about that much off the diagonal however
+long the sweeps go on (f32 at 128 rows missed JAX's 1e-6, and all 100 sweeps ran). The
+eigenvalues are the (real) diagonal, sorted ascending with their vectors when asked.
 """
 from __future__ import annotations
 
@@ -24,41 +25,42 @@ from jaxlib.mlir import ir as jir
 from mlir import ir
 from mlir.dialects import arith, linalg, math, scf, tensor
 
-from polyblocks_jax.stablehlo_import import builders, layout, slices
-from polyblocks_jax.stablehlo_import.linear_algebra import affine_map, check_dtype, diagonal, identity_like
+from polyblocks_jax.stablehlo_import import builders, field
+from polyblocks_jax.stablehlo_import.complex_values import Value, flatten, map_parts
+from polyblocks_jax.stablehlo_import.linear_algebra import affine_map, check_dtype, diagonal, hermitian, identity_like
 
 
-def eigh_call(op) -> list[ir.Value]:
-    """(eigenvectors as columns, eigenvalues) of each symmetric matrix of the operand."""
+def eigh_call(op) -> list[Value]:
+    """(eigenvectors as columns, eigenvalues) of each symmetric (Hermitian) matrix of the operand."""
     check_dtype(op)
     lower, sort, max_sweeps, tolerance = _config(op)
     vectors_spec, values_spec = op.result_specs
     if 0 in vectors_spec.shape:
-        return [builders.empty(vectors_spec), builders.empty(values_spec)]
+        return [field.empty(vectors_spec), builders.empty(values_spec)]
     return eigh(op.operands[0], lower, sort, max_sweeps, tolerance)
 
 
-def eigh(a: ir.Value, lower: bool, sort: bool, max_sweeps: int, tolerance: float) -> list[ir.Value]:
-    """(eigenvectors, eigenvalues) of each matrix of ``a`` (..., n, n), n > 0, symmetric as
-    its ``lower`` (else upper) triangle gives it."""
-    *batch, n, _ = builders.shape_of(a)
-    elem = builders.elem_type_of(a)
+def eigh(a: Value, lower: bool, sort: bool, max_sweeps: int, tolerance: float) -> list[Value]:
+    """(eigenvectors, eigenvalues (real)) of each matrix of ``a`` (..., n, n), n > 0,
+    symmetric (Hermitian) as its ``lower`` (else upper) triangle gives it."""
+    *batch, n, _ = field.shape_of(a)
+    elem = field.elem_type(a)
     reachable = max(tolerance, n * float(np.finfo(np.float32 if isinstance(elem, ir.F32Type) else np.float64).eps))
     count = int(np.prod(batch))  # 1 for a single matrix (``math`` here is MLIR's dialect)
-    matrices = layout.reshape(a, [count, n, n])
+    matrices = field.reshape(a, [count, n, n])
 
-    def each(ivs: list[ir.Value], carried: list[ir.Value]) -> list[ir.Value]:
+    def each(ivs: list[ir.Value], carried: list[Value]) -> list[Value]:
         vectors, values = carried
-        m = slices.extract_slice(matrices, [1, n, n], [ivs[0], 0, 0], shape=[n, n])
-        d, v = _jacobi(_symmetric(m, lower), max_sweeps, reachable)
-        w = diagonal(d)
+        m = field.extract_slice(matrices, [1, n, n], [ivs[0], 0, 0], shape=[n, n])
+        d, v = _jacobi(hermitian(m, lower), max_sweeps, reachable)
+        w = diagonal(field.real(d))
         if sort:
             w, v = _sorted(w, v)
-        return [slices.insert_slice(v, vectors, [ivs[0], 0, 0], sizes=[1, n, n]),
-                slices.insert_slice(w, values, [ivs[0], 0], sizes=[1, n])]
-    vectors, values = builders.loop_nest(
-        [count], [tensor.EmptyOp([count, n, n], elem).result, tensor.EmptyOp([count, n], elem).result], each)
-    return [layout.reshape(vectors, [*batch, n, n]), layout.reshape(values, [*batch, n])]
+        return [field.insert_slice(v, vectors, [ivs[0], 0, 0], sizes=[1, n, n]),
+                field.insert_slice(w, values, [ivs[0], 0], sizes=[1, n])]
+    vectors = map_parts(lambda p: tensor.EmptyOp([count, n, n], elem).result, a)
+    vectors, values = field.loop_nest([count], [vectors, tensor.EmptyOp([count, n], elem).result], each)
+    return [field.reshape(vectors, [*batch, n, n]), field.reshape(values, [*batch, n])]
 
 
 def _config(op) -> tuple[bool, bool, int, float]:
@@ -70,97 +72,94 @@ def _config(op) -> tuple[bool, bool, int, float]:
         raise op.unsupported(f"Eigh backend_config {text!r} (expected lower,sort,max_sweeps,tolerance)") from None
 
 
-def _symmetric(m: ir.Value, lower: bool) -> ir.Value:
-    """The symmetric matrix whose ``lower`` (else upper) triangle ``m`` holds."""
-    t = layout.transpose(m, [1, 0])
-
-    def body(x: ir.Value, y: ir.Value, _: ir.Value) -> ir.Value:
-        i, j = linalg.IndexOp(0).result, linalg.IndexOp(1).result
-        mine = arith.cmpi(arith.CmpIPredicate.uge if lower else arith.CmpIPredicate.ule, i, j)
-        return arith.select(mine, x, y)
-    return builders.parallel_generic([m, t], builders.empty_like(m), [ir.AffineMap.get_identity(2)] * 2, body)
-
-
-def _jacobi(a: ir.Value, max_sweeps: int, tolerance: float) -> tuple[ir.Value, ir.Value]:
+def _jacobi(a: Value, max_sweeps: int, tolerance: float) -> tuple[Value, Value]:
     """(a rotated to diagonal, the product of the rotations)."""
-    n = builders.shape_of(a)[0]
+    n = field.shape_of(a)[0]
 
-    def sweep(_: list[ir.Value], carried: list[ir.Value]) -> list[ir.Value]:
+    def sweep(_: list[ir.Value], carried: list[Value]) -> list[Value]:
         done = _converged(carried[0], tolerance)
-        branch = scf.IfOp(done, [v.type for v in carried], has_else=True)
+        flat = flatten(carried)
+        branch = scf.IfOp(done, [v.type for v in flat], has_else=True)
         with ir.InsertionPoint(branch.then_block):
-            scf.YieldOp(carried)
+            scf.YieldOp(flat)
         with ir.InsertionPoint(branch.else_block):
-            scf.YieldOp(_sweep(carried, n))
-        return list(branch.results)
-    d, v = builders.loop_nest([max_sweeps], [a, identity_like(a)], sweep)
+            scf.YieldOp(flatten(_sweep(carried, n)))
+        return field.regroup(list(branch.results), carried)
+    d, v = field.loop_nest([max_sweeps], [a, identity_like(a)], sweep)
     return d, v
 
 
-def _sweep(carried: Sequence[ir.Value], n: int) -> list[ir.Value]:
+def _sweep(carried: Sequence[Value], n: int) -> list[Value]:
     """One rotation for every pair p < q, row by row."""
     def row(p: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
         first = arith.addi(p, builders.index_constant(1))
         return builders.for_loop(first, builders.index_constant(n), builders.index_constant(1), values,
-                                 lambda q, vs: _rotate(vs, p, q, n))
-    return builders.for_loop(builders.index_constant(0), builders.index_constant(n - 1),
-                             builders.index_constant(1), list(carried), row)
+                                 lambda q, vs: flatten(_rotate(field.regroup(vs, carried), p, q, n)))
+    flat = builders.for_loop(builders.index_constant(0), builders.index_constant(n - 1),
+                             builders.index_constant(1), flatten(carried), row)
+    return field.regroup(flat, carried)
 
 
-def _rotate(carried: list[ir.Value], p: ir.Value, q: ir.Value, n: int) -> list[ir.Value]:
-    """a' = J^T a J and v' = v J for the rotation J in the (p, q) plane zeroing a[p, q]:
-    t = sign(theta) / (|theta| + sqrt(theta^2 + 1)), theta = (a_qq - a_pp) / (2 a_pq),
-    c = 1 / sqrt(t^2 + 1), s = t c (the identity where a_pq is 0)."""
+def _rotate(carried: list[Value], p: ir.Value, q: ir.Value, n: int) -> list[Value]:
+    """a' = J^H a J and v' = v J for the rotation J in the (p, q) plane zeroing a[p, q] =
+    |a_pq| u: t = sign(theta) / (|theta| + sqrt(theta^2 + 1)), theta = (a_qq - a_pp) /
+    (2 |a_pq|), c = 1 / sqrt(t^2 + 1), s = t c u (the identity where a_pq is 0); for real
+    matrices u = sign(a_pq)."""
     a, v = carried
-    app, aqq, apq = (tensor.ExtractOp(a, [i, j]).result for i, j in ((p, p), (q, q), (p, q)))
-    one = _const(1.0, apq)
-    theta = arith.divf(arith.subf(aqq, app), arith.mulf(_const(2.0, apq), apq))
+    app, aqq = (tensor.ExtractOp(field.real(a), [k, k]).result for k in (p, q))
+    apq = map_parts(lambda part: tensor.ExtractOp(part, [p, q]).result, a)
+    size = field.magnitude(apq)
+    one, zero = _const(1.0, size), _const(0.0, size)
+    theta = arith.divf(arith.subf(aqq, app), arith.mulf(_const(2.0, size), size))
     root = math.sqrt(arith.addf(arith.mulf(theta, theta), one))
     t = arith.divf(math.copysign(one, theta), arith.addf(math.absf(theta), root))
     # a_pq = 0: nothing to zero (theta is +-inf or NaN); theta^2 overflowing: t = 0 too
-    t = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, apq, _const(0.0, apq)), _const(0.0, apq), t)
+    nothing = arith.cmpf(arith.CmpFPredicate.OEQ, size, zero)
+    t = arith.select(nothing, zero, t)
     c = arith.divf(one, math.sqrt(arith.addf(arith.mulf(t, t), one)))
-    s = arith.mulf(t, c)
+    phase = field.select(nothing, field.constant(1.0, apq), field.div(apq, size))
+    s = field.mul(arith.mulf(t, c), phase)
     a = _rotate_pair(a, p, q, c, s, n, columns=True)
     a = _rotate_pair(a, p, q, c, s, n, columns=False)
     return [a, _rotate_pair(v, p, q, c, s, n, columns=True)]
 
 
-def _rotate_pair(x: ir.Value, p: ir.Value, q: ir.Value, c: ir.Value, s: ir.Value, n: int,
-                 columns: bool) -> ir.Value:
-    """Columns (rows) p and q of ``x`` replaced by c x_p - s x_q and s x_p + c x_q."""
+def _rotate_pair(x: Value, p: ir.Value, q: ir.Value, c: ir.Value, s: Value, n: int, columns: bool) -> Value:
+    """Columns p and q of ``x`` replaced by c x_p - conj(s) x_q and s x_p + c x_q (x J);
+    rows by c x_p - s x_q and conj(s) x_p + c x_q (J^H x)."""
     sizes = [n, 1] if columns else [1, n]
 
     def at(k: ir.Value) -> list:
         return [0, k] if columns else [k, 0]
-    xp, xq = (slices.extract_slice(x, sizes, at(k)) for k in (p, q))
+    xp, xq = (field.extract_slice(x, sizes, at(k)) for k in (p, q))
     identity = ir.AffineMap.get_identity(2)
-    new_p, new_q = builders.generic(
-        [xp, xq], [builders.empty_like(xp), builders.empty_like(xq)], [identity] * 4, ["parallel"] * 2,
-        lambda yp, yq, *_: [arith.subf(arith.mulf(c, yp), arith.mulf(s, yq)),
-                            arith.addf(arith.mulf(s, yp), arith.mulf(c, yq))])
-    return slices.insert_slice(new_q, slices.insert_slice(new_p, x, at(p)), at(q))
+    s_p, s_q = (field.conj(s), s) if columns else (s, field.conj(s))
+    new_p, new_q = field.generic(
+        [xp, xq], [field.empty_like(xp), field.empty_like(xq)], [identity] * 4, ["parallel"] * 2,
+        lambda yp, yq, *_: [field.sub(field.mul(c, yp), field.mul(s_p, yq)),
+                            field.add(field.mul(s_q, yp), field.mul(c, yq))])
+    return field.insert_slice(new_q, field.insert_slice(new_p, x, at(p)), at(q))
 
 
-def _converged(a: ir.Value, tolerance: float) -> ir.Value:
+def _converged(a: Value, tolerance: float) -> ir.Value:
     """Whether the off-diagonal norm of ``a`` is at most ``tolerance`` times its norm."""
-    elem = builders.elem_type_of(a)
+    elem = field.elem_type(a)
     zero = builders.splat(0.0, elem)
     sums = [builders.filled(zero, []) for _ in range(2)]
     scalar = ir.AffineMap.get(2, 0, [])
 
-    def body(x: ir.Value, off: ir.Value, whole: ir.Value) -> list[ir.Value]:
-        square = arith.mulf(x, x)
+    def body(x: Value, off: ir.Value, whole: ir.Value) -> list[ir.Value]:
+        square = field.squared_magnitude(x)
         diagonal_element = arith.cmpi(arith.CmpIPredicate.eq, linalg.IndexOp(0).result, linalg.IndexOp(1).result)
         return [arith.addf(off, arith.select(diagonal_element, zero, square)), arith.addf(whole, square)]
-    off, whole = builders.generic([a], sums, [ir.AffineMap.get_identity(2), scalar, scalar],
-                                  ["reduction"] * 2, body)
+    off, whole = field.generic([a], sums, [ir.AffineMap.get_identity(2), scalar, scalar],
+                               ["reduction"] * 2, body)
     off, whole = (tensor.ExtractOp(x, []).result for x in (off, whole))
     bound = arith.mulf(builders.splat(tolerance * tolerance, elem), whole)
     return arith.cmpf(arith.CmpFPredicate.OLE, off, bound)
 
 
-def _sorted(w: ir.Value, v: ir.Value) -> tuple[ir.Value, ir.Value]:
+def _sorted(w: ir.Value, v: Value) -> tuple[ir.Value, Value]:
     """Eigenvalues ascending (ties in their order) and their vectors (columns) with them."""
     n = builders.shape_of(w)[0]
     zero = builders.index_constant(0)
@@ -183,9 +182,9 @@ def _sorted(w: ir.Value, v: ir.Value) -> tuple[ir.Value, ir.Value]:
                                  ["parallel", "reduction"], source_body)
     sorted_w = builders.parallel_generic([source], builders.empty_like(w), [ir.AffineMap.get_identity(1)],
                                          lambda k, _: tensor.ExtractOp(w, [k]).result)
-    sorted_v = builders.parallel_generic(
-        [source], builders.empty_like(v), [columns],
-        lambda k, _: tensor.ExtractOp(v, [linalg.IndexOp(0).result, k]).result)
+    sorted_v = field.parallel_generic(
+        [source], field.empty_like(v), [columns],
+        lambda k, _: map_parts(lambda part: tensor.ExtractOp(part, [linalg.IndexOp(0).result, k]).result, v))
     return sorted_w, sorted_v
 
 
