@@ -1,11 +1,12 @@
-"""Code generation by LLVM's tools (cpu/codegen.py): a module cut into parts, each
-optimized and compiled in a process of its own, linked into one library; against XLA.
+"""Code generation by LLVM (cpu/codegen.py): a module cut into parts, each optimized and
+compiled by LLVM's tools or by libLLVM in this process, linked into one library; against XLA.
 
 The matmuls accumulate in another order than XLA: rtol/atol 1e-5, as in test_fusion.py.
 """
 import os
 import subprocess
 import sys
+import tempfile
 from unittest import mock
 
 import jax
@@ -108,6 +109,35 @@ class CodegenTest(parameterized.TestCase):
                 pb.compile(_lowered(_arguments()))
         self.assertEqual(raised.exception.stage, "optimize")
         self.assertIn("opt failed", str(raised.exception))
+
+    @parameterized.parameters(1, 2)
+    def test_llvm_in_this_process_gives_xlas_results(self, parts):
+        # What a compile worker runs (codegen.load_llvm): libLLVM's C API, the parts on threads.
+        args = _arguments()
+        split = ir_parts.balanced_parts
+        with tempfile.TemporaryDirectory() as dump, support.in_process(), \
+                mock.patch.object(codegen, "_library", codegen.llvm_library()), \
+                mock.patch.object(codegen, "balanced_parts", lambda text, _parts: split(text, parts)):
+            exe = pb.compile(_lowered(args), pb.Options(dump_dir=dump))
+            (folder,) = os.listdir(dump)
+            written = os.listdir(os.path.join(dump, folder, "llvm"))
+        for part in range(parts):
+            self.assertIn(f"opt part{part}", exe.timings)
+            self.assertIn(f"llc part{part}", exe.timings)
+            self.assertIn(f"part{part}.optimized.ll", written)
+            self.assertIn(f"part{part}.s", written)
+        support.assert_close(self, list(exe(*args)), support.xla_cpu(_layers, *args), rtol=1e-5, atol=1e-5)
+
+    def test_an_llvm_error_in_this_process_is_a_compilation_error(self):
+        library = codegen.llvm_library()
+        with self.assertRaisesRegex(CompilationError, "LLVM cannot parse part0") as raised:
+            library.object_code("define void @f( {", 2, "function(sroa)", {}, "part0")
+        self.assertEqual(raised.exception.stage, "optimize")
+        with self.assertRaisesRegex(CompilationError, "optimizer failed on part0") as raised:
+            library.object_code("define void @f() {\n  ret void\n}\n", 2, "no-such-pass", {}, "part0")
+        self.assertEqual(raised.exception.stage, "optimize")
+        # and the library goes on compiling
+        self.assertTrue(library.object_code("define void @f() {\n  ret void\n}\n", 2, "function(sroa)", {}, "f"))
 
     def test_each_process_compiles_the_same_executable(self):
         # Nothing may depend on Python's string hashing or on where MLIR put its objects

