@@ -4,6 +4,7 @@ compiled by LLVM's tools or by libLLVM in this process, linked into one library;
 The matmuls accumulate in another order than XLA: rtol/atol 1e-5, as in test_fusion.py.
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -138,6 +139,19 @@ class CodegenTest(parameterized.TestCase):
         self.assertEqual(raised.exception.stage, "optimize")
         # and the library goes on compiling
         self.assertTrue(library.object_code("define void @f() {\n  ret void\n}\n", 2, "function(sroa)", {}, "f"))
+
+    @absltest.skipIf(shutil.which("readelf") is None, "needs binutils' readelf")
+    def test_the_linker_run_directly_links_libm_by_version(self):
+        # codegen._linker spares the C compiler driver: libm must still be linked, its
+        # symbols versioned (an unversioned cbrtf would bind to the oldest version).
+        x = np.linspace(-8, 8, 64, dtype=np.float32)
+        exe = pb.compile(jax.jit(jnp.cbrt).trace(x).lower(lowering_platforms=("cpu",)))
+        with tempfile.NamedTemporaryFile(suffix=".so") as library:
+            library.write(exe._exe.library)
+            library.flush()
+            versions = subprocess.run(["readelf", "-V", library.name], capture_output=True, text=True).stdout
+        self.assertIn("File: libm.so.6", versions)
+        support.assert_close(self, list(exe(x)), support.xla_cpu(jnp.cbrt, x))
 
     def test_each_process_compiles_the_same_executable(self):
         # Nothing may depend on Python's string hashing or on where MLIR put its objects

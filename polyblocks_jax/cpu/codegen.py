@@ -3,7 +3,7 @@
 The module becomes LLVM IR (its large constants raw bytes beside it, see constants.py),
 cut into one part per core of about equal code (the kernels are functions of their own, see
 outline.py; the cut: ir_parts.py), and each part is optimized and turned into an object
-file, on threads of their own; ``cc`` links them with libm and the OpenMP runtime.
+file, on threads of their own; the linker of ``cc`` links them with libm and the OpenMP runtime.
 A compile worker runs LLVM in its own process (``load_llvm``, llvm_library.py): for a small
 program, starting opt and llc cost several times their work. The user's process runs them
 as processes of their own (an LLVM error ends the process it occurs in).
@@ -109,8 +109,9 @@ def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int,
             objects.append(data)
         library = os.path.join(tmp, "main.so")
         runtime = os.path.dirname(openmp_runtime)
-        _run([_LINKER, "-shared", "-o", library, *objects, "-lm", f"-L{runtime}", "-lomp",
-              f"-Wl,-rpath,{runtime}"], "link", timings)
+        linker, libraries = _linker(_LINKER)
+        _run([*linker, "-o", library, *objects, f"-L{runtime}", "-lomp", "-rpath", runtime, *libraries],
+             "link", timings)
         with open(library, "rb") as f:
             return f.read()
 
@@ -147,8 +148,25 @@ def _object_code_by_tools(text: str, part: str, passes: str, opt_level: int, tim
             return f.read()
 
 
-def _run(command: list[str], stage: str, timings: dict[str, float] | None = None, name: str | None = None) -> None:
-    """Run one of LLVM's tools or the linker; its time goes into ``timings[name or stage]``."""
+@functools.cache
+def _linker(driver: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The command linking a shared library of ours, and the libraries it ends with: the
+    linker that ``driver`` (the C compiler) runs, with its search folders, libm, its
+    builtins (libgcc or compiler-rt: __udivti3, ...) and libc, asked of the driver once.
+    Running the linker directly spares the driver and collect2 at each link; libm and libc
+    are linked, not left to whatever the process has loaded, for their symbol versions
+    (unversioned, expf would bind to its oldest, compatibility, version)."""
+    ld = _run([driver, "-print-prog-name=ld"], "link").strip()
+    builtins = _run([driver, "-print-libgcc-file-name"], "link").strip()
+    searched = next((line.split("=", 1)[1] for line in _run([driver, "-print-search-dirs"], "link").splitlines()
+                     if line.startswith("libraries: =")), "")
+    folders = [f"-L{folder}" for folder in searched.split(":") if folder]
+    return (ld, "-shared", "--eh-frame-hdr", "--as-needed"), (*folders, "-lm", builtins, "-lc")
+
+
+def _run(command: list[str], stage: str, timings: dict[str, float] | None = None, name: str | None = None) -> str:
+    """Run one of LLVM's tools, the linker or the C compiler; its time goes into
+    ``timings[name or stage]``. Returns what it printed."""
     start = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True)
@@ -161,6 +179,7 @@ def _run(command: list[str], stage: str, timings: dict[str, float] | None = None
         raise CompilationError(stage, f"{os.path.basename(command[0])} failed: " + "\n".join(shown))
     if timings is not None:
         timings[name or stage] = time.perf_counter() - start
+    return done.stdout
 
 
 @functools.cache
