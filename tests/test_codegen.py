@@ -19,7 +19,7 @@ from mlir import ir
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import compiler, cpu
-from polyblocks_jax.cpu import codegen, ir_parts
+from polyblocks_jax.cpu import codegen, elf, ir_parts
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.passes.transform import walk
 
@@ -152,6 +152,27 @@ class CodegenTest(parameterized.TestCase):
             versions = subprocess.run(["readelf", "-V", library.name], capture_output=True, text=True).stdout
         self.assertIn("File: libm.so.6", versions)
         support.assert_close(self, list(exe(x)), support.xla_cpu(jnp.cbrt, x))
+
+    @absltest.skipIf(shutil.which("readelf") is None, "needs binutils' readelf")
+    def test_code_calling_nothing_outside_links_no_library(self):
+        x = np.ones((8, 8), np.float32)
+        exe = pb.compile(jax.jit(lambda a: a * 2.0 + 1.0).trace(x).lower(lowering_platforms=("cpu",)))
+        with tempfile.NamedTemporaryFile(suffix=".so") as library:
+            library.write(exe._exe.library)
+            library.flush()
+            dynamic = subprocess.run(["readelf", "-d", library.name], capture_output=True, text=True).stdout
+        self.assertNotIn("NEEDED", dynamic)
+        support.assert_close(self, list(exe(x)), [x * 2.0 + 1.0])
+
+    def test_undefined_symbols_of_objects(self):
+        library = codegen.llvm_library()
+        caller = library.object_code("declare float @expf(float)\ndeclare void @g()\n"
+                                     "define float @f(float %x) {\n  call void @g()\n"
+                                     "  %y = call float @expf(float %x)\n  ret float %y\n}\n", 2, "function(sroa)", {}, "a")
+        callee = library.object_code("define void @g() {\n  ret void\n}\n", 2, "function(sroa)", {}, "b")
+        self.assertEqual(elf.undefined_symbols([caller]), {"expf", "g"})
+        self.assertEqual(elf.undefined_symbols([caller, callee]), {"expf"})
+        self.assertEqual(elf.undefined_symbols([callee]), set())
 
     def test_each_process_compiles_the_same_executable(self):
         # Nothing may depend on Python's string hashing or on where MLIR put its objects

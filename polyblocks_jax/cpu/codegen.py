@@ -20,7 +20,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from polyblocks_jax.cpu import constants
+from polyblocks_jax.cpu import constants, elf
 from polyblocks_jax.cpu.ir_parts import balanced_parts
 from polyblocks_jax.cpu.llvm_library import LlvmLibrary
 from polyblocks_jax.dumps import Dump
@@ -108,10 +108,15 @@ def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int,
             _run([_LINKER, "-c", constants.assembly(blobs, tmp), "-o", data], "constants", timings)
             objects.append(data)
         library = os.path.join(tmp, "main.so")
-        runtime = os.path.dirname(openmp_runtime)
         linker, libraries = _linker(_LINKER)
-        _run([*linker, "-o", library, *objects, f"-L{runtime}", "-lomp", "-rpath", runtime, *libraries],
-             "link", timings)
+        # Code that calls nothing outside itself (most small programs) links alone: --as-needed
+        # would drop every library anyway, after the linker had read them all.
+        if elf.undefined_symbols(codes):
+            runtime = os.path.dirname(openmp_runtime)
+            libraries = (f"-L{runtime}", "-lomp", "-rpath", runtime, *libraries)
+        else:
+            libraries = ()
+        _run([*linker, "-o", library, *objects, *libraries], "link", timings)
         with open(library, "rb") as f:
             return f.read()
 
