@@ -15,6 +15,7 @@ import contextlib
 import gc
 import hashlib
 import threading
+import time
 from typing import Callable, Sequence
 
 from mlir import ir
@@ -23,7 +24,7 @@ from polyblocks_jax import compile_workers, cpu, donation, logs, passes
 from polyblocks_jax.dumps import Dump
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes import results
+from polyblocks_jax.passes import results, work
 from polyblocks_jax.runtime import host_callbacks as runtime_callbacks
 from polyblocks_jax.runtime.executable import Executable, deserialize  # noqa: F401 (compiler.deserialize)
 from polyblocks_jax.stablehlo_import import ImportedProgram, host_callbacks, import_program, reader
@@ -186,12 +187,18 @@ def _compile_imported(imported: ImportedProgram, options: Options, key: str,
     if donated.aliases:
         results.mark_donated_arguments(imported.module, donated.aliases)
     callbacks = host_callbacks.entries(imported.module)
-    stages = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
+    start = time.perf_counter()
+    tier = work.tier(imported.module, options.fast_tier)
+    estimated = time.perf_counter() - start
+    stages = passes.shared_stages(options, cpu.host().hardware(), tier.small) + cpu.cpu_stages(options, tier.small)
     timings = passes.run_stages(imported.module, stages, options, dump, on_stage)
+    timings["work estimate"] = estimated
     recorded = results.output_aliases(imported.module)
     aliases = None if recorded is None else [None if a < 0 else a for a in recorded]
-    on_stage("codegen")  # translation to LLVM IR here, then LLVM's tools in processes of their own
-    exe = cpu.build(imported.module, imported.inputs, imported.outputs, options, aliases,
+    on_stage("codegen")  # translation to LLVM IR, then LLVM (cpu/codegen.py)
+    # A tiny program's code: unoptimized, as fast to run at its size (passes/work.py).
+    exe = cpu.build(imported.module, imported.inputs, imported.outputs,
+                    options.replace(opt_level=0) if tier.tiny else options, aliases,
                     overwritten=donated.aliases, timings=timings, dump=dump)  # the donors bufferization may write
     dump.timings(timings)
     return Executable(exe, key, timings, donated.donated, callbacks)
