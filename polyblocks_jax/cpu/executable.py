@@ -55,7 +55,8 @@ def build(llvm_module, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpe
     from polyblocks_jax.cpu import codegen
     from polyblocks_jax.cpu.target import host
     from polyblocks_jax.passes.arena import arena_bytes
-    library = codegen.shared_library(llvm_module, options.opt_level, openmp_runtime(), host().cores, timings, dump)
+    library = codegen.shared_library(llvm_module, options.opt_level, openmp_runtime(), host().cores, timings, dump,
+                                     options.object_cache)
     return CpuExecutable(library, inputs, outputs, aliases, overwritten, arena_bytes(llvm_module))
 
 

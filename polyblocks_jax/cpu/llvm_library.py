@@ -11,6 +11,7 @@ one costs its first compile some milliseconds), each used by one thread at a tim
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import time
 from ctypes import POINTER, byref, c_char_p, c_int, c_size_t, c_void_p
@@ -29,15 +30,12 @@ class LlvmLibrary:
     one per process: the options are global to the library."""
 
     def __init__(self, path: str, flags: Sequence[str]) -> None:
-        self._llvm = llvm = ctypes.CDLL(path)
+        self._llvm = llvm = _load(path)
         for name in _X86_INITIALIZERS:
             getattr(llvm, name)()
-        _declare(llvm)
         args = [b"polyblocks_jax", *(f.encode() for f in flags)]
         llvm.LLVMParseCommandLineOptions(len(args), (c_char_p * len(args))(*args), None)
-        self.triple = self._message(llvm.LLVMGetDefaultTargetTriple())
-        self._cpu = self._message(llvm.LLVMGetHostCPUName())
-        self._features = self._message(llvm.LLVMGetHostCPUFeatures())
+        self.triple, self._cpu, self._features = host_target(path)
         self._target = c_void_p()
         error = c_void_p()
         if llvm.LLVMGetTargetFromTriple(self.triple.encode(), byref(self._target), byref(error)):
@@ -101,13 +99,7 @@ class LlvmLibrary:
         return code
 
     def _message(self, pointer: c_void_p | int | None) -> str:
-        """A string LLVM allocated, copied and disposed of."""
-        address = pointer.value if isinstance(pointer, c_void_p) else pointer
-        if not address:
-            return ""
-        text = ctypes.string_at(address).decode(errors="replace")
-        self._llvm.LLVMDisposeMessage(c_void_p(address))
-        return text
+        return _message(self._llvm, pointer)
 
     def _error(self, error: int) -> str:
         """The message of an ``LLVMErrorRef``, which it consumes."""
@@ -117,8 +109,30 @@ class LlvmLibrary:
         return text
 
 
-def _declare(llvm: ctypes.CDLL) -> None:
-    """The C signatures used (ctypes would pass and return pointers as 32-bit ints)."""
+@functools.cache
+def host_target(path: str) -> tuple[str, str, str]:
+    """What libLLVM at ``path`` compiles for here: the target triple, the CPU's name and its
+    features (what ``-mcpu=native`` reads)."""
+    llvm = _load(path)
+    return (_message(llvm, llvm.LLVMGetDefaultTargetTriple()), _message(llvm, llvm.LLVMGetHostCPUName()),
+            _message(llvm, llvm.LLVMGetHostCPUFeatures()))
+
+
+def _message(llvm: ctypes.CDLL, pointer: c_void_p | int | None) -> str:
+    """A string LLVM allocated, copied and disposed of."""
+    address = pointer.value if isinstance(pointer, c_void_p) else pointer
+    if not address:
+        return ""
+    text = ctypes.string_at(address).decode(errors="replace")
+    llvm.LLVMDisposeMessage(c_void_p(address))
+    return text
+
+
+@functools.cache
+def _load(path: str) -> ctypes.CDLL:
+    """libLLVM with the C signatures used declared (ctypes would pass and return pointers as
+    32-bit ints)."""
+    llvm = ctypes.CDLL(path)
     signatures = {
         "LLVMParseCommandLineOptions": (None, [c_int, POINTER(c_char_p), c_char_p]),
         "LLVMGetDefaultTargetTriple": (c_void_p, []),
@@ -148,3 +162,4 @@ def _declare(llvm: ctypes.CDLL) -> None:
     for name, (result, arguments) in signatures.items():
         function = getattr(llvm, name)
         function.restype, function.argtypes = result, arguments
+    return llvm
