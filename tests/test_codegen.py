@@ -20,6 +20,7 @@ import polyblocks_jax as pb
 import support
 from polyblocks_jax import compiler, cpu
 from polyblocks_jax.cpu import codegen, elf, ir_parts
+from polyblocks_jax.dumps import Dump
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.passes.transform import walk
 
@@ -128,6 +129,20 @@ class CodegenTest(parameterized.TestCase):
             self.assertIn(f"part{part}.optimized.ll", written)
             self.assertIn(f"part{part}.s", written)
         support.assert_close(self, list(exe(*args)), support.xla_cpu(_layers, *args), rtol=1e-5, atol=1e-5)
+
+    def test_llvm_in_this_process_gives_the_objects_of_opt_and_llc(self):
+        # Byte for byte: the same code, at the same speed.
+        x = np.random.default_rng(0).standard_normal((64, 32, 128)).astype(np.float32)
+        with tempfile.TemporaryDirectory() as dump, support.in_process():
+            pb.compile(jax.jit(lambda a: jnp.cumsum(a, axis=-1)).trace(x).lower(lowering_platforms=("cpu",)),
+                       pb.Options(dump_dir=dump, object_cache=False))
+            (folder,) = os.listdir(dump)
+            with open(os.path.join(dump, folder, "llvm", "translated.ll")) as f:
+                text = f.read()
+        passes = codegen._OPTIMIZER_PASSES
+        in_process = codegen.in_process_llvm().object_code(text, 2, passes, {}, "part0")
+        by_tools = codegen._object_code_by_tools(text, "part0", passes, 2, {}, Dump(None, ""))
+        self.assertEqual(in_process, by_tools)
 
     def test_an_llvm_error_in_this_process_is_a_compilation_error(self):
         library = codegen.in_process_llvm()

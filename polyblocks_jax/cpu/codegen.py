@@ -54,7 +54,7 @@ _OPTIMIZER_OPTIONS = ("-unroll-threshold=50", "-unroll-max-iteration-count-to-an
 # scalar evolution over unrolled register tiles whose addresses are constant offsets
 # already; without it the models run as fast.
 _CODEGEN_OPTIONS = ("-combiner-store-merging=0", "-dag-maps-huge-region=100", "-disable-lsr")
-# Below this much IR a second part costs more in processes than it saves.
+# Below this much IR a second part (a thread, or opt and llc processes) costs more than it saves.
 _SPLIT_BYTES = 256 << 10
 _LINKER = os.environ.get("CC", "cc")
 _library: llvm_library.LlvmLibrary | None = None  # LLVM in this process: set in compile workers

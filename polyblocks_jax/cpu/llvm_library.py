@@ -58,6 +58,11 @@ class LlvmLibrary:
             module, error = c_void_p(), c_void_p()
             if llvm.LLVMParseIRInContext(context, buffer, byref(module), byref(error)):  # takes the buffer
                 raise CompilationError("optimize", f"LLVM cannot parse {part}: {self._message(error)}")
+            # The target's data layout (our IR names none), as opt sets it: the optimizer's
+            # decisions read it (legal integer widths, alignments, stack alignment).
+            layout = llvm.LLVMCreateTargetDataLayout(machine)
+            llvm.LLVMSetModuleDataLayout(module, layout)
+            llvm.LLVMDisposeTargetData(layout)
             options = llvm.LLVMCreatePassBuilderOptions()
             failure = llvm.LLVMRunPasses(module, passes.encode(), machine, options)
             llvm.LLVMDisposePassBuilderOptions(options)
@@ -141,6 +146,9 @@ def _load(path: str) -> ctypes.CDLL:
         "LLVMDisposeMessage": (None, [c_void_p]),
         "LLVMGetTargetFromTriple": (c_int, [c_char_p, POINTER(c_void_p), POINTER(c_void_p)]),
         "LLVMCreateTargetMachine": (c_void_p, [c_void_p, c_char_p, c_char_p, c_char_p, c_int, c_int, c_int]),
+        "LLVMCreateTargetDataLayout": (c_void_p, [c_void_p]),
+        "LLVMSetModuleDataLayout": (None, [c_void_p, c_void_p]),
+        "LLVMDisposeTargetData": (None, [c_void_p]),
         "LLVMContextCreate": (c_void_p, []),
         "LLVMContextDispose": (None, [c_void_p]),
         "LLVMCreateMemoryBufferWithMemoryRangeCopy": (c_void_p, [c_char_p, c_size_t, c_char_p]),
