@@ -15,15 +15,17 @@ import contextlib
 import gc
 import hashlib
 import threading
+import time
 from typing import Callable, Sequence
 
 from mlir import ir
 
 from polyblocks_jax import compile_workers, cpu, donation, logs, passes
+from polyblocks_jax.cpu import codegen
 from polyblocks_jax.dumps import Dump
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes import results
+from polyblocks_jax.passes import results, work
 from polyblocks_jax.runtime import host_callbacks as runtime_callbacks
 from polyblocks_jax.runtime.executable import Executable, deserialize  # noqa: F401 (compiler.deserialize)
 from polyblocks_jax.stablehlo_import import ImportedProgram, host_callbacks, import_program, reader
@@ -86,11 +88,19 @@ def compile(program, options: Options | None = None,  # noqa: A001 (public API n
         with logs.CompileReport(name, "compile worker") as report:
             exe = compile_workers.compile(compile_workers.Job(source, options, key, marks, donate_argnums), text,
                                           report.stage)
+            if exe is not None:
+                report.note = _objects_note(exe.timings)
     if exe is None:  # in process, or no worker could start (logged)
         with logs.CompileReport(name, "in process") as report:
             exe = compile_in_process(source, options, key, marks, donate_argnums, report.stage)
+            report.note = _objects_note(exe.timings)
     CACHE.put(key, exe)
     return exe
+
+
+def _objects_note(timings: dict[str, float]) -> str:
+    cached, parts = codegen.cached_parts(timings)
+    return f"objects cached: {cached} of {parts}"
 
 
 def compile_in_process(source: str | bytes, options: Options, key: str, marks: dict[int, int | None],
@@ -186,12 +196,18 @@ def _compile_imported(imported: ImportedProgram, options: Options, key: str,
     if donated.aliases:
         results.mark_donated_arguments(imported.module, donated.aliases)
     callbacks = host_callbacks.entries(imported.module)
-    stages = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
+    start = time.perf_counter()
+    tier = work.tier(imported.module, options.fast_tier)
+    estimated = time.perf_counter() - start
+    stages = passes.shared_stages(options, cpu.host().hardware(), tier.small) + cpu.cpu_stages(options, tier.small)
     timings = passes.run_stages(imported.module, stages, options, dump, on_stage)
+    timings["work estimate"] = estimated
     recorded = results.output_aliases(imported.module)
     aliases = None if recorded is None else [None if a < 0 else a for a in recorded]
-    on_stage("codegen")  # translation to LLVM IR here, then LLVM's tools in processes of their own
-    exe = cpu.build(imported.module, imported.inputs, imported.outputs, options, aliases,
+    on_stage("codegen")  # translation to LLVM IR, then LLVM (cpu/codegen.py)
+    # A tiny program's code: unoptimized, as fast to run at its size (passes/work.py).
+    exe = cpu.build(imported.module, imported.inputs, imported.outputs,
+                    options.replace(opt_level=0) if tier.tiny else options, aliases,
                     overwritten=donated.aliases, timings=timings, dump=dump)  # the donors bufferization may write
     dump.timings(timings)
     return Executable(exe, key, timings, donated.donated, callbacks)

@@ -44,7 +44,8 @@ class Dump:
 
     def stage(self, stage: str, module) -> None:
         """The module after ``stage``, numbered in the order written."""
-        self.text(f"{self._count:02d}-{stage}.mlir", str(module))
+        if self.dir:  # printing a module costs as much as some stages: only for a folder
+            self.text(f"{self._count:02d}-{stage}.mlir", str(module))
         self._count += 1
 
     def timings(self, timings: dict[str, float]) -> None:

@@ -4,7 +4,8 @@ Every module logs under ``polyblocks_jax``. Its level comes from ``POLYBLOCKS_LO
 (``debug``, ``info``, ``warning``, ``error``; a handler to stderr is added then, unless
 the application configured logging); without it the logger inherits the root logger's,
 which absl sets from ``--verbosity`` / ``-v`` where absl is in use. A compile reports one
-INFO line with its time, where it ran and whether the cache had it; a compile still
+INFO line with its time, where it ran, whether the cache had it and how many of its objects
+the object cache had; a compile still
 running after ``PROGRESS_S`` reports its stage at INFO every ``PROGRESS_S``, and once at
 WARNING after ``SLOW_S`` (as XLA warns of a slow compile), so a long one is never silent.
 """
@@ -48,10 +49,11 @@ class CompileReport:
     """One compile's log lines: progress while it runs, then its outcome.
 
     ``stage(name)`` records the stage under way (any thread); leaving the ``with`` block
-    logs the time taken."""
+    logs the time taken, and ``note`` if set."""
 
     def __init__(self, name: str, where: str) -> None:
         self.name, self.where = name, where
+        self.note = ""
         self.current: str | None = None
         self._start = time.perf_counter()
         self._done = threading.Event()
@@ -70,7 +72,8 @@ class CompileReport:
         self._done.set()
         seconds = time.perf_counter() - self._start
         if error is None:
-            logger.info("compiled %s in %.2f s (%s)", self.name, seconds, self.where)
+            logger.info("compiled %s in %.2f s (%s)", self.name, seconds,
+                        f"{self.where}; {self.note}" if self.note else self.where)
         else:
             logger.info("compile of %s failed after %.2f s in stage %s: %s", self.name, seconds,
                         self.current or "?", type(error).__name__)

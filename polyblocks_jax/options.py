@@ -3,8 +3,9 @@ from ``jax.jit(f, compiler_options={...})`` (``Options.updated``; see pjrt/compi
 
 Every optimization is a boolean field that ``no-<name>`` switches off, so each can
 be measured on its own. Fields that change generated code are part of the cache key;
-``dump_dir`` only changes what is written beside it, ``in_process`` only where the compiler
-runs (see ``polyblocks_jax.compile_workers``): ``POLYBLOCKS_FLAGS=in-process`` compiles in the
+``dump_dir`` only changes what is written beside it, ``object_cache`` only whether LLVM's
+objects are reused, ``in_process`` only where the compiler runs (see
+``polyblocks_jax.compile_workers``): ``POLYBLOCKS_FLAGS=in-process`` compiles in the
 calling process, for pdb and profilers, where a crash of MLIR or LLVM ends that process.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ MATRIX_UNITS = ("auto", "amx", "avx512bf16", "fma")
 PRECISIONS = ("fp32", "tf32", "mixed_bf16_fp32")
 
 # Fields that do not influence generated code, hence stay out of the cache key.
-_NOT_IN_KEY = frozenset({"dump_dir", "in_process"})
+_NOT_IN_KEY = frozenset({"dump_dir", "in_process", "object_cache"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,12 +37,14 @@ class Options:
     prefetch: bool = True        # a tile read in several passes prefetches its successor (cpu/prefetch.py)
     share_layers: bool = True    # a repeated layer's ops go through the tensor stages once (compile time)
     arena: bool = True           # host intermediates share one arena laid out by liveness (passes/arena.py)
+    fast_tier: bool = True       # small programs skip the stages that cannot pay off for them (passes/work.py)
     opt_level: int = 2           # LLVM: 0 unoptimized; else our passes (cpu/codegen.py), codegen at this level
     matrix_unit: str = "auto"    # host matmul path: auto | amx | avx512bf16 | fma (forcing an absent one fails)
     precision: str = "fp32"      # f32 matmuls/convs: fp32 (exact) | tf32 (GPU tensor cores; exact on the host)
                                  # | mixed_bf16_fp32 (bf16 operands, f32 sums)
     dump_dir: str | None = None  # write the module after every stage, and stage timings
     in_process: bool = False     # compile in this process, not in a compile worker (debuggers, profilers)
+    object_cache: bool = True    # object files by content, in memory and on disk (cpu/object_cache.py)
 
     def __post_init__(self) -> None:
         if self.opt_level not in (0, 1, 2, 3):

@@ -1,11 +1,13 @@
-"""Code generation by LLVM's tools (cpu/codegen.py): a module cut into parts, each
-optimized and compiled in a process of its own, linked into one library; against XLA.
+"""Code generation by LLVM (cpu/codegen.py): a module cut into parts, each optimized and
+compiled by LLVM's tools or by libLLVM in this process, linked into one library; against XLA.
 
 The matmuls accumulate in another order than XLA: rtol/atol 1e-5, as in test_fusion.py.
 """
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from unittest import mock
 
 import jax
@@ -17,7 +19,8 @@ from mlir import ir
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import compiler, cpu
-from polyblocks_jax.cpu import codegen, ir_parts
+from polyblocks_jax.cpu import codegen, elf, ir_parts
+from polyblocks_jax.dumps import Dump
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.passes.transform import walk
 
@@ -104,10 +107,87 @@ class CodegenTest(parameterized.TestCase):
 
     def test_a_tool_that_fails_names_its_stage(self):
         with mock.patch.object(codegen, "_OPTIMIZER_OPTIONS", ("-no-such-option",)), support.in_process():
-            with self.assertRaises(CompilationError) as raised:
-                pb.compile(_lowered(_arguments()))
+            with self.assertRaises(CompilationError) as raised:  # (a cached object would run no tool)
+                pb.compile(_lowered(_arguments()), pb.Options(object_cache=False))
         self.assertEqual(raised.exception.stage, "optimize")
         self.assertIn("opt failed", str(raised.exception))
+
+    @parameterized.parameters(1, 2)
+    def test_llvm_in_this_process_gives_xlas_results(self, parts):
+        # What a compile worker runs (codegen.load_llvm): libLLVM's C API, the parts on threads.
+        args = _arguments()
+        split = ir_parts.balanced_parts
+        with tempfile.TemporaryDirectory() as dump, support.in_process(), \
+                mock.patch.object(codegen, "_library", codegen.in_process_llvm()), \
+                mock.patch.object(codegen, "balanced_parts", lambda text, _parts: split(text, parts)):
+            exe = pb.compile(_lowered(args), pb.Options(dump_dir=dump))
+            (folder,) = os.listdir(dump)
+            written = os.listdir(os.path.join(dump, folder, "llvm"))
+        for part in range(parts):
+            self.assertIn(f"opt part{part}", exe.timings)
+            self.assertIn(f"llc part{part}", exe.timings)
+            self.assertIn(f"part{part}.optimized.ll", written)
+            self.assertIn(f"part{part}.s", written)
+        support.assert_close(self, list(exe(*args)), support.xla_cpu(_layers, *args), rtol=1e-5, atol=1e-5)
+
+    def test_llvm_in_this_process_gives_the_objects_of_opt_and_llc(self):
+        # Byte for byte: the same code, at the same speed.
+        x = np.random.default_rng(0).standard_normal((64, 32, 128)).astype(np.float32)
+        with tempfile.TemporaryDirectory() as dump, support.in_process():
+            pb.compile(jax.jit(lambda a: jnp.cumsum(a, axis=-1)).trace(x).lower(lowering_platforms=("cpu",)),
+                       pb.Options(dump_dir=dump, object_cache=False))
+            (folder,) = os.listdir(dump)
+            with open(os.path.join(dump, folder, "llvm", "translated.ll")) as f:
+                text = f.read()
+        passes = codegen._OPTIMIZER_PASSES
+        in_process = codegen.in_process_llvm().object_code(text, 2, passes, {}, "part0")
+        by_tools = codegen._object_code_by_tools(text, "part0", passes, 2, {}, Dump(None, ""))
+        self.assertEqual(in_process, by_tools)
+
+    def test_an_llvm_error_in_this_process_is_a_compilation_error(self):
+        library = codegen.in_process_llvm()
+        with self.assertRaisesRegex(CompilationError, "LLVM cannot parse part0") as raised:
+            library.object_code("define void @f( {", 2, "function(sroa)", {}, "part0")
+        self.assertEqual(raised.exception.stage, "optimize")
+        with self.assertRaisesRegex(CompilationError, "optimizer failed on part0") as raised:
+            library.object_code("define void @f() {\n  ret void\n}\n", 2, "no-such-pass", {}, "part0")
+        self.assertEqual(raised.exception.stage, "optimize")
+        # and the library goes on compiling
+        self.assertTrue(library.object_code("define void @f() {\n  ret void\n}\n", 2, "function(sroa)", {}, "f"))
+
+    @absltest.skipIf(shutil.which("readelf") is None, "needs binutils' readelf")
+    def test_the_linker_run_directly_links_libm_by_version(self):
+        # codegen._linker spares the C compiler driver: libm must still be linked, its
+        # symbols versioned (an unversioned cbrtf would bind to the oldest version).
+        x = np.linspace(-8, 8, 64, dtype=np.float32)
+        exe = pb.compile(jax.jit(jnp.cbrt).trace(x).lower(lowering_platforms=("cpu",)))
+        with tempfile.NamedTemporaryFile(suffix=".so") as library:
+            library.write(exe._exe.library)
+            library.flush()
+            versions = subprocess.run(["readelf", "-V", library.name], capture_output=True, text=True).stdout
+        self.assertIn("File: libm.so.6", versions)
+        support.assert_close(self, list(exe(x)), support.xla_cpu(jnp.cbrt, x))
+
+    @absltest.skipIf(shutil.which("readelf") is None, "needs binutils' readelf")
+    def test_code_calling_nothing_outside_links_no_library(self):
+        x = np.ones((8, 8), np.float32)
+        exe = pb.compile(jax.jit(lambda a: a * 2.0 + 1.0).trace(x).lower(lowering_platforms=("cpu",)))
+        with tempfile.NamedTemporaryFile(suffix=".so") as library:
+            library.write(exe._exe.library)
+            library.flush()
+            dynamic = subprocess.run(["readelf", "-d", library.name], capture_output=True, text=True).stdout
+        self.assertNotIn("NEEDED", dynamic)
+        support.assert_close(self, list(exe(x)), [x * 2.0 + 1.0])
+
+    def test_undefined_symbols_of_objects(self):
+        library = codegen.in_process_llvm()
+        caller = library.object_code("declare float @expf(float)\ndeclare void @g()\n"
+                                     "define float @f(float %x) {\n  call void @g()\n"
+                                     "  %y = call float @expf(float %x)\n  ret float %y\n}\n", 2, "function(sroa)", {}, "a")
+        callee = library.object_code("define void @g() {\n  ret void\n}\n", 2, "function(sroa)", {}, "b")
+        self.assertEqual(elf.undefined_symbols([caller]), {"expf", "g"})
+        self.assertEqual(elf.undefined_symbols([caller, callee]), {"expf"})
+        self.assertEqual(elf.undefined_symbols([callee]), set())
 
     def test_each_process_compiles_the_same_executable(self):
         # Nothing may depend on Python's string hashing or on where MLIR put its objects

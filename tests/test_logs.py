@@ -34,7 +34,8 @@ class CompileLogTest(absltest.TestCase):
         with self.assertLogs("polyblocks_jax", "INFO") as logged:
             pb.compile(lowered)
             pb.compile(lowered)
-        self.assertRegex(logged.output[0], r"INFO:polyblocks_jax:compiled jit__lambda_? in [0-9.]+ s \(compile worker\)")
+        self.assertRegex(logged.output[0], r"INFO:polyblocks_jax:compiled jit__lambda_? in [0-9.]+ s \(compile worker; "
+                                           r"objects cached: [01] of 1\)")
         self.assertRegex(logged.output[1], r"INFO:polyblocks_jax:jit__lambda_?: in the compile cache")
 
     def test_a_long_compile_reports_its_stage_and_warns_once(self):
@@ -47,7 +48,7 @@ class CompileLogTest(absltest.TestCase):
         warnings = [line for line in progress if line.startswith("WARNING")]
         self.assertLen(warnings, 1)
         self.assertRegex(warnings[0], r"compiling jit__layers has taken \d+ s so far \(stage [\w-]+\)")
-        self.assertRegex(logged.output[-1], r"compiled jit__layers in [0-9.]+ s \(in process\)")
+        self.assertRegex(logged.output[-1], r"compiled jit__layers in [0-9.]+ s \(in process; objects cached: \d of \d\)")
 
     def test_program_name(self):
         self.assertEqual(logs.program_name('module @jit_f attributes {x = 1} {\n}'), "jit_f")

@@ -14,6 +14,7 @@ import tempfile
 from typing import Sequence
 
 from polyblocks_jax.errors import CompilationError
+from polyblocks_jax.files import write_atomically
 from polyblocks_jax.options import Options
 
 FOLDER = "polyblocks-crashes"
@@ -41,9 +42,9 @@ def save_reproducer(text: str, source: str | bytes, options: Options,
     donation = "" if donate_argnums is None else f", donate_argnums={list(donate_argnums)}"
     header = (f"// polyblocks_jax compile crash; replay: POLYBLOCKS_FLAGS='{options.flags()}' "
               f"python -c \"import polyblocks_jax as pb; pb.compile(open('{path}').read(){donation})\"\n")
-    _write_atomically(path, (header + text).encode())
+    write_atomically(path, (header + text).encode())
     if isinstance(source, bytes):
-        _write_atomically(path + "bc", source)
+        write_atomically(path + "bc", source)
     return path
 
 
@@ -57,14 +58,3 @@ def death(returncode: int | None) -> str:
             return f"killed by signal {-returncode}"
     return f"exit code {returncode}"
 
-
-def _write_atomically(path: str, data: bytes) -> None:
-    """A concurrent reader sees the whole file or none of it."""
-    fd, partial = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".partial-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(partial, path)
-    except BaseException:
-        os.unlink(partial)
-        raise

@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from typing import Callable
 
 import polyblocks_jax
@@ -53,6 +52,7 @@ class Worker:
         self.memory_limit = memory_limit
         self.memory_exceeded: int | None = None  # the resident bytes it was stopped at
         self._job_running = False
+        self._job_started = threading.Event()  # wakes the memory watcher from its idle wait
         self.ready = False
         self.stage: str | None = None  # the stage of the job under way, as the worker reported it
         self._output: collections.deque[bytes] = collections.deque(maxlen=_OUTPUT_LINES)
@@ -94,6 +94,7 @@ class Worker:
         self.stage = None
         self._output.clear()
         self._job_running = True
+        self._job_started.set()
         try:
             self._jobs.send(job)
             reply = self._replies.recv()
@@ -163,7 +164,10 @@ class Worker:
                 self.memory_exceeded = resident
                 self.process.kill()
                 return
-            time.sleep(_MEMORY_POLL_S if self._job_running else 10 * _MEMORY_POLL_S)
+            # Idle, it polls seldom; a job wakes it at once (a small program compiles in less
+            # than the idle wait).
+            if self._job_started.wait(_MEMORY_POLL_S if self._job_running else 10 * _MEMORY_POLL_S):
+                self._job_started.clear()
 
     def _forward_output(self) -> None:
         stream = self.process.stdout

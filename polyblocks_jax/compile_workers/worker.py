@@ -2,7 +2,8 @@
 
 Reads jobs from the pipe ``REQUESTS`` and answers on ``REPLIES`` (file descriptors its
 parent passed; see ``protocol``) until its parent closes the requests. It imports the
-compiler, not jax: it compiles what it is handed, with the options it is handed.
+compiler, not jax: it compiles what it is handed, with the options it is handed, and runs
+LLVM in its own process (``cpu.codegen.load_llvm``).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from polyblocks_jax.compile_workers import protocol
 def main(requests_fd: int, replies_fd: int) -> None:
     requests, replies = protocol.reader(requests_fd), protocol.writer(replies_fd)
     from polyblocks_jax import compiler
-    from polyblocks_jax.cpu import host
+    from polyblocks_jax.cpu import codegen, host
+    codegen.load_llvm()  # a crash of LLVM here ends this process, not the user's
     replies.send((protocol.READY, host().description()))
     while True:
         try:

