@@ -99,7 +99,8 @@ def kv_decode(params: dict, k_cache, v_cache, tokens, start, heads: int) -> jax.
         x = params["embed"][token] + lax.dynamic_index_in_dim(params["pos"], pos, keepdims=False)
         for index, layer in enumerate(params["layers"]):
             q, k, v = (_heads(t, heads) for t in jnp.split(_layernorm(x, *layer["ln1"]) @ layer["qkv"], 3, -1))
-            at = (index, 0, 0, pos, 0)
+            zero = jnp.zeros((), pos.dtype)  # indices of one type, also under jax_enable_x64
+            at = (zero + index, zero, zero, pos, zero)
             k_cache = lax.dynamic_update_slice(k_cache, k[None, :, :, None], at)
             v_cache = lax.dynamic_update_slice(v_cache, v[None, :, :, None], at)
             scores = jnp.einsum("bhd,bhtd->bht", q, k_cache[index]) / np.sqrt(q.shape[-1])

@@ -79,8 +79,8 @@ def map_matrix_units(module: ir.Module, options: Options, unit: MatrixUnit | Non
             mapped += 1
         elif unit_operand_types(c, options.precision) != (c.lhs, c.rhs):
             _round_operands(op, "bf16")
-        elif c.lhs == c.rhs != c.accumulate and _is_float(c.lhs) and c.accumulate in ("f32", "f64"):
-            _widen_operands(op, c)
+        elif options.tiling and c.lhs == c.rhs != c.accumulate and _is_float(c.lhs) and c.accumulate in ("f32", "f64"):
+            _widen_operands(op, c)  # for the host's tiling; a GPU's own matcher reads the narrow types
     if mapped:  # drops the replaced accumulators' fills, folds the template's constants
         pass_manager("builtin.module(canonicalize, cse)", module.context).run(module.operation)
 
