@@ -101,14 +101,15 @@ def kv_decode(params: dict, k_cache, v_cache, tokens, start, heads: int) -> jax.
             q, k, v = (_heads(t, heads) for t in jnp.split(_layernorm(x, *layer["ln1"]) @ layer["qkv"], 3, -1))
             zero = jnp.zeros((), pos.dtype)  # indices of one type, also under jax_enable_x64
             at = (zero + index, zero, zero, pos, zero)
-            k_cache = lax.dynamic_update_slice(k_cache, k[None, :, :, None], at)
-            v_cache = lax.dynamic_update_slice(v_cache, v[None, :, :, None], at)
+            # the caches' type, also where jax_enable_x64 widens numpy scalars' products
+            k_cache = lax.dynamic_update_slice(k_cache, k[None, :, :, None].astype(k_cache.dtype), at)
+            v_cache = lax.dynamic_update_slice(v_cache, v[None, :, :, None].astype(v_cache.dtype), at)
             scores = jnp.einsum("bhd,bhtd->bht", q, k_cache[index]) / np.sqrt(q.shape[-1])
             weights = jax.nn.softmax(jnp.where(positions <= pos, scores, -jnp.inf), -1)
             attended = jnp.einsum("bht,bhtd->bhd", weights, v_cache[index])
             x = _mlp_residual(layer, x + attended.reshape(x.shape) @ layer["proj"])
         out = _layernorm(x, *params["ln_f"]) @ params["embed"].T
-        return k_cache, v_cache, lax.dynamic_update_slice(logits, out[:, None], (0, i, 0))
+        return k_cache, v_cache, lax.dynamic_update_slice(logits, out[:, None].astype(logits.dtype), (0 * i, i, 0 * i))
 
     logits = jnp.zeros((batch, steps, params["embed"].shape[0]), jnp.float32)
     return lax.fori_loop(0, steps, step, (k_cache, v_cache, logits))[2]
