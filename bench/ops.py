@@ -112,7 +112,7 @@ def sweep_cases(largest: int) -> dict[str, tuple[Callable, list, float]]:
     return out
 
 
-def with_peak_fraction(rows: list["Row"]) -> dict[str, float]:
+def peak_rates(rows: list["Row"]) -> dict[str, float]:
     """The best GFLOP/s measured per type pair (either side): the machine's peak as this
     run saw it, which the table's fractions are of."""
     peaks: dict[str, float] = {}
@@ -241,7 +241,7 @@ def sweep(args: argparse.Namespace) -> None:
         repeat = max(2, min(args.repeat, int(2e10 / flops)))  # large sizes: fewer calls
         rows.append(measure_call(name, fn, operands, repeat, flops))
         print(format_table(rows[-1:]).splitlines()[-1], flush=True)
-    peaks = with_peak_fraction(rows)
+    peaks = peak_rates(rows)
     print(f"\n{results_files.machine_slug()} ({results_files.cpu_name()}, {results_files.cores()} cores), "
           f"best of {runner.ROUNDS} medians; fraction of the best GFLOP/s measured per type pair "
           f"({', '.join(f'{k} {v:.0f}' for k, v in peaks.items())}):")
