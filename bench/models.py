@@ -43,6 +43,8 @@ class Row:
     via: str = ""                  # how polyblocks ran: "pjrt" (jax.jit) or "compile"
     failed_op: str = ""
     error: str = ""
+    xla_ms_rounds: list[float] = dataclasses.field(default_factory=list)  # each round's median
+    pb_ms_rounds: list[float] = dataclasses.field(default_factory=list)
 
 
 def measure(name: str, batch: int, small: bool, repeat: int, compiles: int = 1, dtype: str = "float32",
@@ -57,8 +59,9 @@ def measure(name: str, batch: int, small: bool, repeat: int, compiles: int = 1, 
         pbc = runner.compile_polyblocks(fn, *args, compiles=compiles)
         row.via, row.pb_compile_s = pbc.via, pbc.compile_s
         row.max_rel_error = runner.max_relative_error(runner.flat_numpy(pbc.call()), expected)
-        xla_s, pb_s = runner.paired_latency(xla, pbc, repeat)
-        row.xla_ms, row.pb_ms = 1e3 * xla_s, 1e3 * pb_s
+        paired = runner.paired_latency(xla, pbc, repeat)
+        row.xla_ms, row.pb_ms = 1e3 * paired.xla_s, 1e3 * paired.pb_s
+        row.xla_ms_rounds, row.pb_ms_rounds = [1e3 * t for t in paired.xla_rounds], [1e3 * t for t in paired.pb_rounds]
     except Exception as e:  # noqa: BLE001 (a failing model is a row of the table, not a crash)
         row.failed_op, row.error = runner.failure(e)
         row.xla_ms = 1e3 * runner.median_latency(xla, repeat)

@@ -133,6 +133,8 @@ class Row:
     max_rel_error: float | None = None
     ratio: float | None = None   # XLA time / polyblocks time: > 1 means polyblocks is faster
     error: str = ""
+    xla_ms_rounds: list[float] = dataclasses.field(default_factory=list)  # each round's median
+    pb_ms_rounds: list[float] = dataclasses.field(default_factory=list)
 
 
 def measure(name: str, case: Case, repeat: int) -> Row:
@@ -150,8 +152,9 @@ def measure_call(name: str, fn: Callable, args: list, repeat: int, flops: float 
         pbc = runner.compile_polyblocks(fn, *args)
         row.pb_compile_s = pbc.compile_s
         row.max_rel_error = runner.max_relative_error(runner.flat_numpy(pbc.call()), expected)
-        xla_s, pb_s = runner.paired_latency(xla, pbc, repeat)
-        row.xla_ms, row.pb_ms = 1e3 * xla_s, 1e3 * pb_s
+        paired = runner.paired_latency(xla, pbc, repeat)
+        row.xla_ms, row.pb_ms = 1e3 * paired.xla_s, 1e3 * paired.pb_s
+        row.xla_ms_rounds, row.pb_ms_rounds = [1e3 * t for t in paired.xla_rounds], [1e3 * t for t in paired.pb_rounds]
         row.pb_gflops = flops and flops / row.pb_ms / 1e6
         row.ratio = row.xla_ms / row.pb_ms
     except Exception as e:  # noqa: BLE001 (a failing op is a row of the table, not a crash)

@@ -117,14 +117,34 @@ def median_latency(compiled: Compiled, repeat: int, warmup: int = 2) -> float:
 ROUNDS = 3
 
 
-def paired_latency(xla: Compiled, polyblocks: Compiled, repeat: int, rounds: int = ROUNDS) -> tuple[float, float]:
-    """(XLA, polyblocks) seconds per call: each side's lowest median over ``rounds`` rounds,
-    the sides taking turns."""
+@dataclasses.dataclass(frozen=True)
+class PairedLatency:
+    """Each side's median per round in seconds, the sides taking turns round by round."""
+    xla_rounds: list[float]
+    pb_rounds: list[float]
+
+    @property
+    def xla_s(self) -> float:
+        return min(self.xla_rounds)
+
+    @property
+    def pb_s(self) -> float:
+        return min(self.pb_rounds)
+
+    def ratio_spread(self) -> tuple[float, float]:
+        """The lowest and highest XLA / polyblocks ratio of one round."""
+        ratios = [x / p for x, p in zip(self.xla_rounds, self.pb_rounds)]
+        return min(ratios), max(ratios)
+
+
+def paired_latency(xla: Compiled, polyblocks: Compiled, repeat: int, rounds: int = ROUNDS) -> PairedLatency:
+    """Both sides' medians over ``rounds`` rounds, alternating; each side's reported time is its
+    lowest, and the rounds show the spread."""
     medians: tuple[list[float], list[float]] = ([], [])
     for _ in range(rounds):
         for side, compiled in zip(medians, (xla, polyblocks)):
             side.append(median_latency(compiled, repeat))
-    return min(medians[0]), min(medians[1])
+    return PairedLatency(*medians)
 
 
 def max_relative_error(actual: Sequence, expected: Sequence) -> float:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from absl.testing import absltest
 
-from bench import results_files
+from bench import results_files, runner
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,16 @@ class ResultsFilesTest(absltest.TestCase):
             report = json.loads(written.read_text())
             self.assertEqual(report["commit"], results_files.provenance()["commit"])
             self.assertEqual([row["op"] for row in report["rows"]], ["clip"])
+            (row,) = report["rows"]  # each round's median kept: the chart's whiskers, the spread
+            self.assertLen(row["pb_ms_rounds"], runner.ROUNDS)
+            self.assertAlmostEqual(row["pb_ms"], min(row["pb_ms_rounds"]))
+            self.assertTrue(written.with_suffix(".png").exists())
         self.assertEqual(results_files.folder(save=True), REPO / "bench" / "results")
+
+    def test_paired_latency_reports_each_sides_best_round_and_the_rounds_ratios(self):
+        paired = runner.PairedLatency(xla_rounds=[2.0, 3.0, 2.5], pb_rounds=[1.0, 2.0, 1.25])
+        self.assertEqual((paired.xla_s, paired.pb_s), (2.0, 1.0))
+        self.assertEqual(paired.ratio_spread(), (1.5, 2.0))
 
 
 if __name__ == "__main__":
