@@ -68,6 +68,14 @@ class ElementwiseTest(parameterized.TestCase):
         support.check_against_xla(self, lax.pow, x, y)
 
     @parameterized.named_parameters(*DTYPES)
+    def test_power_tan_and_tanh_of_infinite_and_nan_parts(self, dtype):
+        # 1^y = 1 for every y, +inf^c for a real c is inf or 0, tan(+-0 + NaN i) = +-0 + NaN i.
+        values = [0.0, -0.0, 1.0, -1.0, 0.5, 2.0, np.inf, -np.inf, np.nan]
+        z = np.array([complex(a, b) for a in values for b in values], dtype)
+        x, y = np.meshgrid(z, z)
+        support.check_against_xla(self, lambda a, b: (a ** b, jnp.tan(a), jnp.tanh(a)), x, y)
+
+    @parameterized.named_parameters(*DTYPES)
     def test_constants_and_scalars(self, dtype):
         (x,) = _args(dtype, (5, 6))
         c = (np.arange(6) - 2.5j * np.arange(6)).astype(dtype)

@@ -5,7 +5,7 @@ with arith/math on whole tensors as the real converters are (so they fuse and ve
 ops that only move data run their real converter once per part; dot_general and
 convolution are four real products. Edge cases follow XLA CPU: division is Smith's with
 C99's infinity and zero-divisor cases, abs is NaN when a part is NaN, 0^w is 1 for w = 0,
-0 for a positive real w and NaN otherwise.
+0 for a positive real w and NaN otherwise, 1^w is 1.
 """
 from __future__ import annotations
 
@@ -157,14 +157,21 @@ def _rsqrt(x: Pair) -> Pair:
 
 
 def _pow(x: Pair, y: Pair) -> Pair:
-    """exp(y log x); x^0 is 1 for every x, and 0^y is 0 for a positive real y, NaN otherwise."""
-    zero, one, nan = _c(0.0, x.re), _c(1.0, x.re), _c(float("nan"), x.re)
+    """exp(y log x), with XLA's exact cases: x^0 and 1^y are 1 for every x and y (NaN and
+    infinite y included), 0^y is 0 for a positive real y and NaN otherwise, and +inf^c for a
+    real c is the real power (inf or 0)."""
+    zero, one, nan, inf = _c(0.0, x.re), _c(1.0, x.re), _c(float("nan"), x.re), _c(float("inf"), x.re)
     power = _exp(multiply(y, _log(x)))
-    base_zero = arith.andi(arith.cmpf(F.OEQ, x.re, zero), arith.cmpf(F.OEQ, x.im, zero))
+    real_x = arith.cmpf(F.OEQ, x.im, zero)
+    base_zero = arith.andi(arith.cmpf(F.OEQ, x.re, zero), real_x)
     real_y = arith.cmpf(F.OEQ, y.im, zero)
     at_zero = arith.select(arith.andi(real_y, arith.cmpf(F.OGT, y.re, zero)), zero, nan)
     power = _select(base_zero, Pair(at_zero, at_zero), power)
-    return _select(arith.andi(real_y, arith.cmpf(F.OEQ, y.re, zero)), Pair(one, zero), power)
+    infinite_base = arith.andi(arith.andi(real_x, arith.cmpf(F.OEQ, x.re, inf)),
+                               arith.andi(real_y, arith.cmpf(F.ORD, y.re, y.re)))
+    power = _select(infinite_base, Pair(arith.select(arith.cmpf(F.OGT, y.re, zero), inf, zero), zero), power)
+    unit_base = arith.andi(real_x, arith.cmpf(F.OEQ, x.re, one))
+    return _select(arith.ori(unit_base, arith.andi(real_y, arith.cmpf(F.OEQ, y.re, zero))), Pair(one, zero), power)
 
 
 def _cosh_sinh(b: ir.Value) -> tuple[ir.Value, ir.Value]:
@@ -200,7 +207,10 @@ def _tan(x: Pair) -> Pair:
     finite_a, infinite_b = _is_finite(x.re), _is_inf(x.im)
     tail = arith.select(finite_a, tail, arith.select(infinite_b, _c(0.0, nan), nan))
     unit = arith.select(arith.ori(finite_a, infinite_b), math.copysign(_c(1.0, x.im), x.im), nan)
-    return Pair(arith.select(large, tail, arith.divf(sin_cos, denominator)),
+    real = arith.select(large, tail, arith.divf(sin_cos, denominator))
+    # tan(+-0 + NaN i) is +-0 + NaN i (C99's ctan, and XLA's): the denominator's NaN must not reach it.
+    real = arith.select(arith.andi(arith.cmpf(F.OEQ, x.re, _c(0.0, x.re)), arith.cmpf(F.UNO, x.im, x.im)), x.re, real)
+    return Pair(real,
                 arith.select(large, unit, arith.divf(arith.mulf(sinh, cosh), denominator)))
 
 
