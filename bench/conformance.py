@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a script: make `bench` importable from the repo root
@@ -67,27 +68,32 @@ class SideRun:
     seconds: float
     processes: int = 1                      # one more per crash
     errors: list[str] = dataclasses.field(default_factory=list)  # collection errors, deaths outside a test
+    collected: list[str] = dataclasses.field(default_factory=list)  # the tests pytest generated (empty: unknown)
 
 
-def read_log(path: Path) -> tuple[dict[str, Outcome], list[str], list[str]]:
-    """(outcomes, tests started but never finished, collection errors) of a plugin log."""
+def read_log(path: Path) -> tuple[dict[str, Outcome], list[str], list[str], list[str]]:
+    """(outcomes, tests started but never finished, collection errors, tests collected) of a
+    plugin log."""
     outcomes: dict[str, Outcome] = {}
     started: list[str] = []
     errors: list[str] = []
+    collected: list[str] = []
     if not path.exists():
-        return outcomes, started, errors
+        return outcomes, started, errors, collected
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:  # a line cut short by the process's death
             continue
-        if "start" in record:
+        if "collected" in record:
+            collected += record["collected"]
+        elif "start" in record:
             started.append(record["start"])
         elif "id" in record:
             outcomes[record["id"]] = Outcome(record["outcome"], record["message"])
         elif "collect_error" in record:
             errors.append(f"collection of {record['collect_error']} failed: {first_line(record['message'])}")
-    return outcomes, [t for t in started if t not in outcomes], errors
+    return outcomes, [t for t in started if t not in outcomes], errors, collected
 
 
 def death_cause(returncode: int | None, stderr: str, stall_s: float) -> str:
@@ -137,9 +143,10 @@ def run_side(test_file: Path, platform: str, pytest_args: list[str], env: dict[s
             returncode = _wait(subprocess.Popen(command, cwd=test_file.parent, env=env, stdout=subprocess.DEVNULL,
                                                 stderr=err, start_new_session=True), log, stall_s)
         run.seconds += time.perf_counter() - start
-        outcomes, unfinished, errors = read_log(log)
+        outcomes, unfinished, errors, collected = read_log(log)
         run.outcomes.update(outcomes)
         run.errors += errors
+        run.collected = sorted(set(run.collected) | set(collected))
         if not unfinished:
             # pytest's statuses: 0 all passed, 1 some failed, 2 a collection error (recorded),
             # 5 none collected (all deselected)
@@ -187,12 +194,24 @@ def cause_of(message: str) -> str:
     return line[:240]
 
 
-def compare(xla: dict[str, Outcome], polyblocks: dict[str, Outcome]) -> dict:
+NOT_GENERATED = Outcome("skipped", "Skipped: not generated for polyblocks (JAX draws the test's parameters "
+                                   "by the device it runs on)")
+
+
+def compare(xla: dict[str, Outcome], polyblocks: dict[str, Outcome], collected: Sequence[str] = ()) -> dict:
     """One file's counts and its causes: among the tests passing on XLA CPU that JAX does not
     skip on polyblocks, those that do not pass there, grouped by cause; and the tests passing
-    on XLA CPU that JAX skips on polyblocks, grouped by its reason."""
+    on XLA CPU that JAX skips on polyblocks (or does not generate there: not in ``collected``,
+    where that is known), grouped by its reason."""
     missing = Outcome("failed", "not run on polyblocks (its run ended before this test)")
-    on_polyblocks = {t: polyblocks.get(t, missing) for t, o in xla.items() if o.outcome == "passed"}
+    generated = set(collected)
+
+    def outcome_on_polyblocks(test: str) -> Outcome:
+        if test in polyblocks:
+            return polyblocks[test]
+        return NOT_GENERATED if generated and test not in generated else missing
+
+    on_polyblocks = {t: outcome_on_polyblocks(t) for t, o in xla.items() if o.outcome == "passed"}
     eligible = {t: o for t, o in on_polyblocks.items() if o.outcome != "skipped"}
     failing = {t: o for t, o in eligible.items() if o.outcome != "passed"}
     return {
@@ -366,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
                 xla = run_side(test_file, SIDES["xla"], pytest_args, env, Path(workdir), args.stall)
                 save_side(cached, xla)
             polyblocks = run_side(test_file, SIDES["polyblocks"], pytest_args, env, Path(workdir), args.stall)
-            report["files"][name] = {**compare(xla.outcomes, polyblocks.outcomes), "commit": info["commit"],
+            report["files"][name] = {**compare(xla.outcomes, polyblocks.outcomes, polyblocks.collected), "commit": info["commit"],
                                      "xla_s": xla.seconds,
                                      "polyblocks_s": polyblocks.seconds, "processes": polyblocks.processes,
                                      "errors": [f"XLA: {e}" for e in xla.errors]

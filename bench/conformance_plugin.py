@@ -43,6 +43,8 @@ class Recorder:
         self.log.flush()
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        # What JAX generated on this platform: its parameters can depend on the device.
+        self._write({"collected": [item.nodeid for item in items]})
         dropped = [item for item in items if item.nodeid in self.skip]
         if dropped:
             config.hook.pytest_deselected(items=dropped)

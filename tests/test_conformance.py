@@ -79,6 +79,15 @@ class CompareTest(absltest.TestCase):
         self.assertIn("crashed (signal SIGSEGV)", causes)
         self.assertEqual(row["causes"][0]["count"], 2)  # the largest cause first
 
+    def test_a_test_jax_does_not_generate_on_the_platform_counts_as_skipped_by_jax(self):
+        # JAX draws some tests' parameters by the device (linalg_test's SVD algorithms): a test
+        # passing on XLA that pytest did not collect on polyblocks is JAX's skip, not a failure.
+        xla = {"svd0": Outcome("passed"), "svd1": Outcome("passed"), "late": Outcome("passed")}
+        row = conformance.compare(xla, {"svd0": Outcome("passed")}, collected=["svd0", "late"])
+        self.assertEqual((row["eligible"], row["eligible_passed"], row["failed"]), (2, 1, 1))
+        self.assertEqual([c["tests"] for c in row["causes"]], [["late"]])  # collected, never run: failed
+        self.assertEqual(row["skipped_on_polyblocks_only"][0]["tests"], ["svd1"])
+
     def test_markdown_lists_files_total_and_causes(self):
         row = conformance.compare({"a": Outcome("passed"), "b": Outcome("passed")},
                                   {"a": Outcome("passed"), "b": Outcome("failed", "ValueError: bad")})
