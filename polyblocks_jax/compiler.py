@@ -18,9 +18,8 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from mlir import ir
 
-from polyblocks_jax import compile_workers, cpu, donation, logs, passes
+from polyblocks_jax import compile_workers, contexts, cpu, donation, logs, passes
 from polyblocks_jax.cpu import codegen
 from polyblocks_jax.dumps import Dump
 from polyblocks_jax.errors import CompilationError
@@ -173,7 +172,7 @@ def _compile_uncached(source: str | bytes, options: Options, key: str,
     if options.dump_dir:
         dump = Dump(options.dump_dir, f"{logs.program_name(program_text(source))}-{key}")
         dump.stablehlo(source)
-    with ir.Context() as context, ir.Location.unknown():
+    with contexts.compile_context() as context:
         on_stage("import")
         imported = import_program(source, context)
         inputs, outputs = imported.inputs, imported.outputs
@@ -185,7 +184,7 @@ def _compile_uncached(source: str | bytes, options: Options, key: str,
                 raise
     # Bufferization cannot always honour a tie (a loop carrying the donated argument may
     # leave a conflict it cannot resolve): compile again with the inputs given up, not reused.
-    with ir.Context() as context, ir.Location.unknown():
+    with contexts.compile_context() as context:
         on_stage("import")
         imported = import_program(source, context)
         return _compile_imported(imported, options, key, donation.Donation(donated.donated), on_stage, dump)

@@ -25,7 +25,7 @@ from mlir.dialects import arith, func, memref
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.arena import identity_layout
-from polyblocks_jax.passes.pipeline import pass_manager
+from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.shared_layers import PREFIX as LAYER_PREFIX
 from polyblocks_jax.passes.transform import apply_script, callee, defined_functions
 

@@ -21,7 +21,7 @@ from mlir.dialects import func
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.deferred_normalization import divide_after_contractions
 from polyblocks_jax.passes.gather_fusion import fuse_into_gathers
-from polyblocks_jax.passes.pipeline import pass_manager
+from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.scaled_extrema import reduce_before_scaling
 from polyblocks_jax.passes.transform import apply_script, indexing_maps, is_elementwise_generic, walk
 from polyblocks_jax.passes.unit_dims import fold_collapsed_unit_dims

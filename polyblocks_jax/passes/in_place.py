@@ -25,7 +25,7 @@ from mlir import ir
 from mlir.dialects import func, tensor
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.pipeline import pass_manager
+from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.results import forall_into, generic_into, is_empty_tensor
 
 _RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")

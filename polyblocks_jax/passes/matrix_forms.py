@@ -35,7 +35,7 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes import templates
 from polyblocks_jax.passes.matrix_units import (Contraction, MatrixMapping, MatrixUnit, choose_matrix_mapping,
                                                 unit_operand_types)
-from polyblocks_jax.passes.pipeline import pass_manager
+from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.transform import callee, walk
 from polyblocks_jax.passes.zero_start import zero_filled
 

@@ -16,8 +16,9 @@ import dataclasses
 import time
 from typing import Callable, Sequence
 
-from mlir import ir, passmanager
+from mlir import ir
 
+from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.dumps import Dump
 from polyblocks_jax.errors import CompilationError, PolyblocksError
 from polyblocks_jax.options import Options
@@ -48,14 +49,6 @@ def run_stages(module: ir.Module, stages: Sequence[Stage], options: Options,
         timings[stage.name] = time.perf_counter() - start
         dump.stage(stage.name, module)
     return timings
-
-
-def pass_manager(pipeline: str, context: ir.Context) -> passmanager.PassManager:
-    """The upstream ``pipeline`` (text anchored on its op, e.g. ``builtin.module(cse)``),
-    with no verification after each pass (see the module's docstring)."""
-    pm = passmanager.PassManager.parse(pipeline, context)
-    pm.enable_verifier(False)
-    return pm
 
 
 def _run_stage(stage: Stage, module: ir.Module, options: Options) -> None:

@@ -28,7 +28,7 @@ from mlir.dialects import linalg, tensor
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.isolated_functions import isolate
-from polyblocks_jax.passes.pipeline import pass_manager
+from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.results import is_empty_tensor
 from polyblocks_jax.passes.templates import inline_call
 from polyblocks_jax.passes.tiling import Hardware

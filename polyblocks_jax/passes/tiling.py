@@ -39,7 +39,7 @@ from mlir import ir
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.matrix_units import MatrixUnit
-from polyblocks_jax.passes.pipeline import pass_manager
+from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.transform import apply_script, lower_vectors_and_hoist, walk
 from polyblocks_jax.passes.zero_start import (K_TILES_ATTR, NEST_ATTR, WHOLE_NEST_ATTR,
                                               start_accumulators_at_zero)

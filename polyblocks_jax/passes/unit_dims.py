@@ -15,7 +15,7 @@ from __future__ import annotations
 from mlir import ir
 
 from polyblocks_jax.passes.isolated_functions import isolate
-from polyblocks_jax.passes.pipeline import pass_manager
+from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.templates import inline_call
 from polyblocks_jax.passes.transform import is_elementwise_generic
 

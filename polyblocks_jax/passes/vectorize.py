@@ -27,7 +27,7 @@ from mlir import ir
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import conv_tiling, signed_zeros, vector_math
 from polyblocks_jax.passes.collapsed_dims import merge_trailing_dims, merged_dims
-from polyblocks_jax.passes.pipeline import pass_manager
+from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.reversals import unreverse_loops
 from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, register_tile
 from polyblocks_jax.passes.transform import (FLOAT_EXTREMA, apply_script, has_reversed_index, indexing_maps, is_elementwise_generic,
