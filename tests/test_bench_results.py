@@ -45,6 +45,20 @@ class ResultsFilesTest(absltest.TestCase):
         self.assertEqual((paired.xla_s, paired.pb_s), (2.0, 1.0))
         self.assertEqual(paired.ratio_spread(), (1.5, 2.0))
 
+    def test_compile_benchmark_tables_models_cold_and_warm_and_the_eager_set(self):
+        from bench import compile as bench_compile
+        report = {**results_files.provenance(), "date": "d", "quick": True, "models": [
+            {"model": "resnet18", "workers_s": 1.5, "rows": [
+                {"batch": 1, "cache": "cold", "xla_s": 1.0, "pb_s": 1.5, "ratio": 1.5},
+                {"batch": 8, "cache": "warm", "xla_s": 1.0, "pb_s": 0.5, "ratio": 0.5}]}],
+            "eager": {"ops": 40, "first_calls_s": {"xla": 2.0, "polyblocks": 3.0},
+                      "compile_median_s": {"xla": 0.02, "polyblocks": 0.03}}}
+        text = bench_compile.markdown(report)
+        self.assertIn("| resnet18 | 1 | cold | 1.00 | 1.50 | 1.50 |", text)
+        self.assertIn("| resnet18 | 8 | warm | 1.00 | 0.50 | 0.50 |", text)
+        self.assertIn("first calls 2.00 s on XLA, 3.00 s on polyblocks (1.50x)", text)
+        self.assertLen(bench_compile.EAGER_OPS, 40)
+
 
 if __name__ == "__main__":
     absltest.main()
