@@ -12,6 +12,9 @@ from jax import lax
 
 import polyblocks_jax as pb
 import support
+from polyblocks_jax.passes.tiling import Hardware
+
+AVX512 = Hardware(vector_bits=512, vector_registers=32, l1_bytes=48 << 10, l2_bytes=2 << 20)
 
 # x86's cmov converter turns a select into a jump over a move (a branch on the data).
 _JUMP_OVER_A_MOVE = re.compile(r"\tj\w+\t(\.LBB\d+_\d+)\n\tmov[lq]?\t%\w+, %\w+\n\1:")
@@ -85,6 +88,24 @@ class SortTest(absltest.TestCase):
         x[1, :6] = [np.nan, -0.0, 0.0, np.inf, -np.inf, 0.0]
         ints = np.random.default_rng(5).integers(-3, 3, size=(2, 3, 11)).astype(np.int32)
         support.check_against_xla(self, lambda x, i: (lax.top_k(x, 5), lax.top_k(i, 4)), x, ints)
+
+    def test_top_k_of_long_rows(self):
+        # Rows of chunks (16 elements compared at once with the k-th best) and a remainder:
+        # ties across chunks, NaN, -0.0 and 0.0; ints with many ties; bf16.
+        x = _floats((3, 203), seed=9)
+        x[0, 40:60] = 5.0
+        ints = np.random.default_rng(10).integers(-4, 4, size=(2, 100)).astype(np.int32)
+        halves = np.random.default_rng(11).standard_normal((2, 64)).astype(jnp.bfloat16)
+        support.check_against_xla(self, lambda x, i, h: (lax.top_k(x, 7), lax.top_k(i, 5), lax.top_k(h, 3)),
+                                  x, ints, halves)
+
+    def test_top_k_compares_a_vector_of_the_row_at_once(self):
+        # The test of a chunk against the k-th best: vectors (one OR across their lanes), its
+        # flag in one buffer for all chunks, none allocated a chunk.
+        x = np.zeros((2, 256), np.float32)
+        text = str(support.module_after("arena", lambda x: lax.top_k(x, 4), x, hardware=AVX512))
+        self.assertRegex(text, r"vector\.reduction <or>, %\w+, %\w+ : vector<16xi32>")
+        self.assertNotIn("memref.alloc", text)
 
     def test_approx_max_and_min_k_are_exact_on_cpu(self):
         x = np.random.default_rng(6).standard_normal((4, 33)).astype(np.float32)
