@@ -238,6 +238,20 @@ class ReduceTest(parameterized.TestCase):
             self.assertEqual([len(op.operands) for op in reduces], [2] * 4)  # one input, one init each
         support.check_against_xla(self, fn, x, i)
 
+    def test_argmax_index_runs_on_vectors(self):
+        # The first index holding the extremum: a vector of candidate indices per step, their
+        # minimum, not a scalar loop; rows of 100 (whole vectors and a peeled remainder).
+        # (int32 indices, as jnp.argmax's without x64; int64 ones are not vectorized.)
+        rng = np.random.default_rng(13)
+        x = support.random_array(rng, (6, 100), np.float32)
+        x[2, [10, 70]] = 9.0  # a tie
+        i = rng.integers(-3, 3, size=(6, 100)).astype(np.int32)
+        fn = lambda x, i: (lax.argmax(x, 1, np.int32), lax.argmin(x, 1, np.int32), lax.argmax(i, 1, np.int32))
+        text = str(support.module_after("vectorize", fn, x, i, hardware=AVX512))
+        self.assertNotIn("linalg.generic", text)
+        self.assertRegex(text, r"vector\.reduction <minsi>, %\w+, %\w+ : vector<\d+xi32>")
+        support.check_against_xla(self, fn, x, i)
+
     def test_variadic_argmax_with_its_values(self):
         # JAX's argmax reducer where the values are used too: the reducer itself, op by op.
         rng = np.random.default_rng(12)

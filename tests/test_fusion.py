@@ -404,6 +404,21 @@ class TileFusionTest(parameterized.TestCase):
         self.assertIn("linalg.conv_2d_nhwc_hwcf", str(forall))
         self.assertNotIn("linalg.conv_2d_nhwc_hwcf", "\n".join(_top_level(module)))
 
+    def test_average_pooling_is_divided_per_output_row(self):
+        # The division of an average pooling computed with the pooling's sums, a row of the
+        # result at a time (not a pass over the whole result after them); as XLA, padded or not.
+        def average(x, padding):
+            sums = jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 2, 2, 1), (1, 2, 2, 1), padding)
+            return sums / 4
+
+        x = np.zeros((2, 16, 16, 32), np.float32)
+        module = _after("tile-fusion", functools.partial(average, padding="VALID"), x)
+        forall = next(o for o in walk(module.operation) if o.name == "scf.forall")
+        self.assertIn("linalg.pooling_nhwc_sum", str(forall))
+        self.assertNotIn("linalg.pooling_nhwc_sum", "\n".join(_top_level(module)))
+        x = np.random.default_rng(3).standard_normal((2, 15, 17, 24)).astype(np.float32)
+        support.check_against_xla(self, lambda x: (average(x, "VALID"), average(x, "SAME")), x)
+
     def test_small_images_with_large_weights_are_tiled_by_channels(self):
         # 4 x 4 pixels an image, 256 output channels (weights within half of L2, so the
         # convolution stays direct rather than im2col). Tiles of images would each read all

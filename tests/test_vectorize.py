@@ -75,6 +75,16 @@ class PlannerTest(parameterized.TestCase):
         self.assertEqual(tiles, (1, 6, 16, 1))
         self.assertEqual(peeled_loops(contraction, tiles), {1, 2})
 
+    def test_reduced_row_under_one_vector_takes_accumulators_along_the_result(self):
+        # Pairwise products over a box's 2 coordinates: (b, i, j, c) -> (b, i, j), reduced
+        # along c, which no vector fits: the result's rows j carry the vectors instead.
+        nest = LoopNest((1, 512, 512, 2), frozenset({3}), ((0, 1, 3), (0, 2, 3)), (0, 1, 2))
+        tiles = choose_vector_tiles(nest, 4, AVX512)
+        self.assertEqual(tiles[3], 1)
+        self.assertEqual(tiles[2] % 16, 0)
+        # A full reduction of such rows has no result row to take: it stays scalar.
+        self.assertIsNone(choose_vector_tiles(LoopNest((64, 3), frozenset({0, 1}), ((0, 1),), ()), 4, AVX512))
+
     def test_indivisible_rows_stay_scalar(self):
         self.assertIsNone(choose_vector_tiles(LoopNest((3, 5), frozenset(), ((0, 1),), (0, 1)), 4, AVX2))
 
@@ -126,6 +136,15 @@ class PlannerTest(parameterized.TestCase):
 
 def _standardize(x):
     return (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-6)
+
+
+def _intersections(boxes):
+    """Areas of the pairwise intersections of (y0, x0, y1, x1) boxes, and over their union."""
+    lo = jnp.maximum(boxes[:, :, None, :2], boxes[:, None, :, :2])
+    hi = jnp.minimum(boxes[:, :, None, 2:], boxes[:, None, :, 2:])
+    inter = jnp.prod(jnp.clip(hi - lo, 0), -1)
+    area = jnp.prod(boxes[..., 2:] - boxes[..., :2], -1)
+    return inter / (area[:, :, None] + area[:, None, :] - inter)
 
 
 def _conv(padding: str):
@@ -319,6 +338,13 @@ class StageTest(absltest.TestCase):
         self.assertRegex(text, r"math\.floor %\w+ : vector<32xf32>")
         self.assertRegex(text, r"vector\.transfer_read .* vector<5xf32>")
 
+    def test_pairwise_reduction_over_short_rows_runs_on_vectors(self):
+        # Intersections of boxes: a product over 2 coordinates per pair, vectors along the
+        # pairs (no scalar loop left over the reduced coordinates).
+        text = _staged(_intersections, np.zeros((1, 64, 4), np.float32), hw=AVX512)
+        self.assertNotIn("linalg.generic", text)
+        self.assertRegex(text, r"arith\.mulf %\w+, %\w+ (fastmath<contract> )?: vector<\d+x\d+xf32>")
+
     def test_variance_and_select_on_a_scalar_condition_run_on_vectors(self):
         # jnp.var selects NaN where its divisor is not positive: a rank-0 condition, filled
         # (fusion folds the fill into the bodies as a scalar), not an i1 tensor operand,
@@ -379,7 +405,8 @@ class CopyVectorsTest(parameterized.TestCase):
         ("pool_of_argument", _max_pool_3x3_2, (2, 9, 9, 64)),
         ("pool_rows_not_whole_vectors", _max_pool_3x3_2, (2, 7, 9, 24)),
         ("padded_image", lambda x: jnp.pad(x, ((0, 0), (2, 1), (1, 2), (0, 0)), constant_values=-1.0), (2, 5, 7, 3)),
-        ("padded_rows", lambda x: jnp.pad(x, ((1, 0), (3, 0)), constant_values=2.5), (33, 37)))
+        ("padded_rows", lambda x: jnp.pad(x, ((1, 0), (3, 0)), constant_values=2.5), (33, 37)),
+        ("intersections_of_boxes", lambda x: _intersections(jnp.abs(x)), (2, 40, 4)))
     def test_results(self, fn, shape):
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
         support.check_against_xla(self, fn, x, rtol=0, atol=0)

@@ -52,8 +52,12 @@ _OPTIMIZER_OPTIONS = ("-unroll-threshold=50", "-unroll-max-iteration-count-to-an
 # scheduler's dependence graph (bounded here as for its huge regions). ViT-Tiny: 57 -> 27 s.
 # Loop strength reduction then took half of what was left on ResNet-18 (17 -> 10 s), in
 # scalar evolution over unrolled register tiles whose addresses are constant offsets
-# already; without it the models run as fast.
-_CODEGEN_OPTIONS = ("-combiner-store-merging=0", "-dag-maps-huge-region=100", "-disable-lsr")
+# already; without it the models run as fast. x86's cmov converter (a select in a loop made
+# a jump over a move, when its condition looks predictable) is off: our scalar loops select
+# on data (a merge sort's next element), where a jump mispredicts half the time on random
+# data (sorting int32 rows ran 3x slower).
+_CODEGEN_OPTIONS = ("-combiner-store-merging=0", "-dag-maps-huge-region=100", "-disable-lsr",
+                    "-x86-cmov-converter=false")
 # Below this much IR a second part (a thread, or opt and llc processes) costs more than it saves.
 _SPLIT_BYTES = 256 << 10
 _LINKER = os.environ.get("CC", "cc")

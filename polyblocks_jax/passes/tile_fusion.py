@@ -27,6 +27,7 @@ from mlir import ir
 from mlir.dialects import linalg, tensor
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.conv_tiling import POOLINGS
 from polyblocks_jax.passes.isolated_functions import isolate
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.results import is_empty_tensor
@@ -87,13 +88,15 @@ def nest_of(op: ir.Operation) -> Nest | None:
     elif op.name == "linalg.fill":
         rank = len(shapes[1])
         dims, reductions = [(), tuple(range(rank))], frozenset()
-    elif op.name in _CONVS:
-        # conv (n, oh, ow, f, kh, kw, c); depthwise (n, oh, ow, c, kh, kw): the window
-        # loops index the image with the output pixels, so no image dim is a plain loop.
+    elif op.name in _CONVS or op.name in POOLINGS:
+        # conv (n, oh, ow, f, kh, kw, c); depthwise and pooling (n, oh, ow, c, kh, kw): the
+        # window loops index the image with the output pixels, so no image dim is a plain
+        # loop. A pooling's second operand is its window's shape (kh, kw). A pooling joins
+        # groups as a producer (an average's division), never as a root.
         depthwise = op.name != _CONVS[0]
         rank = 6 if depthwise else 7
-        dims = [(0, None, None, 3 if depthwise else 6),
-                (4, 5, 3) if depthwise else (4, 5, 6, 3), (0, 1, 2, 3)]
+        window = (4, 5) if op.name in POOLINGS else (4, 5, 3) if depthwise else (4, 5, 6, 3)
+        dims = [(0, None, None, 3 if depthwise else 6), window, (0, 1, 2, 3)]
         reductions = frozenset({4, 5} if depthwise else {4, 5, 6})
     else:
         return None

@@ -72,9 +72,11 @@ def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware) -> tuple[
     if inner is None or (inner not in inner_in and any(d in nest.reductions for d in inner_in)):
         # Reducing along contiguous memory: a chunk of the reduced loop per step.
         dim = next((d for d in inner_in if d in nest.reductions), None)
-        if dim is None:
-            return None
-        return _with(tiles, dim, _vector_block(nest.ranges[dim], elem_bytes, hw, _MAX_CHUNK_VECTORS))
+        chunk = _vector_block(nest.ranges[dim], elem_bytes, hw, _MAX_CHUNK_VECTORS) if dim is not None else None
+        if chunk is not None or inner is None:
+            return _with(tiles, dim, chunk) if dim is not None else None
+        # A reduced row narrower than any vector (a box's 2 coordinates): accumulators along
+        # the result's row instead, each step reading one element of the row a lane.
     if not nest.reductions:
         return _with(tiles, inner, _vector_block(nest.ranges[inner], elem_bytes, hw, _ELEMENTWISE_VECTORS))
     # A register tile of accumulators, rows of the next result dim by a few vectors, sized by

@@ -79,7 +79,8 @@ def _first_extremum_index(x: ir.Value, axis: int, largest: bool, spec, index_spe
     identity = ir.AffineMap.get_identity(rank)
     row = ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(d) for d in range(rank) if d != axis])
     index_type = element_type(index_spec.dtype)
-    none_yet = builders.filled(builders.splat(np.iinfo(index_spec.dtype.numpy).max, index_type), index_spec.shape)
+    no_index = builders.splat(np.iinfo(index_spec.dtype.numpy).max, index_type)
+    none_yet = builders.filled(no_index, index_spec.shape)
 
     def body(value, best, out):
         if spec.dtype.is_float:  # NaN only where the extremum is one
@@ -89,7 +90,9 @@ def _first_extremum_index(x: ir.Value, axis: int, largest: bool, spec, index_spe
         else:
             hit = arith.cmpi(arith.CmpIPredicate.eq, value, best)
         position = arith.index_cast(index_type, linalg.IndexOp(axis).result)
-        return [arith.minsi(out, arith.select(hit, position, out))]
+        # A miss selects the largest index, not the accumulator: the accumulator's only use
+        # is then the minimum, a combiner the vectorizer takes (the row a vector of indices).
+        return [arith.minsi(out, arith.select(hit, position, no_index))]
     iterators = ["reduction" if d == axis else "parallel" for d in range(rank)]
     return builders.generic([x, extremum], [none_yet], [identity, row, row], iterators, body)
 
