@@ -12,8 +12,9 @@ v' = v J: two columns and two rows of a, two columns of v, each rotation an elem
 on them; a complex a[p, q] = |a[p, q]| u rotates as the real |a[p, q]| would, its phase u
 in J's off-diagonal elements), until the off-diagonal norm is at most the tolerance times
 the whole norm (checked before each sweep) or the sweeps run out. The tolerance is at
-least n units in the last place: rounding leaves about that much off the diagonal however
-long the sweeps go on (f32 at 128 rows missed JAX's 1e-6, and all 100 sweeps ran). The
+least n units in the last place, for f64 exactly that (the configured one is f32's):
+rounding leaves about that much off the diagonal however long the sweeps go on (f32 at 128
+rows missed JAX's 1e-6, and all 100 sweeps ran). The
 eigenvalues are the (real) diagonal, sorted ascending with their vectors when asked.
 """
 from __future__ import annotations
@@ -45,7 +46,11 @@ def eigh(a: Value, lower: bool, sort: bool, max_sweeps: int, tolerance: float) -
     symmetric (Hermitian) as its ``lower`` (else upper) triangle gives it."""
     *batch, n, _ = field.shape_of(a)
     elem = field.elem_type(a)
-    reachable = max(tolerance, n * float(np.finfo(np.float32 if isinstance(elem, ir.F32Type) else np.float64).eps))
+    single = isinstance(elem, ir.F32Type)
+    floor = n * float(np.finfo(np.float32 if single else np.float64).eps)
+    # JAX's rule passes the tolerance TPUs use (1e-6): an f32 one. f64 sweeps go on to the
+    # rounding floor, or eigenvectors stop at ~1e-10 where LAPACK's give ~1e-15.
+    reachable = max(tolerance, floor) if single else floor
     count = int(np.prod(batch))  # 1 for a single matrix (``math`` here is MLIR's dialect)
     matrices = field.reshape(a, [count, n, n])
 
