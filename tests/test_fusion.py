@@ -179,6 +179,57 @@ class ElementwiseFusionTest(absltest.TestCase):
         self.assertNotIn("linalg.reduce", str(module))
 
 
+def _weight_gradient_steps(w, xs, ys):
+    """An RNN's weight gradient at batch 1: per step an outer product, transposed, its four
+    gate blocks summed into the carried gradients (as JAX's scan transpose does)."""
+    def step(grads, xy):
+        x, y = xy
+        g = jnp.einsum("i,j->ij", y, x).T  # dot_general of one term, then a transpose
+        return tuple(a + g[:, k * 8:(k + 1) * 8] for k, a in enumerate(grads)), None
+    return jax.lax.scan(step, (w, w * 2, w * 3, w * 4), (xs, ys))[0]
+
+
+def _gates(x, w):
+    """Slices of elementwise results: the four gates of an LSTM cell."""
+    z = x @ w + 1.0
+    i, f, g, o = (z[:, k * 16:(k + 1) * 16] for k in range(4))
+    return jax.nn.sigmoid(i) * jnp.tanh(g) + jax.nn.sigmoid(f) * jax.nn.sigmoid(o)
+
+
+class MovedResultsTest(absltest.TestCase):
+    """Transposes and slices of elementwise results computed by their producers."""
+    _ARGS = (np.ones((16, 8), np.float32), np.ones((5, 16), np.float32), np.ones((5, 32), np.float32))
+
+    def test_outer_product_is_elementwise(self):
+        outer = lambda x, y: jax.lax.dot_general(x, y, (((1,), (0,)), ((), ())))  # (4, 1) x (1, 8)
+        module = _after("elementwise-to-linalg", outer, np.ones((4, 1), np.float32), np.ones((1, 8), np.float32))
+        self.assertNotIn("linalg.matmul", str(module))
+
+    def test_transposed_sliced_outer_products_fuse_into_the_sums(self):
+        module = _after("fusion", _weight_gradient_steps, *self._ARGS)
+        text = str(module)
+        self.assertNotIn("linalg.transpose", text)
+        self.assertNotIn("tensor<16x32xf32>", text)  # the whole product, never written out
+        self.assertNotIn("tensor<32x16xf32>", text)
+
+    def test_transposed_matrices_are_not_read_transposed_by_a_producer(self):
+        module = _after("fusion", lambda a, b: (a + b).T, np.ones((8, 16), np.float32), np.ones((8, 16), np.float32))
+        self.assertIn("linalg.transpose", str(module))
+
+    def test_slices_of_a_result_each_compute_their_part(self):
+        module = _after("fusion", _gates, np.ones((2, 8), np.float32), np.ones((8, 64), np.float32))
+        generics = [o for o in walk(module.operation) if o.name == "linalg.generic"]
+        self.assertEqual({str(o.results[0].type) for o in generics}, {"tensor<2x16xf32>"})  # the bias add in each
+
+    def test_results_equal_xla(self):
+        rng = np.random.default_rng(0)
+        args = [rng.standard_normal(a.shape).astype(np.float32) for a in self._ARGS]
+        support.check_against_xla(self, _weight_gradient_steps, *args)
+        support.check_against_xla(self, _gates, *[rng.standard_normal(s).astype(np.float32) for s in ((2, 8), (8, 64))],
+                                  **ACCUMULATE)
+        support.check_against_xla(self, lambda x, y: jnp.einsum("bi,bj->bij", x, y), *args[1:])
+
+
 class ScaledExtremaTest(parameterized.TestCase):
     """A max/min over x / c or x * c (c > 0) reads x; the scaling fuses into its other
     consumer. Exact: results equal XLA's bit for bit, NaN, infinities and signed zeros included."""

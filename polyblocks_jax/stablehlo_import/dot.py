@@ -7,7 +7,8 @@ one linalg.matmul (no batch dims) or linalg.batch_matmul multiplies them into a
 zero-filled accumulator; the (batch, M, N) result is expanded back to StableHLO's
 result order (batch..., lhs free..., rhs free...). Transposes and reshapes that
 would be identities are not emitted. A product with one result column (a matrix times a
-vector) is a row reduction instead, which the vectorizer reads along the rows.
+vector) is a row reduction instead, which the vectorizer reads along the rows; one over a
+single term (an outer product) is elementwise.
 
 precision_config is ignored: on the host every dot runs at the full precision of
 its accumulator type. So is a dot with an ``algorithm`` that XLA CPU accepts: XLA CPU
@@ -23,7 +24,7 @@ from typing import Sequence
 
 from jaxlib.mlir.dialects import stablehlo
 from mlir import ir
-from mlir.dialects import arith, linalg
+from mlir.dialects import arith, linalg, tensor
 
 from polyblocks_jax.dtypes import DTYPES, DType
 from polyblocks_jax.stablehlo_import import builders, layout
@@ -85,7 +86,10 @@ def _contract(op, lhs_batch: list[int], rhs_batch: list[int],
     rhs_groups = [rhs_batch] * batched + [rhs_contract, rhs_free]
     lhs, rhs = _canonical(lhs, lhs_groups), _canonical(rhs, rhs_groups)
     sizes = [_prod(lhs_spec.shape, g) for g in lhs_groups[:-1]] + [_prod(rhs_spec.shape, rhs_free)]
-    if sizes[-1] == 1 and acc.is_float and lhs_spec.dtype == rhs_spec.dtype == acc:
+    exact = acc.is_float and lhs_spec.dtype == rhs_spec.dtype == acc
+    if _prod(lhs_spec.shape, lhs_contract) == 1 and exact:
+        result = _outer_products(lhs, rhs, sizes)
+    elif sizes[-1] == 1 and exact:
         result = _row_dots(lhs, rhs, sizes, acc)
     else:
         init = builders.filled(builders.splat(0, element_type(acc)), sizes)
@@ -110,6 +114,21 @@ def _row_dots(lhs: ir.Value, rhs: ir.Value, sizes: list[int], acc: DType) -> ir.
     (dots,) = builders.generic([lhs, vector], [init], maps, ["parallel"] * (rank - 1) + ["reduction"],
                                lambda a, x, total: [arith.addf(total, arith.mulf(a, x))])
     return layout.expand(dots, unit_last, sizes)
+
+
+def _outer_products(lhs: ir.Value, rhs: ir.Value, sizes: list[int]) -> ir.Value:
+    """A product over one term ((batch,) M x 1 times 1 x N): each element the product of
+    two, an elementwise op that fusion puts into its consumers (a weight gradient of one
+    row: transposed, sliced and summed in one pass, not written out as a matrix and then
+    read three times), as XLA strength-reduces it."""
+    rank = len(sizes)  # the loops: (batch,) m, n
+    unit_last = [[d] for d in range(rank - 2)] + [[rank - 2, rank - 1]]  # (batch,) m, 1 <-> (batch,) m
+    rows = layout.collapse(lhs, unit_last, sizes[:-1])
+    columns = layout.collapse(rhs, unit_last, [*sizes[:-2], sizes[-1]])
+    dims = [ir.AffineDimExpr.get(d) for d in range(rank)]
+    maps = [ir.AffineMap.get(rank, 0, d) for d in (dims[:-1], [*dims[:-2], dims[-1]])]
+    init = tensor.EmptyOp(sizes, builders.elem_type_of(lhs)).result
+    return builders.parallel_generic([rows, columns], init, maps, lambda a, b, _: arith.mulf(a, b))
 
 
 def _accumulator(out: DType) -> DType:
