@@ -196,9 +196,15 @@ def _gates(x, w):
     return jax.nn.sigmoid(i) * jnp.tanh(g) + jax.nn.sigmoid(f) * jax.nn.sigmoid(o)
 
 
+def _transposed_gradient(dy, x, w):
+    g = jax.lax.dot_general(dy, x, (((0,), (0,)), ((), ())))  # 512 x 128, then its transpose
+    return w + g.T[:, :128] * 0.5 + g.T[:, 128:256]
+
+
 class MovedResultsTest(absltest.TestCase):
     """Transposes and slices of elementwise results computed by their producers."""
     _ARGS = (np.ones((16, 8), np.float32), np.ones((5, 16), np.float32), np.ones((5, 32), np.float32))
+    _GRADIENT_ARGS = (np.ones((8, 512), np.float32), np.ones((8, 128), np.float32), np.ones((128, 128), np.float32))
 
     def test_outer_product_is_elementwise(self):
         outer = lambda x, y: jax.lax.dot_general(x, y, (((1,), (0,)), ((), ())))  # (4, 1) x (1, 8)
@@ -221,6 +227,17 @@ class MovedResultsTest(absltest.TestCase):
         generics = [o for o in walk(module.operation) if o.name == "linalg.generic"]
         self.assertEqual({str(o.results[0].type) for o in generics}, {"tensor<2x16xf32>"})  # the bias add in each
 
+    def test_transposed_product_is_computed_transposed(self):
+        # A dense layer's weight gradient at batch 8, transposed into the weight's layout.
+        module = _after("matrix-units", _transposed_gradient, *self._GRADIENT_ARGS)
+        self.assertNotIn("tensor<512x128xf32>", str(module))
+        self.assertIn("-> tensor<128x512xf32>", str(module))
+
+    def test_product_smaller_than_its_operands_is_transposed_after(self):
+        x, y = np.ones((16, 1024), np.float32), np.ones((1024, 16), np.float32)
+        module = _after("matrix-units", lambda a, b: (a @ b).T, x, y)
+        self.assertIn("linalg.transpose", str(module))
+
     def test_results_equal_xla(self):
         rng = np.random.default_rng(0)
         args = [rng.standard_normal(a.shape).astype(np.float32) for a in self._ARGS]
@@ -228,6 +245,8 @@ class MovedResultsTest(absltest.TestCase):
         support.check_against_xla(self, _gates, *[rng.standard_normal(s).astype(np.float32) for s in ((2, 8), (8, 64))],
                                   **ACCUMULATE)
         support.check_against_xla(self, lambda x, y: jnp.einsum("bi,bj->bij", x, y), *args[1:])
+        gradient_args = [rng.standard_normal(a.shape).astype(np.float32) for a in self._GRADIENT_ARGS]
+        support.check_against_xla(self, _transposed_gradient, *gradient_args, **ACCUMULATE)
 
 
 class ScaledExtremaTest(parameterized.TestCase):
