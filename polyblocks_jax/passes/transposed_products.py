@@ -18,7 +18,7 @@ from mlir.dialects import linalg, tensor
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.pipeline import pass_manager
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import indexing_maps, walk
 
 
 def swap_transposed_products(module: ir.Module, options: Options) -> None:
@@ -42,10 +42,14 @@ def _transposes(op: ir.Operation) -> bool:
 
 
 def _plain(product: ir.Operation) -> bool:
-    """A product of 2-D operands of its result's type, into a fill."""
+    """A product of 2-D operands of its result's type, read in their own layouts (the
+    default indexing maps), into a fill."""
     init = product.operands[2]
     filled = not isinstance(init.owner, ir.Block) and init.owner.name == "linalg.fill"
-    return filled and "cast" not in product.attributes and \
+    m, n, k = (ir.AffineDimExpr.get(d) for d in range(3))
+    default = [ir.AffineMap.get(3, 0, e) for e in ([m, k], [k, n], [m, n])]
+    maps = "indexing_maps" not in product.attributes or indexing_maps(product) == default  # absent: the default
+    return filled and maps and "cast" not in product.attributes and \
         all(ir.RankedTensorType(v.type).element_type == ir.RankedTensorType(init.type).element_type
             for v in product.operands)
 
