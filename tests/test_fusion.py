@@ -19,7 +19,7 @@ from mlir import ir
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import compiler
-from polyblocks_jax.passes import fusion, isolated_functions, templates, tile_fusion
+from polyblocks_jax.passes import fusion, isolated_functions, templates, tile_fusion, transposed_products
 from polyblocks_jax.passes.tiling import Hardware
 from polyblocks_jax.passes.transform import walk
 
@@ -232,6 +232,25 @@ class MovedResultsTest(absltest.TestCase):
         module = _after("matrix-units", _transposed_gradient, *self._GRADIENT_ARGS)
         self.assertNotIn("tensor<512x128xf32>", str(module))
         self.assertIn("-> tensor<128x512xf32>", str(module))
+
+    def test_product_reading_an_operand_transposed_is_left_alone(self):
+        text = """
+        func.func @main(%a: tensor<8x512xf32>, %b: tensor<8x128xf32>) -> tensor<128x512xf32> {
+          %zero = arith.constant 0.0 : f32
+          %e = tensor.empty() : tensor<512x128xf32>
+          %f = linalg.fill ins(%zero : f32) outs(%e : tensor<512x128xf32>) -> tensor<512x128xf32>
+          %p = linalg.matmul indexing_maps = [affine_map<(m, n, k) -> (k, m)>, affine_map<(m, n, k) -> (k, n)>,
+                                              affine_map<(m, n, k) -> (m, n)>]
+                 ins(%a, %b : tensor<8x512xf32>, tensor<8x128xf32>) outs(%f : tensor<512x128xf32>) -> tensor<512x128xf32>
+          %e2 = tensor.empty() : tensor<128x512xf32>
+          %t = linalg.transpose ins(%p : tensor<512x128xf32>) outs(%e2 : tensor<128x512xf32>) permutation = [1, 0]
+          return %t : tensor<128x512xf32>
+        }"""
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(text)
+            transposed_products.swap_transposed_products(module, pb.Options())
+            self.assertTrue(module.operation.verify())
+            self.assertIn("linalg.transpose", str(module))
 
     def test_product_smaller_than_its_operands_is_transposed_after(self):
         x, y = np.ones((16, 1024), np.float32), np.ones((1024, 16), np.float32)
