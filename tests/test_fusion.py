@@ -241,7 +241,8 @@ class MovedResultsTest(absltest.TestCase):
           %f = linalg.fill ins(%zero : f32) outs(%e : tensor<512x128xf32>) -> tensor<512x128xf32>
           %p = linalg.matmul indexing_maps = [affine_map<(m, n, k) -> (k, m)>, affine_map<(m, n, k) -> (k, n)>,
                                               affine_map<(m, n, k) -> (m, n)>]
-                 ins(%a, %b : tensor<8x512xf32>, tensor<8x128xf32>) outs(%f : tensor<512x128xf32>) -> tensor<512x128xf32>
+                 ins(%a, %b : tensor<8x512xf32>, tensor<8x128xf32>)
+                 outs(%f : tensor<512x128xf32>) -> tensor<512x128xf32>
           %e2 = tensor.empty() : tensor<128x512xf32>
           %t = linalg.transpose ins(%p : tensor<512x128xf32>) outs(%e2 : tensor<128x512xf32>) permutation = [1, 0]
           return %t : tensor<128x512xf32>
