@@ -288,6 +288,18 @@ class ArenaTest(absltest.TestCase):
         self.assertTrue(_slots_given(layer, 6))
         self.assertFalse(_slots_given(_SIX_ITERATIONS.replace("@main", "@kernel"), 6))
 
+    def test_loop_iterations_allocate_their_buffers_before_the_loop(self):
+        # A while loop's steps: the matmul's result and the cores' packing panels (256 rows
+        # of B 256 x 256, 128 KiB a core) were malloced and freed at every step.
+        def steps(x, w):
+            return jax.lax.fori_loop(0, 3, lambda i, h: jnp.tanh(h @ w) * 0.5 + h, x)
+        x, w = (np.random.default_rng(1).standard_normal((256, 256)).astype(np.float32) / 16 for _ in range(2))
+        with main_before_arena(steps, x, w) as main:
+            (loop,) = [op for op in walk(main.operation) if op.name == "scf.while"]
+            body = [op for top in loop.regions[1].blocks[0].operations for op in [top.operation, *walk(top.operation)]]
+            self.assertEmpty([op for op in body if op.name == "memref.alloc"])
+        support.check_against_xla(self, steps, x, w, rtol=1e-5, atol=1e-5)
+
     def test_matmuls_in_packing_slots_match_xla(self):
         rng = np.random.default_rng(3)
         for m, n, k in ((512, 512, 512), (520, 264, 1024)):

@@ -80,6 +80,25 @@ class DotTest(parameterized.TestCase):
         self.assertNotIn("linalg.matmul", text)
         self.assertRegex(text, r"vector\.reduction <add>, %\w+, %\w+ .*: vector<\d+xf32> into f32")
 
+    def test_row_times_rows_of_the_result_columns(self):
+        # One query against a key cache (its rows the result's columns): dots along the
+        # rows; batched, unbatched, the contraction over several dims, f64.
+        rng = np.random.default_rng(12)
+        q, k = rng.standard_normal((2, 3, 1, 64), np.float32), rng.standard_normal((2, 3, 37, 64), np.float32)
+        x, w = rng.standard_normal((1, 4, 8), np.float32), rng.standard_normal((5, 4, 8), np.float32)
+        support.check_against_xla(self, lambda q, k, x, w: (
+            jnp.einsum("bhqd,bhkd->bhqk", q, k), lax.dot_general(x, w, (((1, 2), (1, 2)), ((), ()))),
+            jnp.einsum("d,nd->n", q[0, 0, 0], k[0, 0]),
+            jnp.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k.astype(np.float64))), q, k, x, w,
+            rtol=1e-5, atol=1e-5)
+
+    def test_one_query_reads_its_keys_in_place(self):
+        q, k = np.zeros((8, 4, 1, 64), np.float32), np.zeros((8, 4, 256, 64), np.float32)
+        module = support.module_after("elementwise-to-linalg", lambda q, k: jnp.einsum("bhqd,bhkd->bhqk", q, k),
+                                      q, k, hardware=AVX512)
+        self.assertNotIn("linalg.transpose", str(module))  # the cache of 8 x 4 x 256 x 64, moved at every step
+        self.assertNotIn("linalg.batch_matmul", str(module))
+
     def test_f16_accumulates_in_f32(self):
         # A long contraction: XLA CPU sums half-precision products in f32, and so do we.
         rng = np.random.default_rng(2)

@@ -19,7 +19,7 @@ from mlir import ir
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import compiler
-from polyblocks_jax.passes import fusion, isolated_functions, templates, tile_fusion
+from polyblocks_jax.passes import fusion, isolated_functions, templates, tile_fusion, transposed_products
 from polyblocks_jax.passes.tiling import Hardware
 from polyblocks_jax.passes.transform import walk
 
@@ -177,6 +177,96 @@ class ElementwiseFusionTest(absltest.TestCase):
         (reduction,) = _reducing_generics(module.operation)
         self.assertIn("math.exp", str(reduction))
         self.assertNotIn("linalg.reduce", str(module))
+
+
+def _weight_gradient_steps(w, xs, ys):
+    """An RNN's weight gradient at batch 1: per step an outer product, transposed, its four
+    gate blocks summed into the carried gradients (as JAX's scan transpose does)."""
+    def step(grads, xy):
+        x, y = xy
+        g = jnp.einsum("i,j->ij", y, x).T  # dot_general of one term, then a transpose
+        return tuple(a + g[:, k * 8:(k + 1) * 8] for k, a in enumerate(grads)), None
+    return jax.lax.scan(step, (w, w * 2, w * 3, w * 4), (xs, ys))[0]
+
+
+def _gates(x, w):
+    """Slices of elementwise results: the four gates of an LSTM cell."""
+    z = x @ w + 1.0
+    i, f, g, o = (z[:, k * 16:(k + 1) * 16] for k in range(4))
+    return jax.nn.sigmoid(i) * jnp.tanh(g) + jax.nn.sigmoid(f) * jax.nn.sigmoid(o)
+
+
+def _transposed_gradient(dy, x, w):
+    g = jax.lax.dot_general(dy, x, (((0,), (0,)), ((), ())))  # 512 x 128, then its transpose
+    return w + g.T[:, :128] * 0.5 + g.T[:, 128:256]
+
+
+class MovedResultsTest(absltest.TestCase):
+    """Transposes and slices of elementwise results computed by their producers."""
+    _ARGS = (np.ones((16, 8), np.float32), np.ones((5, 16), np.float32), np.ones((5, 32), np.float32))
+    _GRADIENT_ARGS = (np.ones((8, 512), np.float32), np.ones((8, 128), np.float32), np.ones((128, 128), np.float32))
+
+    def test_outer_product_is_elementwise(self):
+        outer = lambda x, y: jax.lax.dot_general(x, y, (((1,), (0,)), ((), ())))  # (4, 1) x (1, 8)
+        module = _after("elementwise-to-linalg", outer, np.ones((4, 1), np.float32), np.ones((1, 8), np.float32))
+        self.assertNotIn("linalg.matmul", str(module))
+
+    def test_transposed_sliced_outer_products_fuse_into_the_sums(self):
+        module = _after("fusion", _weight_gradient_steps, *self._ARGS)
+        text = str(module)
+        self.assertNotIn("linalg.transpose", text)
+        self.assertNotIn("tensor<16x32xf32>", text)  # the whole product, never written out
+        self.assertNotIn("tensor<32x16xf32>", text)
+
+    def test_transposed_matrices_are_not_read_transposed_by_a_producer(self):
+        module = _after("fusion", lambda a, b: (a + b).T, np.ones((8, 16), np.float32), np.ones((8, 16), np.float32))
+        self.assertIn("linalg.transpose", str(module))
+
+    def test_slices_of_a_result_each_compute_their_part(self):
+        module = _after("fusion", _gates, np.ones((2, 8), np.float32), np.ones((8, 64), np.float32))
+        generics = [o for o in walk(module.operation) if o.name == "linalg.generic"]
+        self.assertEqual({str(o.results[0].type) for o in generics}, {"tensor<2x16xf32>"})  # the bias add in each
+
+    def test_transposed_product_is_computed_transposed(self):
+        # A dense layer's weight gradient at batch 8, transposed into the weight's layout.
+        module = _after("matrix-units", _transposed_gradient, *self._GRADIENT_ARGS)
+        self.assertNotIn("tensor<512x128xf32>", str(module))
+        self.assertIn("-> tensor<128x512xf32>", str(module))
+
+    def test_product_reading_an_operand_transposed_is_left_alone(self):
+        text = """
+        func.func @main(%a: tensor<8x512xf32>, %b: tensor<8x128xf32>) -> tensor<128x512xf32> {
+          %zero = arith.constant 0.0 : f32
+          %e = tensor.empty() : tensor<512x128xf32>
+          %f = linalg.fill ins(%zero : f32) outs(%e : tensor<512x128xf32>) -> tensor<512x128xf32>
+          %p = linalg.matmul indexing_maps = [affine_map<(m, n, k) -> (k, m)>, affine_map<(m, n, k) -> (k, n)>,
+                                              affine_map<(m, n, k) -> (m, n)>]
+                 ins(%a, %b : tensor<8x512xf32>, tensor<8x128xf32>)
+                 outs(%f : tensor<512x128xf32>) -> tensor<512x128xf32>
+          %e2 = tensor.empty() : tensor<128x512xf32>
+          %t = linalg.transpose ins(%p : tensor<512x128xf32>) outs(%e2 : tensor<128x512xf32>) permutation = [1, 0]
+          return %t : tensor<128x512xf32>
+        }"""
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(text)
+            transposed_products.swap_transposed_products(module, pb.Options())
+            self.assertTrue(module.operation.verify())
+            self.assertIn("linalg.transpose", str(module))
+
+    def test_product_smaller_than_its_operands_is_transposed_after(self):
+        x, y = np.ones((16, 1024), np.float32), np.ones((1024, 16), np.float32)
+        module = _after("matrix-units", lambda a, b: (a @ b).T, x, y)
+        self.assertIn("linalg.transpose", str(module))
+
+    def test_results_equal_xla(self):
+        rng = np.random.default_rng(0)
+        args = [rng.standard_normal(a.shape).astype(np.float32) for a in self._ARGS]
+        support.check_against_xla(self, _weight_gradient_steps, *args)
+        support.check_against_xla(self, _gates, *[rng.standard_normal(s).astype(np.float32) for s in ((2, 8), (8, 64))],
+                                  **ACCUMULATE)
+        support.check_against_xla(self, lambda x, y: jnp.einsum("bi,bj->bij", x, y), *args[1:])
+        gradient_args = [rng.standard_normal(a.shape).astype(np.float32) for a in self._GRADIENT_ARGS]
+        support.check_against_xla(self, _transposed_gradient, *gradient_args, **ACCUMULATE)
 
 
 class ScaledExtremaTest(parameterized.TestCase):

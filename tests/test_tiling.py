@@ -147,7 +147,7 @@ class KernelTest(parameterized.TestCase):
         self.assertNotIn("create_mask", text)
 
     def test_packing_copies_b_into_register_panels(self):
-        x, y = np.zeros((48, 256), np.float32), np.zeros((256, 64), np.float32)
+        x, y = np.zeros((96, 256), np.float32), np.zeros((256, 64), np.float32)  # 16 register rows
         packed = _tiled(lambda a, b: a @ b, x, y)
         unpacked = _tiled(lambda a, b: a @ b, x, y, options=pb.Options(packing=False))
         self.assertIn("tensor<4x256x16xf32>", packed)  # [nc / nr][kc][nr]
@@ -160,9 +160,11 @@ class KernelTest(parameterized.TestCase):
         self.assertEqual("tensor<16x6x256xf32>" in text, packed)  # [mc / mr][mr][kc]
         self.assertIn("tensor<4x256x16xf32>", text)  # B's panels either way
 
-    def test_one_row_of_register_tiles_reads_b_unpacked(self):
-        # Each B panel would be copied for one register tile: the copy costs what it saves.
-        x, y = np.zeros((4, 256), np.float32), np.zeros((256, 64), np.float32)
+    @parameterized.named_parameters(("one_register_row", 4), ("eight_register_rows", 48))
+    def test_few_rows_of_register_tiles_read_b_unpacked(self, rows):
+        # Each B panel would be copied for a few register tiles: the copy costs more than it
+        # saves (an RNN step's matmul of 8 rows under a loop ran twice as long packed).
+        x, y = np.zeros((rows, 256), np.float32), np.zeros((256, 64), np.float32)
         text = _tiled(lambda a, b: a @ b, x, y)
         self.assertNotIn("x256x16xf32>", text)
         self.assertIn("vector.outerproduct", text)

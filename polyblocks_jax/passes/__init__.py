@@ -20,6 +20,7 @@ from polyblocks_jax.passes.results import drop_aliased_results, prepare_results,
 from polyblocks_jax.passes.shared_layers import inline_shared_layers, share_repeated_layers
 from polyblocks_jax.passes.tile_fusion import contractions_into_groups, tile_and_fuse
 from polyblocks_jax.passes.tiling import Hardware, tile_contractions
+from polyblocks_jax.passes.transposed_products import swap_transposed_products
 from polyblocks_jax.passes.vectorize import vectorize_ops
 
 __all__ = ["INLINE_LAYERS", "VECTOR_TRANSFERS", "Hardware", "Stage", "run_stages", "shared_stages"]
@@ -46,6 +47,8 @@ def shared_stages(options: Options, hardware: Hardware, small: bool = False) -> 
         # of no iterations (upstream tiling aborts on one).
         Stage("empty-loops", fold_empty_loops),
     ]
+    # A transposed product computed transposed (B^T A^T): no pass over the result to move it.
+    stages.append(Stage("transposed-products", swap_transposed_products))
     if options.share_layers and not small:
         # A layer traced n times: one function called n times through bufferization, so
         # that the tensor stages and bufferization transform it once.

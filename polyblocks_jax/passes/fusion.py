@@ -23,6 +23,7 @@ from polyblocks_jax.passes.deferred_normalization import divide_after_contractio
 from polyblocks_jax.passes.gather_fusion import fuse_into_gathers
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.scaled_extrema import reduce_before_scaling
+from polyblocks_jax.passes.sliced_producers import compute_moved_results
 from polyblocks_jax.passes.transform import apply_script, indexing_maps, is_elementwise_generic, walk
 from polyblocks_jax.passes.unit_dims import fold_collapsed_unit_dims
 
@@ -47,6 +48,7 @@ def fuse_elementwise(module: ir.Module, options: Options) -> None:
     apply_script(module, _GENERALIZE_REDUCTIONS)
     fold_collapsed_unit_dims(module)
     _copy_shared_constant_broadcasts(module)
+    compute_moved_results(module)
     _fuse_without_recomputing(module)
     if reduce_before_scaling(module):  # each scaling it moved has one consumer left to fuse into
         _fuse_without_recomputing(module)

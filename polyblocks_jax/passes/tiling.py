@@ -51,6 +51,12 @@ _ELEMENT_BYTES = {"f32": 4, "f64": 8}
 _ANY = "!transform.any_op"
 _FOR = '!transform.op<"scf.for">'
 _PACK_ROWS = 8  # rows of B copied per step of a packing loop
+# Register rows of a tile that repay copying a B panel that L2 holds: the copy costs about two
+# reads of the panel, and a contiguous panel saves little over rows read from L2 in place (on
+# a 2-core AVX-512 Xeon, an RNN step's 8 x 256 x 256 under a loop: 15.3 us a step packed, 7.3
+# in place; 32 x 256 x 1024: 217 against 131; 64 rows even. B of 768 x 3072, from L3: packed
+# 1.5x faster at 32 and 64 rows).
+_PACKED_B_READERS = 16
 # Per core, as on current x86 cores with FMA: FMAs and loads issued per cycle, FMA latency.
 FMA_PER_CYCLE, LOADS_PER_CYCLE, FMA_LATENCY = 2, 2, 4
 # A matmul's accumulators cover the latency with a margin (BLIS keeps 12 on AVX2, where 8
@@ -92,6 +98,7 @@ class MatmulTiles:
     parallel: tuple[int, int]       # (m, n) tile of one scf.forall iteration (a core's share)
     cache: tuple[int, int]          # (mc, kc): A block of mc rows in L2, B panels of kc rows in L1
     register: tuple[int, int, int]  # (m, n, 1) accumulator tile held in vector registers
+    pack_b: bool = True             # B's panels copied contiguous per k tile (else read in place)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +188,10 @@ def choose_matmul_tiles(m: int, n: int, k: int, register: tuple[int, int], elem_
                  key=lambda t: (_parallel_cycles(m, n, k, t, register, elem_bytes, hw, batch), t[0] * t[1]))
     blocks, bound = m // pm // mr, max(1, hw.l2_bytes // 2 // (kc * elem_bytes * mr))
     mc = mr * (_divisor_near(blocks, bound) or -(-blocks // -(-blocks // bound)))
-    return MatmulTiles((m // pm, n // pn), (mc, kc), (mr, nr, 1))
+    # A B panel read by few register rows is read in place where B stays in L2: there a copy
+    # costs more than contiguity saves; streamed from further out, the copy loop reads it faster.
+    pack_b = blocks >= _PACKED_B_READERS or k * n * elem_bytes > hw.l2_bytes
+    return MatmulTiles((m // pm, n // pn), (mc, kc), (mr, nr, 1), pack_b)
 
 
 def _k_tile_bound(register: tuple[int, int], elem_bytes: int, hw: Hardware) -> int:
@@ -404,10 +414,10 @@ def _kernel(lines: list[str], name: str, handle: str, matmul: _Matmul, tiles: Ma
     kernel = name
     # A panel serves every column panel of the tile, a B panel every register row of the
     # blocks it is hoisted over: one that would serve a single register tile is not packed
-    # (an edge part of a few rows would copy all of B to read it once), nor A where its rows
-    # are read as well in place.
+    # (an edge part of a few rows would copy all of B to read it once), nor B where the plan
+    # reads it in place, nor A where its rows are read as well in place.
     pack = {0: packing and tiles.parallel[1] > nr and _rows_share_l1_sets(matmul),
-            1: packing and (in_block_loop or block_rows > mr)}
+            1: packing and tiles.pack_b and (in_block_loop or block_rows > mr)}
     if any(pack.values()):
         zeros = ", ".join([f"0.0 : {matmul.element}"] * 3)
         lines.append(

@@ -7,7 +7,9 @@ one linalg.matmul (no batch dims) or linalg.batch_matmul multiplies them into a
 zero-filled accumulator; the (batch, M, N) result is expanded back to StableHLO's
 result order (batch..., lhs free..., rhs free...). Transposes and reshapes that
 would be identities are not emitted. A product with one result column (a matrix times a
-vector) is a row reduction instead, which the vectorizer reads along the rows.
+vector) is a row reduction instead, which the vectorizer reads along the rows, as is one
+row times a matrix whose rows hold the result's columns; one over a single term (an outer
+product) is elementwise.
 
 precision_config is ignored: on the host every dot runs at the full precision of
 its accumulator type. So is a dot with an ``algorithm`` that XLA CPU accepts: XLA CPU
@@ -23,7 +25,7 @@ from typing import Sequence
 
 from jaxlib.mlir.dialects import stablehlo
 from mlir import ir
-from mlir.dialects import arith, linalg
+from mlir.dialects import arith, linalg, tensor
 
 from polyblocks_jax.dtypes import DTYPES, DType
 from polyblocks_jax.stablehlo_import import builders, layout
@@ -83,13 +85,20 @@ def _contract(op, lhs_batch: list[int], rhs_batch: list[int],
     batched = bool(lhs_batch)  # without batch dims, a plain matmul on 2-d operands
     lhs_groups = [lhs_batch] * batched + [lhs_free, lhs_contract]
     rhs_groups = [rhs_batch] * batched + [rhs_contract, rhs_free]
-    lhs, rhs = _canonical(lhs, lhs_groups), _canonical(rhs, rhs_groups)
     sizes = [_prod(lhs_spec.shape, g) for g in lhs_groups[:-1]] + [_prod(rhs_spec.shape, rhs_free)]
-    if sizes[-1] == 1 and acc.is_float and lhs_spec.dtype == rhs_spec.dtype == acc:
-        result = _row_dots(lhs, rhs, sizes, acc)
+    exact = acc.is_float and lhs_spec.dtype == rhs_spec.dtype == acc
+    rhs_rows = [rhs_batch] * batched + [rhs_free, rhs_contract]  # the rhs as rows of the result's columns
+    if sizes[-2] == 1 < sizes[-1] and exact and _in_order(rhs_rows):
+        result = _row_times_rows(_canonical(lhs, lhs_groups), _canonical(rhs, rhs_rows), sizes, acc)
     else:
-        init = builders.filled(builders.splat(0, element_type(acc)), sizes)
-        result = (linalg.batch_matmul if batched else linalg.matmul)(lhs, rhs, outs=[init], cast=cast)
+        lhs, rhs = _canonical(lhs, lhs_groups), _canonical(rhs, rhs_groups)
+        if _prod(lhs_spec.shape, lhs_contract) == 1 and exact:
+            result = _outer_products(lhs, rhs, sizes)
+        elif sizes[-1] == 1 and exact:
+            result = _row_dots(lhs, rhs, sizes, acc)
+        else:
+            init = builders.filled(builders.splat(0, element_type(acc)), sizes)
+            result = (linalg.batch_matmul if batched else linalg.matmul)(lhs, rhs, outs=[init], cast=cast)
     nb, nm = len(lhs_batch), len(lhs_free)
     out_groups = [list(range(nb))] * batched + [list(range(nb, nb + nm)), list(range(nb + nm, out.rank))]
     result = _from_groups(result, out_groups, out.shape)
@@ -110,6 +119,37 @@ def _row_dots(lhs: ir.Value, rhs: ir.Value, sizes: list[int], acc: DType) -> ir.
     (dots,) = builders.generic([lhs, vector], [init], maps, ["parallel"] * (rank - 1) + ["reduction"],
                                lambda a, x, total: [arith.addf(total, arith.mulf(a, x))])
     return layout.expand(dots, unit_last, sizes)
+
+
+def _row_times_rows(row: ir.Value, rows: ir.Value, sizes: list[int], acc: DType) -> ir.Value:
+    """One row times a matrix stored as rows of the result's columns ((batch,) 1 x K times
+    N x K: a decoding step's query against its key cache): the dots of those rows with the
+    row, read along them (``_row_dots``), where the matmul form would transpose the matrix (a
+    KV cache of 8 x 4 x 256 x 64 moved at every step of every layer)."""
+    k = builders.shape_of(row)[-1]
+    vector = layout.reshape(row, [*sizes[:-2], k, 1])
+    return layout.reshape(_row_dots(rows, vector, [*sizes[:-2], sizes[-1], 1], acc), sizes)
+
+
+def _in_order(groups: list[list[int]]) -> bool:
+    """Whether ``_canonical`` of ``groups`` moves no dim (its transpose is the identity)."""
+    order = [d for g in groups for d in g]
+    return order == sorted(order)
+
+
+def _outer_products(lhs: ir.Value, rhs: ir.Value, sizes: list[int]) -> ir.Value:
+    """A product over one term ((batch,) M x 1 times 1 x N): each element the product of
+    two, an elementwise op that fusion puts into its consumers (a weight gradient of one
+    row: transposed, sliced and summed in one pass, not written out as a matrix and then
+    read three times), as XLA strength-reduces it."""
+    rank = len(sizes)  # the loops: (batch,) m, n
+    unit_last = [[d] for d in range(rank - 2)] + [[rank - 2, rank - 1]]  # (batch,) m, 1 <-> (batch,) m
+    rows = layout.collapse(lhs, unit_last, sizes[:-1])
+    columns = layout.collapse(rhs, unit_last, [*sizes[:-2], sizes[-1]])
+    dims = [ir.AffineDimExpr.get(d) for d in range(rank)]
+    maps = [ir.AffineMap.get(rank, 0, d) for d in (dims[:-1], [*dims[:-2], dims[-1]])]
+    init = tensor.EmptyOp(sizes, builders.elem_type_of(lhs)).result
+    return builders.parallel_generic([rows, columns], init, maps, lambda a, b, _: arith.mulf(a, b))
 
 
 def _accumulator(out: DType) -> DType:
