@@ -238,6 +238,17 @@ class StageTest(parameterized.TestCase):
         self.assertNotIn("linalg.transpose", text)
         self.assertIn("vector.shuffle", text)
 
+    def test_pairs_of_rows_interleave_on_vectors(self):
+        # A matrix unit's VNNI packing: (k / 2, 2, n) -> (k / 2, n, 2) bf16, two rows of 16
+        # read as vectors and interleaved by one shuffle into a vector of 32 (scalar copies
+        # before: the repacking of B took most of a 16-row matmul's time).
+        pairs = lambda x: jnp.transpose(x.reshape(32, 2, 64), (0, 2, 1)) * 2  # noqa: E731
+        text = _staged(pairs, np.zeros((64, 64), jnp.bfloat16), hw=AVX512)
+        self.assertNotIn("linalg.transpose", text)
+        self.assertRegex(text, r"vector\.shuffle %\S+, %\S+ \[0, 16, 1, 17, [^]]*\] : vector<32xbf16>")
+        x = np.random.default_rng(0).standard_normal((64, 64)).astype(jnp.bfloat16)
+        support.check_against_xla(self, pairs, x, rtol=0, atol=0)
+
     def test_rows_of_a_take_run_on_vectors(self):
         # jnp.take (fill mode): each gathered row a vector read at its clamped index, the
         # in-bounds mask computed in the gather's body (it was a bool tensor, read scalar).

@@ -228,24 +228,33 @@ def _plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[in
 
 
 def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int], frozenset[int]] | None:
-    """Tiles of a 32-bit transpose that moves its innermost dim: blocks of lanes x lanes, each
-    read as whole vectors along the input's rows and written as whole vectors along the
-    result's (transposed in registers by shuffles), or None when the two dims are not
-    multiples of the lanes (scalar copies then)."""
+    """Tiles of a transpose that moves its innermost dim: for 32-bit elements, blocks of lanes
+    x lanes, each read as whole vectors along the input's rows and written as whole vectors
+    along the result's (transposed in registers by shuffles); for a result row of a few
+    elements (a matrix unit's VNNI pairs or quads of k), a block of that many input rows of
+    a vector's worth, interleaved by shuffles into one vector. None when the dims are not
+    multiples of the blocks (scalar copies then)."""
     if op.name != "linalg.transpose":
         return None
     result = ir.RankedTensorType(op.results[0].type)
     permutation = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
-    lanes = hw.lanes(4)
     rank = len(permutation)
-    if (rank < 2 or permutation[-1] == rank - 1 or not result.has_static_shape
-            or not is_32_bit(result.element_type)):
+    if rank < 2 or permutation[-1] == rank - 1 or not result.has_static_shape:
         return None
     rows = permutation.index(rank - 1)  # the result dim along the input's rows
-    if result.shape[-1] % lanes or result.shape[rows] % lanes:
+    elem = result.element_type
+    bits = elem.width if isinstance(elem, ir.IntegerType) else 16 if _narrow(elem) else 32
+    lanes, inner = hw.vector_bits // bits, result.shape[-1]
+    if is_32_bit(elem):
+        block = (lanes, lanes)
+    elif _narrow(elem) and inner < lanes and lanes % inner == 0:
+        block = (lanes // inner, inner)
+    else:
+        return None
+    if result.shape[rows] % block[0] or inner % block[1]:
         return None
     tiles = [1] * rank
-    tiles[rows] = tiles[-1] = lanes
+    tiles[rows], tiles[-1] = block
     return tuple(tiles), frozenset(), frozenset()
 
 
@@ -396,8 +405,7 @@ def _vectorizing(c: Choice) -> str:
         # The read in the input's order, then a transpose in registers: a 16 x 16 one as
         # AVX-512 shuffles (the generic lowering moves one element at a time). Applied to the
         # transposes' loops only: elsewhere, other transposes lower later as they always did.
-        lanes = c.tiles[-1]
-        strategy = "shuffle_16x16" if lanes == 16 else "shuffle_1d"
+        strategy = "shuffle_16x16" if sorted(c.tiles)[-2:] == [16, 16] else "shuffle_1d"
         lines += (f"    transform.apply_patterns to {_outer_loop(c)} {{\n"
                   "      transform.apply_patterns.vector.transfer_permutation_patterns\n"
                   f"      transform.apply_patterns.vector.lower_transpose lowering_strategy = {strategy}\n"
