@@ -268,6 +268,10 @@ class X86CodeTest(parameterized.TestCase):
         ir_text = _llvm_ir(_matmul, (_random((256, 256), BF16), _random((256, 256), BF16)), [AMX])
         code = _machine_code(ir_text, self.AMX_FEATURES)
         self.assertEqual(len(re.findall(r"\btdpbf16ps\b", code)), 4)  # one 2 x 2 block per k step
+        # Each accumulator starts from a zero tile of its own and is stored once: no copies
+        # of one zero tile through the stack.
+        self.assertEqual(len(re.findall(r"\btilezero\b", code)), 4)
+        self.assertEqual(len(re.findall(r"\btilestored\b", code)), 4)
 
     def test_batch_matmul_and_convolution_map(self):
         batched = _llvm_ir(lambda x, y: jnp.einsum("bmk,bkn->bmn", x, y),

@@ -65,8 +65,10 @@ def kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: Til
         *[f"  %panel{j} = arith.divui {col}, {index.const(tile.n)} : index" for j, col in enumerate(cols)],
     ]
     if zero_init:
-        body.append(f"  %zero = amx.tile_zero : {c_tile}")
-        inits = ["%zero"] * len(accs)
+        # A zero tile per accumulator: one shared by all went through the stack (a tile store
+        # and load per accumulator and block: 12% of a 2048^3 matmul's kernel time).
+        body += [f"  %zero{i}_{j} = amx.tile_zero : {c_tile}" for i, j in accs]
+        inits = [f"%zero{i}_{j}" for i, j in accs]
     else:
         body += [f"  %init{i}_{j} = amx.tile_load %c[{_ix(lead_ix, rows[i], cols[j])}] : {c_type} into {c_tile}"
                  for i, j in accs]
