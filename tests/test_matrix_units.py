@@ -154,6 +154,15 @@ class SelectionTest(parameterized.TestCase):
         self.assertIn(m.blocking, [(1, 3), (3, 1)])
         self.assertEqual(m.padded, (48, 48, 64))
 
+    @parameterized.parameters(("bf16", "f32"), ("i8", "i32"))
+    def test_few_rows_take_the_blocking_that_pads_nothing(self, operand, accumulate):
+        # 1 x 3 blocks reuse each loaded tile more, but would pad 2048 columns to 2064: a
+        # padded copy of B on every call, which 16 rows do not amortize.
+        m = choose_matrix_mapping(Contraction(16, 2048, 2048, operand, operand, accumulate), AMX)
+        self.assertEqual((m.blocking, m.padded), ((1, 2), (16, 2048, 2048)))
+        m = choose_matrix_mapping(Contraction(2048, 2048, 2048, operand, operand, accumulate), AMX)
+        self.assertEqual(m.blocking, (2, 2))
+
     def test_matrix_vector_products_stay_off(self):
         self.assertIsNone(choose_matrix_mapping(Contraction(1, 4096, 4096, "bf16", "bf16", "f32"), AMX))
 

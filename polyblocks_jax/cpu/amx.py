@@ -21,8 +21,8 @@ from mlir import ir
 from polyblocks_jax.passes import templates
 from polyblocks_jax.passes.matrix_units import MatrixUnit, TileShape, UnitOp
 
-AMX_BF16 = UnitOp("bf16", "bf16", "f32", TileShape(16, 16, 32), pack=2)  # TDPBF16PS
-AMX_INT8 = UnitOp("i8", "i8", "i32", TileShape(16, 16, 64), pack=4)      # TDPBSSD
+AMX_BF16 = UnitOp("bf16", "bf16", "f32", TileShape(16, 16, 32), pack=2, macs_per_cycle=512)  # TDPBF16PS: 16 cycles
+AMX_INT8 = UnitOp("i8", "i8", "i32", TileShape(16, 16, 64), pack=4, macs_per_cycle=1024)  # TDPBSSD: 16 cycles
 TILE_REGISTERS = 8
 
 

@@ -34,7 +34,7 @@ from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.transform import FLOAT_EXTREMA, float_constant, walk
 from polyblocks_jax.passes.matrix_units import MatrixUnit, TileShape, UnitOp
 
-DPBF16 = UnitOp("bf16", "bf16", "f32", TileShape(1, 16, 2), pack=2)
+DPBF16 = UnitOp("bf16", "bf16", "f32", TileShape(1, 16, 2), pack=2, macs_per_cycle=64)  # 2 a cycle
 VECTOR_REGISTERS = 32
 
 
