@@ -246,6 +246,8 @@ class StageTest(parameterized.TestCase):
         text = _staged(pairs, np.zeros((64, 64), jnp.bfloat16), hw=AVX512)
         self.assertNotIn("linalg.transpose", text)
         self.assertRegex(text, r"vector\.shuffle %\S+, %\S+ \[0, 16, 1, 17, [^]]*\] : vector<32xbf16>")
+        # The cores share the input's pairs of rows, each read in order (its columns serial).
+        self.assertRegex(text, r"scf\.forall \(%\w+\) in \(32\) shared_outs\(%\w+ = %\w+\) -> \(tensor<32x64x2xbf16>\)")
         x = np.random.default_rng(0).standard_normal((64, 64)).astype(jnp.bfloat16)
         support.check_against_xla(self, pairs, x, rtol=0, atol=0)
 

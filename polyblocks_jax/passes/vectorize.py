@@ -123,11 +123,11 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
     unreverse_loops(module)
     _merge_narrow_dims(module, hw)
     _generalize_integer_matmuls(module)
-    choices: dict[tuple[str, tuple[int, ...], frozenset[int], frozenset[int], bool], int] = {}
+    choices: dict[tuple[str, tuple[int, ...], frozenset[int], frozenset[int], frozenset[int], bool], int] = {}
     planned = []
     for op in walk(module.operation):
         conv = conv_tiling.loop_tiles(op, hw)
-        plan = (*conv, frozenset()) if conv is not None else _plan(op, hw) or _transpose_plan(op, hw)
+        plan = (*conv, frozenset(), frozenset()) if conv is not None else _plan(op, hw) or _transpose_plan(op, hw)
         if plan is not None:
             # an op that tile fusion put in an scf.forall already runs on all cores
             parallel = options.parallel and not _in_forall(op)
@@ -138,8 +138,8 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
         if op.name in _VECTORIZED_OPS:
             signed_zeros.plain_combiners(op)
     if choices:
-        apply_script(module, script([Choice(ident, name, tiles, reductions, parallel, peeled)
-                                     for (name, tiles, reductions, peeled, parallel), ident in choices.items()]))
+        apply_script(module, script([Choice(ident, name, tiles, reductions, parallel, peeled, serial)
+                                     for (name, tiles, reductions, peeled, serial, parallel), ident in choices.items()]))
         fold_transposed_broadcasts(module)  # a contraction operand's broadcast, not its transpose
         _reassociate_reductions(module)
         _math_in_f32(module)
@@ -217,23 +217,29 @@ def _in_forall(op: ir.Operation) -> bool:
     return False
 
 
-def _plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int], frozenset[int]] | None:
-    """Tile sizes, reduction loops and peeled loops of a generic or reduce op, or None."""
+def _plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int], frozenset[int],
+                                                   frozenset[int]] | None:
+    """Tile sizes, reduction loops, peeled loops and serial loops (none) of a generic or
+    reduce op, or None."""
     if (op.name not in _VECTORIZED_OPS or TILE_ATTR in op.attributes or not _vectorizable(op)
             or has_reversed_index(op)):
         return None
     nest = loop_nest(op)
     tiles = choose_vector_tiles(nest, 4, hw) if nest is not None and nest.ranges else None
-    return (tiles, nest.reductions, peeled_loops(nest, tiles)) if tiles is not None else None
+    return (tiles, nest.reductions, peeled_loops(nest, tiles), frozenset()) if tiles is not None else None
 
 
-def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int], frozenset[int]] | None:
+def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int], frozenset[int],
+                                                              frozenset[int]] | None:
     """Tiles of a transpose that moves its innermost dim: for 32-bit elements, blocks of lanes
     x lanes, each read as whole vectors along the input's rows and written as whole vectors
     along the result's (transposed in registers by shuffles); for a result row of a few
     elements (a matrix unit's VNNI pairs or quads of k), a block of that many input rows of
     a vector's worth, interleaved by shuffles into one vector. None when the dims are not
-    multiples of the blocks (scalar copies then)."""
+    multiples of the blocks (scalar copies then). The narrow form's parallel loop is the
+    input's outermost dim, the others serial inside it: each step then reads its rows in
+    order (in the result's order, a VNNI panel read 32 bytes of each of its rows, a page or
+    two apart)."""
     if op.name != "linalg.transpose":
         return None
     result = ir.RankedTensorType(op.results[0].type)
@@ -245,17 +251,19 @@ def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], fr
     elem = result.element_type
     bits = elem.width if isinstance(elem, ir.IntegerType) else 16 if _narrow(elem) else 32
     lanes, inner = hw.vector_bits // bits, result.shape[-1]
+    serial: frozenset[int] = frozenset()
     if is_32_bit(elem):
         block = (lanes, lanes)
     elif _narrow(elem) and inner < lanes and lanes % inner == 0:
         block = (lanes // inner, inner)
+        serial = frozenset(range(rank)) - {permutation.index(0)}
     else:
         return None
     if result.shape[rows] % block[0] or inner % block[1]:
         return None
     tiles = [1] * rank
     tiles[rows], tiles[-1] = block
-    return tuple(tiles), frozenset(), frozenset()
+    return tuple(tiles), frozenset(), frozenset(), serial
 
 
 def _vectorizable(op: ir.Operation) -> bool:
@@ -346,6 +354,7 @@ class Choice:
     reductions: frozenset[int]
     parallel: bool                        # the parallel loops form an scf.forall for the cores
     peeled: frozenset[int] = frozenset()  # loops that get a remainder iteration
+    serial: frozenset[int] = frozenset()  # parallel loops left out of the scf.forall
 
 
 def script(choices: list[Choice]) -> str:
@@ -421,8 +430,8 @@ def _outer_loop(c: Choice) -> str:
 
 def _forall_tiles(c: Choice) -> tuple[list[int], list[int]]:
     """Tile sizes of the scf.forall and of the scf.for loops: the forall takes the parallel
-    loops when ``c.parallel``, except peeled ones (only an scf.for peels)."""
-    outer = [0 if d in c.reductions or d in c.peeled else t for d, t in enumerate(c.tiles)]
+    loops when ``c.parallel``, except peeled ones (only an scf.for peels) and serial ones."""
+    outer = [0 if d in c.reductions | c.peeled | c.serial else t for d, t in enumerate(c.tiles)]
     if not c.parallel or not any(outer):  # a full reduction has no parallel loop to spread
         outer = [0] * len(c.tiles)
     inner = [0 if o else t for o, t in zip(outer, c.tiles)]
