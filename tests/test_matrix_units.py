@@ -265,6 +265,16 @@ class X86CodeTest(parameterized.TestCase):
         self.assertNotIn("llvm.x86.tdpbf16ps", ir_text)
         self.assertIn("tdpbssd", _machine_code(ir_text, self.AMX_FEATURES))
 
+    @parameterized.parameters([AMX], [DPBF16])
+    def test_zero_started_kernel_needs_no_fill(self, unit):
+        # The kernel's accumulators start from zeros and it writes all of its result: the
+        # fill of that buffer is gone (a memset of the whole result every call).
+        hw = dataclasses.replace(host().hardware(), matrix_units=(unit,))
+        x = (_random((64, 256), BF16), _random((256, 512), BF16))
+        text = str(support.module_after("unit-kernels", _matmul, *x, hardware=hw))
+        self.assertNotIn("linalg.contract", text)
+        self.assertNotIn("linalg.fill", text)
+
     def test_rhs_tiles_are_contiguous(self):
         # A tile of the packed rhs is one 1 KiB block (rows of 64 bytes), not 16 rows of the
         # whole matrix a page apart (2048^3 on one core: 2-3x slower, each tile load's rows
