@@ -246,6 +246,8 @@ class StageTest(parameterized.TestCase):
         text = _staged(pairs, np.zeros((64, 64), jnp.bfloat16), hw=AVX512)
         self.assertNotIn("linalg.transpose", text)
         self.assertRegex(text, r"vector\.shuffle %\S+, %\S+ \[0, 16, 1, 17, [^]]*\] : vector<32xbf16>")
+        # Written as the one vector it is (not 16 stores of a pair each).
+        self.assertRegex(text, r"vector\.transfer_write %\S+, %\S+\[[^]]*\] \{in_bounds = \[true\]\} : vector<32xbf16>")
         # The cores share the input's pairs of rows, each read in order (its columns serial).
         self.assertRegex(text, r"scf\.forall \(%\w+\) in \(32\) shared_outs\(%\w+ = %\w+\) -> \(tensor<32x64x2xbf16>\)")
         x = np.random.default_rng(0).standard_normal((64, 64)).astype(jnp.bfloat16)

@@ -25,13 +25,13 @@ import dataclasses
 from mlir import ir
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes import conv_tiling, signed_zeros, vector_math
+from polyblocks_jax.passes import conv_tiling, signed_zeros, templates, vector_math
 from polyblocks_jax.passes.collapsed_dims import merge_trailing_dims, merged_dims
 from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.reversals import unreverse_loops
 from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, register_tile
-from polyblocks_jax.passes.transform import (FLOAT_EXTREMA, apply_script, has_reversed_index, indexing_maps, is_elementwise_generic,
-                                             lower_vectors_and_hoist, reduction_loops, walk)
+from polyblocks_jax.passes.transform import (FLOAT_EXTREMA, apply_script, constant_index, has_reversed_index, indexing_maps,
+                                             is_elementwise_generic, lower_vectors_and_hoist, reduction_loops, walk)
 from polyblocks_jax.passes.transposed_broadcasts import fold_transposed_broadcasts
 from polyblocks_jax.passes.zero_start import NEST_ATTR, WHOLE_NEST_ATTR, start_accumulators_at_zero
 
@@ -141,6 +141,7 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
         apply_script(module, script([Choice(ident, name, tiles, reductions, parallel, peeled, serial)
                                      for (name, tiles, reductions, peeled, serial, parallel), ident in choices.items()]))
         fold_transposed_broadcasts(module)  # a contraction operand's broadcast, not its transpose
+        _flatten_interleaved_writes(module)
         _reassociate_reductions(module)
         _math_in_f32(module)
         vector_math.expand_vector_math(module, hw.scales_by_exponent)
@@ -174,6 +175,47 @@ module attributes {{transform.with_named_sequence}} {{
     transform.yield
   }}
 }}""".replace("'", '"'))
+
+
+def _flatten_interleaved_writes(module: ir.Module) -> None:
+    """A narrow transpose's interleaved vector (VNNI pairs: vector<32> cast to 16 x 2) written
+    into a slice (1 x .. x 16 x 2) of whole rows of the tensor it slices is written as the
+    one vector it is, into the slice with those dims merged: the 2-D write became 16 stores of two
+    elements each (a 16-row matmul's B repacking spent most of its time in them)."""
+    for op in walk(module.operation):
+        if op.name != "vector.transfer_write" or len(op.operands) < 2:
+            continue
+        value, dest = op.operands[0], op.operands[1]
+        cast = value.owner
+        if not (isinstance(cast, ir.OpView) and cast.operation.name == "vector.shape_cast"
+                and isinstance(dest.type, ir.RankedTensorType)):
+            continue
+        flat, vec, tensor_t = ir.VectorType(cast.operands[0].type), ir.VectorType(value.type), ir.RankedTensorType(dest.type)
+        shape, rank = list(tensor_t.shape), len(tensor_t.shape)
+        indices = [constant_index(v) for v in op.operands[2:]]
+        if (flat.rank != 1 or vec.rank != 2 or shape[-2:] != list(vec.shape) or any(d != 1 for d in shape[:-2])
+                or indices != [0] * rank or "permutation_map" in op.attributes and
+                str(op.attributes["permutation_map"]) != f"affine_map<({', '.join(f'd{i}' for i in range(rank))}) -> "
+                f"(d{rank - 2}, d{rank - 1})>"):
+            continue
+        slice_op = dest.owner
+        if not (isinstance(slice_op, ir.OpView) and slice_op.operation.name == "tensor.extract_slice"
+                and ir.RankedTensorType(slice_op.operands[0].type).shape[-1] == shape[-1]):
+            continue  # the merged dims lie in one piece only where the slice keeps whole rows
+        elem = str(tensor_t.element_type)
+        groups = [[d] for d in range(rank - 2)] + [[rank - 2, rank - 1]]
+        merged = templates.shape_type("tensor", [*shape[:-2], shape[-2] * shape[-1]], elem)
+        zeros = ", ".join(["%c0"] * (rank - 1))
+        text = templates.function(
+            [f"%v: {flat}", f"%t: {tensor_t}"], [str(tensor_t)],
+            ["%c0 = arith.constant 0 : index",
+             f"%m = tensor.collapse_shape %t {groups} : {tensor_t} into {merged}",
+             f"%w = vector.transfer_write %v, %m[{zeros}] {{in_bounds = [true]}} : {flat}, {merged}",
+             f"%r = tensor.expand_shape %w {groups} output_shape {shape} : {merged} into {tensor_t}",
+             f"return %r : {tensor_t}"])
+        (result,) = templates.splice(text, op, [cast.operands[0], dest])
+        op.results[0].replace_all_uses_with(result)
+        op.erase()
 
 
 def _math_in_f32(module: ir.Module) -> None:
