@@ -154,6 +154,15 @@ class SelectionTest(parameterized.TestCase):
         self.assertIn(m.blocking, [(1, 3), (3, 1)])
         self.assertEqual(m.padded, (48, 48, 64))
 
+    @parameterized.parameters(("bf16", "f32"), ("i8", "i32"))
+    def test_few_rows_take_the_blocking_that_pads_nothing(self, operand, accumulate):
+        # 1 x 3 blocks reuse each loaded tile more, but would pad 2048 columns to 2064: a
+        # padded copy of B on every call, which 16 rows do not amortize.
+        m = choose_matrix_mapping(Contraction(16, 2048, 2048, operand, operand, accumulate), AMX)
+        self.assertEqual((m.blocking, m.padded), ((1, 2), (16, 2048, 2048)))
+        m = choose_matrix_mapping(Contraction(2048, 2048, 2048, operand, operand, accumulate), AMX)
+        self.assertEqual(m.blocking, (2, 2))
+
     def test_matrix_vector_products_stay_off(self):
         self.assertIsNone(choose_matrix_mapping(Contraction(1, 4096, 4096, "bf16", "bf16", "f32"), AMX))
 
@@ -256,10 +265,32 @@ class X86CodeTest(parameterized.TestCase):
         self.assertNotIn("llvm.x86.tdpbf16ps", ir_text)
         self.assertIn("tdpbssd", _machine_code(ir_text, self.AMX_FEATURES))
 
+    @parameterized.parameters([AMX], [DPBF16])
+    def test_zero_started_kernel_needs_no_fill(self, unit):
+        # The kernel's accumulators start from zeros and it writes all of its result: the
+        # fill of that buffer is gone (a memset of the whole result every call).
+        hw = dataclasses.replace(host().hardware(), matrix_units=(unit,))
+        x = (_random((64, 256), BF16), _random((256, 512), BF16))
+        text = str(support.module_after("unit-kernels", _matmul, *x, hardware=hw))
+        self.assertNotIn("linalg.contract", text)
+        self.assertNotIn("linalg.fill", text)
+
+    def test_rhs_tiles_are_contiguous(self):
+        # A tile of the packed rhs is one 1 KiB block (rows of 64 bytes), not 16 rows of the
+        # whole matrix a page apart (2048^3 on one core: 2-3x slower, each tile load's rows
+        # in other pages and the same L1 sets); the lhs rows lie k * 2 bytes apart.
+        ir_text = _llvm_ir(_matmul, (_random((64, 256), BF16), _random((256, 512), BF16)), [AMX])
+        strides = set(re.findall(r"tileloadd64[.\w]*\(i16 16, i16 64, ptr %\w+, i64 (\d+)\)", ir_text))
+        self.assertEqual(strides, {"64", "512"})
+
     def test_register_blocking_of_a_large_matmul(self):
         ir_text = _llvm_ir(_matmul, (_random((256, 256), BF16), _random((256, 256), BF16)), [AMX])
         code = _machine_code(ir_text, self.AMX_FEATURES)
         self.assertEqual(len(re.findall(r"\btdpbf16ps\b", code)), 4)  # one 2 x 2 block per k step
+        # Each accumulator starts from a zero tile of its own and is stored once: no copies
+        # of one zero tile through the stack.
+        self.assertEqual(len(re.findall(r"\btilezero\b", code)), 4)
+        self.assertEqual(len(re.findall(r"\btilestored\b", code)), 4)
 
     def test_batch_matmul_and_convolution_map(self):
         batched = _llvm_ir(lambda x, y: jnp.einsum("bmk,bkn->bmn", x, y),
@@ -283,13 +314,13 @@ class X86CodeTest(parameterized.TestCase):
         self.assertIn("llvm.x86.tdpbf16ps", _llvm_ir(_matmul, args, [AMX], pb.Options(precision=MIXED_BF16_FP32)))
         self.assertNotIn("llvm.x86.tdpbf16ps", _llvm_ir(_matmul, args, [AMX]))  # fp32 stays exact
 
-    @parameterized.parameters((amx, "amx.tile_load %acc", "amx.tile_zero"),
-                              (avx512_bf16, "vector.load %acc", "dense<0.0>"))
+    @parameterized.parameters((amx, "amx.tile_load %c[", "amx.tile_zero"),
+                              (avx512_bf16, "vector.load %c[", "dense<0.0>"))
     def test_kernel_accumulates_onto_a_nonzero_init(self, kernels, init_load, zero):
         from mlir import ir
         with ir.Context(), ir.Location.unknown():
             lhs, rhs, acc = (ir.MemRefType(ir.Type.parse(t)) for t in (
-                "memref<2x32x16x2xbf16>", "memref<2x16x32x2xbf16>", "memref<2x32x32xf32>"))
+                "memref<2x32x16x2xbf16>", "memref<2x2x16x16x2xbf16>", "memref<2x32x2x16xf32>"))
             tile = (amx.AMX_BF16 if kernels is amx else avx512_bf16.DPBF16).tile
             text = kernels.kernel(lhs, rhs, acc, tile, 2, (2, 2), zero_init=False)
             ir.Module.parse(text).operation.verify()

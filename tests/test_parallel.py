@@ -82,6 +82,39 @@ func.func @f(%a: memref<8192x8192xf32>) {
 """
 
 
+# The AMX kernel of a 16-row matmul (16 x 1024 x 512 bf16): one row block, 16 column
+# blocks, 32 k steps of three tile loads and two products.
+_TILES = """
+func.func @f(%a: memref<16x1024xbf16>, %b: memref<32x512x32xbf16>, %c: memref<16x512xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c16 = arith.constant 16 : index
+  %c32 = arith.constant 32 : index
+  %c512 = arith.constant 512 : index
+  scf.parallel (%j) = (%c0) to (%c512) step (%c32) {
+    %p0 = arith.divui %j, %c16 : index
+    %p1 = arith.addi %p0, %c1 : index
+    %z0 = amx.tile_zero : !amx.tile<16x16xf32>
+    %z1 = amx.tile_zero : !amx.tile<16x16xf32>
+    %s:2 = scf.for %k2 = %c0 to %c512 step %c16 iter_args(%x0 = %z0, %x1 = %z1)
+        -> (!amx.tile<16x16xf32>, !amx.tile<16x16xf32>) {
+      %k = arith.muli %k2, %c1 : index
+      %ta = amx.tile_load %a[%c0, %k] : memref<16x1024xbf16> into !amx.tile<16x32xbf16>
+      %tb0 = amx.tile_load %b[%p0, %k2, %c0] : memref<32x512x32xbf16> into !amx.tile<16x32xbf16>
+      %tb1 = amx.tile_load %b[%p1, %k2, %c0] : memref<32x512x32xbf16> into !amx.tile<16x32xbf16>
+      %d0 = amx.tile_mulf %ta, %tb0, %x0 : !amx.tile<16x32xbf16>, !amx.tile<16x32xbf16>, !amx.tile<16x16xf32>
+      %d1 = amx.tile_mulf %ta, %tb1, %x1 : !amx.tile<16x32xbf16>, !amx.tile<16x32xbf16>, !amx.tile<16x16xf32>
+      scf.yield %d0, %d1 : !amx.tile<16x16xf32>, !amx.tile<16x16xf32>
+    }
+    amx.tile_store %c[%c0, %j], %s#0 : memref<16x512xf32>, !amx.tile<16x16xf32>
+    amx.tile_store %c[%c0, %j], %s#1 : memref<16x512xf32>, !amx.tile<16x16xf32>
+    scf.reduce
+  }
+  return
+}
+"""
+
+
 def _ops(module: ir.Module, name: str) -> list[ir.Operation]:
     found = []
     module.operation.walk(lambda op: (found.append(op) if op.name == name else None, ir.WalkResult.ADVANCE)[1],
@@ -106,6 +139,15 @@ class CostModelTest(absltest.TestCase):
         # but three reads and a write a vector; counted as operations alone it stayed serial.
         with ir.Context(), ir.Location.unknown():
             module = ir.Module.parse(_RESIDUAL_ADD)
+            parallel.parallelize_loops(module, pb.Options(), threads=2)
+            (loop,) = _ops(module, "scf.parallel")
+            self.assertIn(parallel.PARALLEL_ATTR, loop.attributes)
+
+    def test_matrix_unit_tiles_count_their_elements(self):
+        # Each tile op counted as one operation: 16 column blocks of 32 k steps looked too
+        # small to share out, and the kernel ran on one core.
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(_TILES)
             parallel.parallelize_loops(module, pb.Options(), threads=2)
             (loop,) = _ops(module, "scf.parallel")
             self.assertIn(parallel.PARALLEL_ATTR, loop.attributes)

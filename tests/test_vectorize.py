@@ -165,7 +165,7 @@ def _staged(fn, *args, hw: Hardware = AVX2) -> str:
         return str(module)
 
 
-class StageTest(absltest.TestCase):
+class StageTest(parameterized.TestCase):
     def test_conv_is_decomposed_and_vectorized(self):
         x, w = np.zeros((1, 6, 16, 8), np.float32), np.zeros((3, 3, 8, 16), np.float32)
         text = _staged(_conv("SAME"), x, w)
@@ -257,6 +257,21 @@ class StageTest(absltest.TestCase):
         self.assertNotIn("linalg.transpose", text)
         self.assertIn("vector.shuffle", text)
 
+    def test_pairs_of_rows_interleave_on_vectors(self):
+        # A matrix unit's VNNI packing: (k / 2, 2, n) -> (k / 2, n, 2) bf16, two rows of 16
+        # read as vectors and interleaved by one shuffle into a vector of 32 (scalar copies
+        # before: the repacking of B took most of a 16-row matmul's time).
+        pairs = lambda x: jnp.transpose(x.reshape(32, 2, 64), (0, 2, 1)) * 2  # noqa: E731
+        text = _staged(pairs, np.zeros((64, 64), jnp.bfloat16), hw=AVX512)
+        self.assertNotIn("linalg.transpose", text)
+        self.assertRegex(text, r"vector\.shuffle %\S+, %\S+ \[0, 16, 1, 17, [^]]*\] : vector<32xbf16>")
+        # Written as the one vector it is (not 16 stores of a pair each).
+        self.assertRegex(text, r"vector\.transfer_write %\S+, %\S+\[[^]]*\] \{in_bounds = \[true\]\} : vector<32xbf16>")
+        # The cores share the input's pairs of rows, each read in order (its columns serial).
+        self.assertRegex(text, r"scf\.forall \(%\w+\) in \(32\) shared_outs\(%\w+ = %\w+\) -> \(tensor<32x64x2xbf16>\)")
+        x = np.random.default_rng(0).standard_normal((64, 64)).astype(jnp.bfloat16)
+        support.check_against_xla(self, pairs, x, rtol=0, atol=0)
+
     def test_rows_of_a_take_run_on_vectors(self):
         # jnp.take (fill mode): each gathered row a vector read at its clamped index, the
         # in-bounds mask computed in the gather's body (it was a bool tensor, read scalar).
@@ -292,6 +307,22 @@ class StageTest(absltest.TestCase):
         # Reversed along the innermost dim: no vector reads it (that would need a shuffle).
         text = _staged(lambda x: jax.lax.rev(x, (1,)) + 1.0, np.zeros((3, 32), np.float32))
         self.assertNotIn("vector.transfer_read", text)
+
+    def test_integer_matmul_runs_on_vectors(self):
+        # No unit (the stage runs without one here): a register tile of i32 accumulators over
+        # B's rows read in place (scalar loops down B's columns before: 500x slower).
+        a, b = np.zeros((4, 64), np.int8), np.zeros((64, 96), np.int8)
+        text = _staged(functools.partial(jnp.matmul, preferred_element_type=jnp.int32), a, b, hw=AVX512)
+        self.assertNotIn("linalg.matmul", text)
+        self.assertRegex(text, r"arith\.muli %\S+, %\S+ : vector<4x\d+xi32>")
+
+    @parameterized.named_parameters(
+        ("decode_rows", (1, 256), (256, 160)), ("odd", (7, 37), (37, 53)), ("batched", (3, 5, 70), (3, 70, 33)))
+    def test_integer_matmul_matches_xla(self, a_shape, b_shape):
+        rng = np.random.default_rng(0)
+        a, b = (rng.integers(-128, 128, s).astype(np.int8) for s in (a_shape, b_shape))
+        support.check_against_xla(self, functools.partial(jnp.matmul, preferred_element_type=jnp.int32), a, b,
+                                  options=pb.Options(matrix_unit="fma"))
 
     def test_softmax_runs_on_vectors(self):
         text = _staged(lambda x: jax.nn.softmax(jnp.exp(x), axis=-1), np.zeros((4, 64), np.float32))

@@ -34,7 +34,7 @@ from polyblocks_jax.passes.pipeline import pass_manager
 from polyblocks_jax.passes.transform import FLOAT_EXTREMA, float_constant, walk
 from polyblocks_jax.passes.matrix_units import MatrixUnit, TileShape, UnitOp
 
-DPBF16 = UnitOp("bf16", "bf16", "f32", TileShape(1, 16, 2), pack=2)
+DPBF16 = UnitOp("bf16", "bf16", "f32", TileShape(1, 16, 2), pack=2, macs_per_cycle=64)  # 2 a cycle
 VECTOR_REGISTERS = 32
 
 
@@ -46,11 +46,13 @@ def kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: Til
            blocking: tuple[int, int], zero_init: bool) -> str:
     """The template computing the packed contraction with VDPBF16PS (identity-layout buffers)."""
     *lead, pm, k2, _ = lhs.shape
-    pn = rhs.shape[-2]
+    lanes = tile.n
+    panels = rhs.shape[-4]
+    pn = panels * lanes
     mb, nb = blocking
     r = len(lead)
-    lanes = tile.n
-    b_type = templates.shape_type("memref", [*lead, k2, pn * pack], "bf16")
+    b_type = templates.shape_type("memref", [*lead, panels, k2, lanes * pack], "bf16")
+    c_type = templates.shape_type("memref", [*lead, pm, pn], "f32")
     vec, pairs = f"vector<{lanes}xf32>", f"vector<{lanes * pack}xbf16>"
     lead_ix = [f"%b{d}" for d in range(r)]
     accs = [(i, j) for i in range(mb) for j in range(nb)]
@@ -60,25 +62,27 @@ def kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: Til
         return ", ".join([*lead_ix, *rest])
 
     body = [
-        f"%b = memref.collapse_shape %rhs {[[d] for d in range(r)] + [[r], [r + 1, r + 2]]} : {rhs} into {b_type}",
+        f"%b = memref.collapse_shape %rhs {[[d] for d in range(r)] + [[r], [r + 1], [r + 2, r + 3]]} : {rhs} into {b_type}",
+        f"%c = memref.collapse_shape %acc {[[d] for d in range(r)] + [[r], [r + 1, r + 2]]} : {acc} into {c_type}",
         f"scf.parallel ({', '.join(lead_ix + ['%i', '%j'])}) = ({', '.join([index.const(0)] * (r + 2))}) "
         f"to ({', '.join(index.const(d) for d in [*lead, pm, pn])}) "
         f"step ({', '.join([index.const(1)] * r + [index.const(mb), index.const(nb * lanes)])}) {{",
         *[f"  %row{i} = arith.addi %i, {index.const(i)} : index" for i in range(mb)],
         *[f"  %col{j} = arith.addi %j, {index.const(j * lanes)} : index" for j in range(nb)],
-        *[f"  %colp{j} = arith.muli %col{j}, {index.const(pack)} : index" for j in range(nb)],
+        *[f"  %panel{j} = arith.divui %col{j}, {index.const(lanes)} : index" for j in range(nb)],
     ]
     if zero_init:
         body.append(f"  %zero = arith.constant dense<0.0> : {vec}")
         inits = ["%zero"] * len(accs)
     else:
-        body += [f"  %init{i}_{j} = vector.load %acc[{at(f'%row{i}', f'%col{j}')}] : {acc}, {vec}" for i, j in accs]
+        body += [f"  %init{i}_{j} = vector.load %c[{at(f'%row{i}', f'%col{j}')}] : {c_type}, {vec}" for i, j in accs]
         inits = [f"%init{i}_{j}" for i, j in accs]
     carried = ", ".join(f"%c{i}_{j} = {init}" for (i, j), init in zip(accs, inits))
     body += [
         f"  %sums:{len(accs)} = scf.for %k2 = {index.const(0)} to {index.const(k2)} step {index.const(1)} "
         f"iter_args({carried}) -> ({', '.join([vec] * len(accs))}) {{",
-        *[f"    %vb{j} = vector.load %b[{at('%k2', f'%colp{j}')}] : {b_type}, {pairs}" for j in range(nb)],
+        *[f"    %vb{j} = vector.load %b[{at(f'%panel{j}', '%k2', index.const(0))}] : {b_type}, {pairs}"
+          for j in range(nb)],
     ]
     for i in range(mb):  # one lhs pair, as one 32-bit value broadcast to every lane
         body += [
@@ -91,7 +95,7 @@ def kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: Til
         *[f"    %d{i}_{j} = x86vector.avx512.dot %c{i}_{j}, %va{i}, %vb{j} : {pairs} -> {vec}" for i, j in accs],
         f"    scf.yield {', '.join(f'%d{i}_{j}' for i, j in accs)} : {', '.join([vec] * len(accs))}",
         "  }",
-        *[f"  vector.store %sums#{n}, %acc[{at(f'%row{i}', f'%col{j}')}] : {acc}, {vec}"
+        *[f"  vector.store %sums#{n}, %c[{at(f'%row{i}', f'%col{j}')}] : {c_type}, {vec}"
           for n, (i, j) in enumerate(accs)],
         "  scf.reduce",
         "}",

@@ -7,8 +7,9 @@ target lacks is an error, never an illegal instruction later), asks the cost mod
 convolution, and rewrites each mapped one into its packed form:
 
     lhs  -> [convert] -> pad to (M', K')  -> (M', K'/p, p)              rows of k
-    rhs  -> [convert] -> pad to (K', N')  -> (K'/p, N', p)              VNNI: p k's per column
-    init -> pad to (M', N')  -> call @polyblocks_matrix_unit_<i> -> slice (M, N)
+    rhs  -> [convert] -> pad to (K', N')  -> (N'/t, K'/p, t, p)         VNNI: p k's per column,
+                                                                         panels of the tile's t columns
+    init -> pad to (M', N')  -> (M', N'/t, t) -> call @polyblocks_matrix_unit_<i> -> (M', N') -> slice (M, N)
 
 (a convolution first gathers its input into (images x pixels, taps x channels) rows, im2col,
 and reads its kernel as (taps x channels, F)). The called function holds one
@@ -136,14 +137,21 @@ def _packed_form(op: ir.Operation, c: Contraction, mapping: MatrixMapping, calle
     lhs = body.reshape("expand", lhs, _tensor(lead + [pm, pk], operand),
                        [[d] for d in range(r + 1)] + [[r + 1, r + 2]], lead + [pm, pk // p, p], operand)
     rhs = body.pad(rhs, lead + [c.k, c.n], lead + [pk, pn], operand)
+    tn = mapping.op.tile.n
     rhs = body.reshape("expand", rhs, _tensor(lead + [pk, pn], operand),
-                       [[d] for d in range(r)] + [[r, r + 1], [r + 2]], lead + [pk // p, p, pn], operand)
-    rhs = body.transpose(rhs, lead + [pk // p, p, pn], list(range(r)) + [r, r + 2, r + 1], operand)
+                       [[d] for d in range(r)] + [[r, r + 1], [r + 2, r + 3]], lead + [pk // p, p, pn // tn, tn],
+                       operand)
+    rhs = body.transpose(rhs, lead + [pk // p, p, pn // tn, tn], list(range(r)) + [r + 2, r, r + 3, r + 1], operand)
     zero_init = zero_filled(op.operands[2])
     acc = (body.zeros(lead + [pm, pn], c.accumulate) if zero_init
            else body.pad(acc, lead + [c.m, c.n], lead + [pm, pn], c.accumulate))
-    out = body.contract(lhs, rhs, acc, lead + [pm, pn, pk // p, p], operand, c.accumulate,
+    columns = [[d] for d in range(r + 1)] + [[r + 1, r + 2]]  # (.., m, n) as (.., m, n / tn, tn)
+    acc = body.reshape("expand", acc, _tensor(lead + [pm, pn], c.accumulate), columns, lead + [pm, pn // tn, tn],
+                       c.accumulate)
+    out = body.contract(lhs, rhs, acc, lead + [pm, pn // tn, tn, pk // p, p], operand, c.accumulate,
                         _unit_attr(mapping, zero_init), callee)
+    out = body.reshape("collapse", out, _tensor(lead + [pm, pn // tn, tn], c.accumulate), columns, lead + [pm, pn],
+                       c.accumulate)
     out = body.slice(out, lead + [pm, pn], lead + [c.m, c.n], c.accumulate)
     if conv:
         out = body.reshape("expand", out, _tensor([c.m, c.n], c.accumulate), [[0, 1, 2], [3]],
@@ -301,16 +309,18 @@ class _Body:
 
     def contract(self, lhs: str, rhs: str, acc: str, loops: Sequence[int], operand: str, accumulate: str,
                  unit_attr: str, callee: str) -> str:
-        """acc[.., m, n] += lhs[.., m, k, q] * rhs[.., k, n, q] over the loops (.., m, n, k, q),
-        operands widened to the accumulator (extf / extsi: linalg.contract's signed cast), as a
-        call of the function ``callee`` (``self.callee``) that holds the linalg.contract."""
-        r = len(loops) - 4
+        """acc[.., m, n1, n2] += lhs[.., m, k, q] * rhs[.., n1, k, n2, q] over the loops (.., m, n1,
+        n2, k, q): the rhs in panels of n2 columns, each contiguous over k (a unit's tile of it
+        is one block of memory: rows of a whole matrix lie a page apart), operands widened to
+        the accumulator (extf / extsi: linalg.contract's signed cast), as a call of the function
+        ``callee`` (``self.callee``) that holds the linalg.contract."""
+        r = len(loops) - 5
         lead = [f"d{i}" for i in range(r)]
-        m, n, k, q = (f"d{r + i}" for i in range(4))
-        maps = _maps(len(loops), lead + [m, k, q], lead + [k, n, q], lead + [m, n])
-        lead_sizes, (pm, pn, k2, p) = list(loops[:r]), loops[r:]
-        types = [_tensor(lead_sizes + [pm, k2, p], operand), _tensor(lead_sizes + [k2, pn, p], operand),
-                 _tensor(lead_sizes + [pm, pn], accumulate)]
+        m, n1, n2, k, q = (f"d{r + i}" for i in range(5))
+        maps = _maps(len(loops), lead + [m, k, q], lead + [n1, k, n2, q], lead + [m, n1, n2])
+        lead_sizes, (pm, panels, tn, k2, p) = list(loops[:r]), loops[r:]
+        types = [_tensor(lead_sizes + [pm, k2, p], operand), _tensor(lead_sizes + [panels, k2, tn, p], operand),
+                 _tensor(lead_sizes + [pm, panels, tn], accumulate)]
         self.callee = templates.function(
             [f"%a: {types[0]}", f"%b: {types[1]}", f"%c: {types[2]}"], [types[2]],
             [f"%r = linalg.contract indexing_maps = {maps} {{{MATRIX_UNIT_ATTR} = {unit_attr}}} "

@@ -39,6 +39,7 @@ class UnitOp:
     accumulate: str
     tile: TileShape
     pack: int = 1
+    macs_per_cycle: int = 0  # multiply-adds a core issues per cycle (0: unknown, copies cost nothing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +88,8 @@ class MatrixMapping:
 # the unit: AMX does roughly 4-10x the multiply-adds per second of the f32 FMA path, so a
 # quarter keeps a margin; a matrix-vector product (one row padded to 16) stays off.
 MIN_EFFICIENCY = 0.25
+_COPY_BYTES_PER_CYCLE = 16  # a padded copy, read and written once, per core
+_BYTES = {"bf16": 2, "f16": 2, "i8": 1}
 
 
 def unit_operand_types(c: Contraction, precision: str) -> tuple[str, str]:
@@ -105,7 +108,8 @@ def choose_matrix_mapping(c: Contraction, unit: MatrixUnit, precision: str = FP3
     blocking: a block of mb x nb accumulator tiles reuses each loaded lhs tile nb times and
     each rhs tile mb times; it must fit with its mb + nb operand tiles in the unit's
     registers. The block with the most reuse per loaded tile wins, discounted by the
-    padding it adds (AMX's 8 tiles: 2 x 2 accumulators + 2 lhs + 2 rhs tiles).
+    padding it adds, in products and in padded copies (AMX's 8 tiles: 2 x 2 accumulators +
+    2 lhs + 2 rhs tiles).
     """
     lhs, rhs = unit_operand_types(c, precision)
     op = unit.op_for(lhs, rhs)
@@ -118,7 +122,7 @@ def choose_matrix_mapping(c: Contraction, unit: MatrixUnit, precision: str = FP3
             if mb * nb + mb + nb > unit.tile_registers:
                 continue
             padded = (_round_up(c.m, mb * t.m), _round_up(c.n, nb * t.n))
-            score = (mb * nb / (mb + nb)) * (c.m / padded[0]) * (c.n / padded[1])
+            score = (mb * nb / (mb + nb)) * (c.m / padded[0]) * (c.n / padded[1]) * _unpadded_share(c, op, padded)
             if best is None or score > best[0] + 1e-9:
                 best = (score, (mb, nb), padded)
     if best is None:
@@ -128,6 +132,22 @@ def choose_matrix_mapping(c: Contraction, unit: MatrixUnit, precision: str = FP3
     if c.m * c.n * c.k < MIN_EFFICIENCY * pm * pn * pk:
         return None
     return MatrixMapping(unit.name, op, blocking, (pm, pn, pk))
+
+
+def _unpadded_share(c: Contraction, op: UnitOp, padded: tuple[int, int]) -> float:
+    """The share of the unit's time left to the products when a blocking pads rows or columns
+    beyond the unit's tiles: each call then copies that operand into a padded buffer, at
+    ``_COPY_BYTES_PER_CYCLE``. Few rows do not amortize a copy of B (16 x 2048 x 2048 bf16:
+    padding 2048 columns to 2064 for 1 x 3 blocks copied all of B twice, 4x the products)."""
+    if not op.macs_per_cycle:
+        return 1.0
+    products = padded[0] * padded[1] * _round_up(c.k, op.tile.k) / op.macs_per_cycle
+    copied = 0
+    if padded[0] != _round_up(c.m, op.tile.m):
+        copied += c.m * c.k
+    if padded[1] != _round_up(c.n, op.tile.n):
+        copied += c.k * c.n
+    return products / (products + copied * _BYTES[op.lhs] / _COPY_BYTES_PER_CYCLE)
 
 
 def _round_up(n: int, step: int) -> int:

@@ -71,9 +71,22 @@ def _own_cost(op: ir.Operation) -> int:
     memory = op.name in _MEMORY_OPS
     elements = 1
     for value in [*op.results, *op.operands] if memory else op.results:  # a store's vector is an operand
-        if isinstance(value.type, ir.VectorType):
-            elements = max(elements, math.prod(ir.VectorType(value.type).shape) // _VECTOR_LANES)
+        elements = max(elements, _register_elements(value.type) // _VECTOR_LANES)
     return elements * (MATH_COST if op.name.startswith("math.") else _MEMORY_COST if memory else 1)
+
+
+def _register_elements(t: ir.Type) -> int:
+    """Elements of a value held in registers: a vector, or a target's shaped register type
+    (an AMX tile: counted as one operation, a matrix unit's 16 x 16 x 32 products looked too
+    cheap to share out, and a 16-row matmul's AMX loop stayed on one core). 1 for others."""
+    if isinstance(t, ir.VectorType):
+        return math.prod(t.shape)
+    if type(t) is ir.Type:  # not a builtin type (those come back as their own classes)
+        try:
+            return math.prod(ir.ShapedType(t).shape)
+        except ValueError:
+            return 1
+    return 1
 
 
 def dim_trips(op: ir.Operation) -> list[int]:

@@ -25,13 +25,13 @@ import dataclasses
 from mlir import ir
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes import conv_tiling, signed_zeros, vector_math
+from polyblocks_jax.passes import conv_tiling, signed_zeros, templates, vector_math
 from polyblocks_jax.passes.collapsed_dims import merge_trailing_dims, merged_dims
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.reversals import unreverse_loops
 from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, register_tile
-from polyblocks_jax.passes.transform import (FLOAT_EXTREMA, apply_script, has_reversed_index, indexing_maps, is_elementwise_generic,
-                                             lower_vectors_and_hoist, reduction_loops, walk)
+from polyblocks_jax.passes.transform import (FLOAT_EXTREMA, apply_script, constant_index, has_reversed_index, indexing_maps,
+                                             is_elementwise_generic, lower_vectors_and_hoist, reduction_loops, walk)
 from polyblocks_jax.passes.transposed_broadcasts import fold_transposed_broadcasts
 from polyblocks_jax.passes.zero_start import NEST_ATTR, WHOLE_NEST_ATTR, start_accumulators_at_zero
 
@@ -42,6 +42,8 @@ _BODY_DIALECTS = ("arith.", "math.", "linalg.index", "affine.apply", "tensor.ext
 _EXTREMA = FLOAT_EXTREMA | {"arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui"}
 _COMBINERS = _EXTREMA | {"arith.addf", "arith.mulf", "arith.addi", "arith.muli", "arith.andi", "arith.ori", "arith.xori"}
 _CONTRACTIBLE = ("arith.mulf", "arith.addf", "arith.subf")
+_INTEGER_MATMULS = ("linalg.matmul", "linalg.batch_matmul")
+_GENERALIZE_ATTR = "polyblocks.generalize"
 _MAX_CHUNK_VECTORS = 16  # an inner-reduction chunk: at most this many vectors in flight
 _ELEMENTWISE_VECTORS = 4  # vectors per step of an elementwise op
 # A convolution's loops over tiles of its result (which its tiles divide): marked for
@@ -122,11 +124,12 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
     """Annotate each op a plan exists for with its tiles, then tile and vectorize them."""
     unreverse_loops(module)
     _merge_narrow_dims(module, hw)
-    choices: dict[tuple[str, tuple[int, ...], frozenset[int], frozenset[int], bool], int] = {}
+    _generalize_integer_matmuls(module)
+    choices: dict[tuple[str, tuple[int, ...], frozenset[int], frozenset[int], frozenset[int], bool], int] = {}
     planned = []
     for op in walk(module.operation):
         conv = conv_tiling.loop_tiles(op, hw)
-        plan = (*conv, frozenset()) if conv is not None else _plan(op, hw) or _transpose_plan(op, hw)
+        plan = (*conv, frozenset(), frozenset()) if conv is not None else _plan(op, hw) or _transpose_plan(op, hw)
         if plan is not None:
             # an op that tile fusion put in an scf.forall already runs on all cores
             parallel = options.parallel and not _in_forall(op)
@@ -137,9 +140,10 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
         if op.name in _VECTORIZED_OPS:
             signed_zeros.plain_combiners(op)
     if choices:
-        apply_script(module, script([Choice(ident, name, tiles, reductions, parallel, peeled)
-                                     for (name, tiles, reductions, peeled, parallel), ident in choices.items()]))
+        apply_script(module, script([Choice(ident, name, tiles, reductions, parallel, peeled, serial)
+                                     for (name, tiles, reductions, peeled, serial, parallel), ident in choices.items()]))
         fold_transposed_broadcasts(module)  # a contraction operand's broadcast, not its transpose
+        _flatten_interleaved_writes(module)
         _reassociate_reductions(module)
         _math_in_f32(module)
         vector_math.expand_vector_math(module, hw.scales_by_exponent)
@@ -151,6 +155,69 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
         signed_zeros.extrema_as_trees(module)
         signed_zeros.merge_zero_signs(module)  # after CSE, which lets it see the forms already there
         _private_inits(module)
+
+
+def _generalize_integer_matmuls(module: ir.Module) -> None:
+    """Integer matmuls (those no matrix unit took: the matmul tiling takes floats only)
+    become generics, which this stage plans as a register tile of accumulators reading each
+    operand in place: as named ops they lowered to scalar loops reading B down its columns
+    (int8 4 x 2048 x 2048: 214 ms where XLA takes 0.4)."""
+    ops = [op for op in walk(module.operation) if op.name in _INTEGER_MATMULS
+           and isinstance(ir.RankedTensorType(op.results[0].type).element_type, ir.IntegerType)
+           and all(ir.RankedTensorType(v.type).has_static_shape for v in op.operands)]
+    for op in ops:
+        op.attributes[_GENERALIZE_ATTR] = ir.UnitAttr.get()
+    if ops:
+        apply_script(module, f"""
+module attributes {{transform.with_named_sequence}} {{
+  transform.named_sequence @main(%root: !transform.any_op {{transform.readonly}}) {{
+    %ops = transform.structured.match ops{{{list(_INTEGER_MATMULS)}}} attributes{{{_GENERALIZE_ATTR}}}
+      in %root : (!transform.any_op) -> !transform.any_op
+    transform.structured.generalize %ops : (!transform.any_op) -> !transform.any_op
+    transform.yield
+  }}
+}}""".replace("'", '"'))
+
+
+def _flatten_interleaved_writes(module: ir.Module) -> None:
+    """A narrow transpose's interleaved vector (VNNI pairs: vector<32> cast to 16 x 2) written
+    into a slice (1 x .. x 16 x 2) of whole rows of the tensor it slices is written as the
+    one vector it is, into the slice with those dims merged: the 2-D write became 16 stores of two
+    elements each (a 16-row matmul's B repacking spent most of its time in them)."""
+    for op in walk(module.operation):
+        if op.name != "vector.transfer_write" or len(op.operands) < 2:
+            continue
+        value, dest = op.operands[0], op.operands[1]
+        cast = value.owner
+        if not (isinstance(cast, ir.OpView) and cast.operation.name == "vector.shape_cast"
+                and isinstance(dest.type, ir.RankedTensorType)):
+            continue
+        flat, vec, tensor_t = ir.VectorType(cast.operands[0].type), ir.VectorType(value.type), ir.RankedTensorType(dest.type)
+        shape, rank = list(tensor_t.shape), len(tensor_t.shape)
+        indices = [constant_index(v) for v in op.operands[2:]]
+        if (flat.rank != 1 or vec.rank != 2 or shape[-2:] != list(vec.shape) or any(d != 1 for d in shape[:-2])
+                or indices != [0] * rank or "permutation_map" in op.attributes and
+                str(op.attributes["permutation_map"]) != f"affine_map<({', '.join(f'd{i}' for i in range(rank))}) -> "
+                f"(d{rank - 2}, d{rank - 1})>"):
+            continue
+        slice_op = dest.owner
+        if not (isinstance(slice_op, ir.OpView) and slice_op.operation.name == "tensor.extract_slice"
+                and ir.RankedTensorType(slice_op.operands[0].type).shape[-1] == shape[-1]):
+            continue  # the merged dims lie in one piece only where the slice keeps whole rows
+        elem = str(tensor_t.element_type)
+        groups = [[d] for d in range(rank - 2)] + [[rank - 2, rank - 1]]
+        merged = templates.shape_type("tensor", [*shape[:-2], shape[-2] * shape[-1]], elem)
+        zeros = ", ".join(["%c0"] * (rank - 1))
+        text = templates.function(
+            [f"%v: {flat}", f"%t: {tensor_t}"], [str(tensor_t)],
+            ["%c0 = arith.constant 0 : index",
+             f"%m = tensor.collapse_shape %t {groups} : {tensor_t} into {merged}",
+             f"%w = vector.transfer_write %v, %m[{zeros}] {{in_bounds = [true]}} : {flat}, {merged}",
+             f"%r = tensor.expand_shape %w {groups} output_shape {shape} : {merged} into {tensor_t}",
+             f"return %r : {tensor_t}"])
+        (result,) = templates.splice(text, op, [cast.operands[0], dest])
+        op.results[0].replace_all_uses_with(result)
+        op.erase()
 
 
 def _math_in_f32(module: ir.Module) -> None:
@@ -194,36 +261,53 @@ def _in_forall(op: ir.Operation) -> bool:
     return False
 
 
-def _plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int], frozenset[int]] | None:
-    """Tile sizes, reduction loops and peeled loops of a generic or reduce op, or None."""
+def _plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int], frozenset[int],
+                                                   frozenset[int]] | None:
+    """Tile sizes, reduction loops, peeled loops and serial loops (none) of a generic or
+    reduce op, or None."""
     if (op.name not in _VECTORIZED_OPS or TILE_ATTR in op.attributes or not _vectorizable(op)
             or has_reversed_index(op)):
         return None
     nest = loop_nest(op)
     tiles = choose_vector_tiles(nest, 4, hw) if nest is not None and nest.ranges else None
-    return (tiles, nest.reductions, peeled_loops(nest, tiles)) if tiles is not None else None
+    return (tiles, nest.reductions, peeled_loops(nest, tiles), frozenset()) if tiles is not None else None
 
 
-def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int], frozenset[int]] | None:
-    """Tiles of a 32-bit transpose that moves its innermost dim: blocks of lanes x lanes, each
-    read as whole vectors along the input's rows and written as whole vectors along the
-    result's (transposed in registers by shuffles), or None when the two dims are not
-    multiples of the lanes (scalar copies then)."""
+def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int], frozenset[int],
+                                                              frozenset[int]] | None:
+    """Tiles of a transpose that moves its innermost dim: for 32-bit elements, blocks of lanes
+    x lanes, each read as whole vectors along the input's rows and written as whole vectors
+    along the result's (transposed in registers by shuffles); for a result row of a few
+    elements (a matrix unit's VNNI pairs or quads of k), a block of that many input rows of
+    a vector's worth, interleaved by shuffles into one vector. None when the dims are not
+    multiples of the blocks (scalar copies then). The narrow form's parallel loop is the
+    input's outermost dim, the others serial inside it: each step then reads its rows in
+    order (in the result's order, a VNNI panel read 32 bytes of each of its rows, a page or
+    two apart)."""
     if op.name != "linalg.transpose":
         return None
     result = ir.RankedTensorType(op.results[0].type)
     permutation = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
-    lanes = hw.lanes(4)
     rank = len(permutation)
-    if (rank < 2 or permutation[-1] == rank - 1 or not result.has_static_shape
-            or not is_32_bit(result.element_type)):
+    if rank < 2 or permutation[-1] == rank - 1 or not result.has_static_shape:
         return None
     rows = permutation.index(rank - 1)  # the result dim along the input's rows
-    if result.shape[-1] % lanes or result.shape[rows] % lanes:
+    elem = result.element_type
+    bits = elem.width if isinstance(elem, ir.IntegerType) else 16 if _narrow(elem) else 32
+    lanes, inner = hw.vector_bits // bits, result.shape[-1]
+    serial: frozenset[int] = frozenset()
+    if is_32_bit(elem):
+        block = (lanes, lanes)
+    elif _narrow(elem) and inner < lanes and lanes % inner == 0:
+        block = (lanes // inner, inner)
+        serial = frozenset(range(rank)) - {permutation.index(0)}
+    else:
+        return None
+    if result.shape[rows] % block[0] or inner % block[1]:
         return None
     tiles = [1] * rank
-    tiles[rows] = tiles[-1] = lanes
-    return tuple(tiles), frozenset(), frozenset()
+    tiles[rows], tiles[-1] = block
+    return tuple(tiles), frozenset(), frozenset(), serial
 
 
 def _vectorizable(op: ir.Operation) -> bool:
@@ -314,6 +398,7 @@ class Choice:
     reductions: frozenset[int]
     parallel: bool                        # the parallel loops form an scf.forall for the cores
     peeled: frozenset[int] = frozenset()  # loops that get a remainder iteration
+    serial: frozenset[int] = frozenset()  # parallel loops left out of the scf.forall
 
 
 def script(choices: list[Choice]) -> str:
@@ -373,8 +458,7 @@ def _vectorizing(c: Choice) -> str:
         # The read in the input's order, then a transpose in registers: a 16 x 16 one as
         # AVX-512 shuffles (the generic lowering moves one element at a time). Applied to the
         # transposes' loops only: elsewhere, other transposes lower later as they always did.
-        lanes = c.tiles[-1]
-        strategy = "shuffle_16x16" if lanes == 16 else "shuffle_1d"
+        strategy = "shuffle_16x16" if sorted(c.tiles)[-2:] == [16, 16] else "shuffle_1d"
         lines += (f"    transform.apply_patterns to {_outer_loop(c)} {{\n"
                   "      transform.apply_patterns.vector.transfer_permutation_patterns\n"
                   f"      transform.apply_patterns.vector.lower_transpose lowering_strategy = {strategy}\n"
@@ -390,8 +474,8 @@ def _outer_loop(c: Choice) -> str:
 
 def _forall_tiles(c: Choice) -> tuple[list[int], list[int]]:
     """Tile sizes of the scf.forall and of the scf.for loops: the forall takes the parallel
-    loops when ``c.parallel``, except peeled ones (only an scf.for peels)."""
-    outer = [0 if d in c.reductions or d in c.peeled else t for d, t in enumerate(c.tiles)]
+    loops when ``c.parallel``, except peeled ones (only an scf.for peels) and serial ones."""
+    outer = [0 if d in c.reductions | c.peeled | c.serial else t for d, t in enumerate(c.tiles)]
     if not c.parallel or not any(outer):  # a full reduction has no parallel loop to spread
         outer = [0] * len(c.tiles)
     inner = [0 if o else t for o, t in zip(outer, c.tiles)]
