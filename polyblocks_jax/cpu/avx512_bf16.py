@@ -30,7 +30,7 @@ from mlir.dialects import arith, vector
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import templates
-from polyblocks_jax.passes.pipeline import pass_manager
+from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.transform import FLOAT_EXTREMA, float_constant, walk
 from polyblocks_jax.passes.matrix_units import MatrixUnit, TileShape, UnitOp
 

@@ -21,7 +21,7 @@ from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
 from polyblocks_jax.passes.copies import vectorize_copies
 from polyblocks_jax.passes.iteration_buffers import hoist_iteration_buffers
 from polyblocks_jax.passes.parallel import parallelize_loops
-from polyblocks_jax.passes.pipeline import pass_manager
+from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.vector_reads import lower_vector_reads
 
 

@@ -17,7 +17,7 @@ from mlir import ir
 from mlir.dialects import linalg, tensor
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.pipeline import pass_manager
+from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.transform import indexing_maps, walk
 
 
