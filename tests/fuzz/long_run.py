@@ -23,7 +23,7 @@ import time
 
 from hypothesis import HealthCheck, given, seed, settings
 
-from . import differential, loop_programs, programs
+from . import differential, edge_ops, loop_programs, programs
 
 INFLIGHT = ".inflight.json"  # the program a worker is running right now
 
@@ -50,8 +50,14 @@ def save(out: str, spec: dict, setting: str, error: str) -> bool:
     return True
 
 
-# The programs a run draws: any, or each built around a loop (scan, fori_loop, while_loop).
-FAMILIES = {"all": lambda: programs.programs(max_ops=8), "loops": loop_programs.loop_programs}
+# The programs a run draws: any; each built around a loop (scan, fori_loop, while_loop); of
+# large and odd shapes; mostly of edge_ops' kinds; maybe under vmap, jvp or grad as a whole.
+EDGE_KINDS = tuple(edge_ops.GENERATORS) + ("binary", "cast", "reduce", "dot", "conv", "window", "scatter",
+                                           "dynamic_slice")
+FAMILIES = {"all": lambda: programs.programs(max_ops=8), "loops": loop_programs.loop_programs,
+            "large": lambda: programs.programs(max_ops=5, shapes=programs.LARGE),
+            "edge": lambda: programs.programs(kinds=EDGE_KINDS),
+            "transformed": lambda: programs.programs(transforms=True)}
 
 
 def _batch(out: str, batch_seed: int, examples: int, family: str) -> tuple[int, int]:

@@ -54,7 +54,8 @@ def fit(p: programs.Program, z: int, shape, dtype: str) -> int:
     shape differs, maybe if not), cast, broadcast."""
     zs, zd = p.values[z]
     if zs and (zs != tuple(shape) or p.draw(st.booleans())):
-        fn = p.draw(st.sampled_from(("max", "min") if zd == "bool" else ("sum", "max")))
+        fn = p.draw(st.sampled_from(("max", "min") if zd == "bool" else ("sum",) if programs.kind(zd) == "complex"
+                                    else ("sum", "max")))
         z = p.add({"op": "reduce", "fn": fn, "x": z, "axes": list(range(len(zs)))}, (), zd)
         zs = ()
     if zd != dtype:
