@@ -331,5 +331,9 @@ def _kernels_meeting_padding(spec: dict) -> set[int]:
     f16) multiplies too, its loop emitter (f64, lhs dilation, some small shapes) skips
     the taps on padding. No answer matches XLA everywhere, so the fuzzer does not ask.
     """
-    return {op["w"] for op in spec["ops"] if op["op"] == "conv" and any(
-        w["pad"] != [0, 0] or w["lhs_dil"] > 1 for w in op["windows"])}
+    return {op["w"] for op in spec["ops"] if op["op"] == "conv" and pads_or_dilates(op)}
+
+
+def pads_or_dilates(conv: dict) -> bool:
+    """Whether a conv op's input meets zeros: padding, or holes of its lhs dilation."""
+    return any(w["pad"] != [0, 0] or w["lhs_dil"] > 1 for w in conv["windows"])

@@ -88,8 +88,9 @@ class Program:
         self.values.append((tuple(shape), dtype))
         return len(self.values) - 1
 
-    def new_input(self, shape, dtype: str) -> int:
-        edge = self.draw(st.sampled_from((False, True, "dense")))  # interpret.make_inputs says what each is
+    def new_input(self, shape, dtype: str, special: bool = True) -> int:
+        """A new argument; its values maybe special (interpret.make_inputs says which)."""
+        edge = self.draw(st.sampled_from((False, True, "dense"))) if special else False
         return self.add({"op": "input", "shape": list(shape), "dtype": dtype, "edge": edge}, shape, dtype)
 
     def pick(self, predicate: Callable[[tuple, str], bool] = lambda s, d: True) -> int | None:
@@ -410,7 +411,7 @@ def programs(draw, max_ops: int = 6, kinds: tuple[str, ...] = KINDS, first: str 
              dtypes: tuple[str, ...] = DTYPES, shapes: dict = SMALL, transforms: bool = False) -> dict:
     """A random valid program spec of up to ``max_ops`` op steps drawn from ``kinds``, after
     one of kind ``first`` if given; its first input and its casts of ``dtypes``; its shapes
-    SMALL or LARGE; with ``transforms`` maybe the whole program under vmap, jvp or grad."""
+    SMALL or LARGE; with ``transforms`` the whole program under vmap, jvp or grad."""
     p = Program(draw, dtypes, shapes=shapes)
     p.new_input(p.shape(), draw(st.sampled_from(dtypes)))
     more = draw(st.integers(0 if first else 1, max_ops))
@@ -423,7 +424,5 @@ def programs(draw, max_ops: int = 6, kinds: tuple[str, ...] = KINDS, first: str 
     outputs = sorted(extra | {computed[-1]}) if computed else [0]
     spec = {"seed": draw(st.integers(0, 2**16)), "ops": p.ops, "outputs": outputs}
     if transforms:
-        transform = edge_ops.program_transform(p, outputs)
-        if transform:
-            spec["transform"] = transform
+        spec["transform"] = edge_ops.program_transform(p, outputs)
     return spec

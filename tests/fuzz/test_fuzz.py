@@ -10,7 +10,7 @@ from __future__ import annotations
 from absl.testing import absltest
 from hypothesis import HealthCheck, given, settings
 
-from . import differential, loop_programs, programs
+from . import differential, edge_ops, loop_programs, programs
 
 # The slice's size: ~0.6 s per program (4 compiles) alone on 2 cores, ~75 s; a few of
 # them are loop programs, larger (a body, maybe under vmap, jvp or grad).
@@ -51,7 +51,7 @@ class FuzzTest(absltest.TestCase):
         differential.check(spec)
 
     @settings(_CI, max_examples=TRANSFORMED_PROGRAMS)
-    @given(programs.programs(transforms=True))
+    @given(programs.programs(transforms=True, dtypes=edge_ops.TRANSFORMED_DTYPES))
     def test_random_transformed_programs_match_xla(self, spec):
         FuzzTest.ran += 1
         differential.check(spec)
