@@ -145,7 +145,7 @@ def run_kernel(module: ir.Module, name: str, *arrays: np.ndarray) -> None:
     """Lower ``module`` (vectors and memrefs) and call its function ``name`` on the arrays'
     memory (bare pointers), by MLIR's ExecutionEngine: for kernels written by hand."""
     from mlir import execution_engine
-    from polyblocks_jax.passes.pipeline import pass_manager
+    from polyblocks_jax.contexts import pass_manager
     pass_manager(_KERNEL_LOWERING, module.context).run(module.operation)
     engine = execution_engine.ExecutionEngine(module, opt_level=2)
     args = [ctypes.c_void_p(a.ctypes.data) for a in arrays]

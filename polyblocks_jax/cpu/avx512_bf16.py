@@ -12,7 +12,7 @@ the whole k loop; each step loads nb rhs vectors and broadcasts mb lhs pairs.
 
 ``round_computed_vectors``: VCVTNEPS2BF16 rounds 16 f32 lanes to bf16 (nearest even) in one
 instruction, where the integer rounding of arith-expand takes seven and a narrowing; bf16
-arithmetic rounds after each op (arith-emulate-unsupported-floats). Only roundings whose
+arithmetic rounds after each op (cpu/bf16.py's emulate_bf16_arithmetic). Only roundings whose
 value leaves f32 (stored, returned): one widened again stays integer ops, which LLVM folds
 with the widening into one mask (with the instruction, GELU took 1.45x as long). The
 instruction flushes subnormals to zero: as XLA, which computes with subnormals flushed,
@@ -30,7 +30,6 @@ from mlir.dialects import arith, vector
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import templates
-from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.transform import FLOAT_EXTREMA, float_constant, walk
 from polyblocks_jax.passes.matrix_units import MatrixUnit, TileShape, UnitOp
 
@@ -114,9 +113,7 @@ def round_computed_vectors(module: ir.Module, options: Options) -> bool:
     """bf16 vector arithmetic as f32 arithmetic; each f32 -> bf16 rounding of a value an
     arith or math op computed, not widened again -> VCVTNEPS2BF16 on 16-lane parts (8 for
     narrower vectors); of an extremum of bf16 values (exact) -> its high half. Whether
-    there was one."""
-    pass_manager("builtin.module(func.func(arith-emulate-unsupported-floats{source-types=bf16 target-type=f32}))",
-                 module.context).run(module.operation)
+    there was one. After cpu/bf16.py's emulate_bf16_arithmetic, which made the f32 ops."""
     products = _invariant_divisions_as_products(module)
     rewrites = [(op, kind) for op in walk(module.operation) if op.name == "arith.truncf"
                 for kind in [_rounding(op)] if kind is not None]

@@ -2,9 +2,10 @@
 
 x86 without AVX512-BF16 keeps bf16 as a storage type only: LLVM promotes any other
 bf16 operation to f32 and rounds the result back with a call to ``__truncsfbf2``, a
-compiler-rt routine that our libraries do not link. arith-emulate-unsupported-floats
-and arith-expand (in cpu/lowering.py) turn bf16 arithmetic into f32 arithmetic and
-integer rounding, but two kinds of bf16 operation still reach LLVM:
+compiler-rt routine that our libraries do not link. ``emulate_bf16_arithmetic`` turns
+bf16 arithmetic into f32 arithmetic whose every result is rounded to bf16, as StableHLO's
+types say (x * y + z rounds x * y), and arith-expand (in cpu/lowering.py) makes the
+roundings integer ops, but two kinds of bf16 operation still reach LLVM:
 
 - ops that do no arithmetic, which arith-emulate leaves alone (select), and sign ops
   that LLVM's instcombine narrows back to bf16 (``fneg (fpext x)`` -> ``fpext (fneg x)``).
@@ -27,9 +28,24 @@ from mlir import ir
 from mlir.dialects import arith, llvm
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.transform import walk
 
 _SIGN, _MAGNITUDE = 0x8000, 0x7FFF
+
+
+def emulate_bf16_arithmetic(module: ir.Module, options: Options) -> bool:
+    """bf16 arith ops -> f32 ops between an extf and a truncf (arith-emulate-unsupported-floats),
+    every rounding kept: the pass marks its conversions ``contract``, which lets
+    extf(truncf(p)) fold to p, and a bf16 product then reaches an add or an fptosi
+    unrounded. Whether there was a conversion."""
+    pass_manager("builtin.module(func.func(arith-emulate-unsupported-floats{source-types=bf16 target-type=f32}))",
+                 module.context).run(module.operation)
+    conversions = [op for op in walk(module.operation) if op.name in ("arith.extf", "arith.truncf")
+                   and "fastmath" in op.attributes and any(_is_bf16(t) for t in _value_types(op))]
+    for op in conversions:
+        del op.attributes["fastmath"]
+    return bool(conversions)
 
 
 def bits_for_bf16_moves(module: ir.Module, options: Options) -> bool:

@@ -7,7 +7,8 @@ from mlir import ir
 from mlir.dialects import func
 
 from polyblocks_jax.cpu.avx512_bf16 import round_computed_vectors
-from polyblocks_jax.cpu.bf16 import bf16_vectors_as_bits, bits_for_bf16_moves, define_truncsfbf2
+from polyblocks_jax.cpu.bf16 import (bf16_vectors_as_bits, bits_for_bf16_moves, define_truncsfbf2,
+                                     emulate_bf16_arithmetic)
 from polyblocks_jax.cpu.heap import check_heap_buffers
 from polyblocks_jax.cpu.host_callbacks import define_host_callbacks
 from polyblocks_jax.cpu.matrix_units import lower_matrix_units
@@ -70,6 +71,9 @@ def cpu_stages(options: Options, small: bool = False) -> list[Stage]:
         # transfer lowering would load it once per lane.
         Stage("vector-reads", lower_vector_reads),
         VECTOR_TRANSFERS,
+        # bf16 arithmetic in f32, each result rounded to bf16 (the pass in to-llvm would
+        # let a product reach an add unrounded).
+        Stage("bf16-arithmetic", emulate_bf16_arithmetic),
         *roundings,
         # Conversions that work function by function are nested in func.func: MLIR runs them
         # on the outlined kernels in parallel, one per core (ViT-Tiny: 0.41 -> 0.29 s).

@@ -23,6 +23,8 @@ out-parameter, not copied there.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from mlir import ir
 from mlir.dialects import bufferization, func, memref
 
@@ -42,22 +44,25 @@ def prepare_results(module: ir.Module, options: Options) -> bool:
     for fn in defined_functions(module):
         ret = _terminator(fn)
         donors = _donors(fn)
-        changed |= _copy_repeated_results(ret, donors)
+        changed |= _copy_repeated_results(ret, donors, _copied_tensor)
         _tie_donated_results(fn, ret, donors)
         changed |= bool(donors)
     return changed
 
 
 def drop_aliased_results(module: ir.Module, options: Options) -> bool:
-    """Remove the results that are their donated argument's buffer; record them on the
-    module. Whether a function had donated arguments."""
+    """Give each buffer returned twice, or argument returned, its own copy again: results
+    distinct before bufferization may be one buffer after it (its canonicalization folds a
+    cond of equal branches into their value). Then remove the results that are their donated
+    argument's buffer; record them on the module. Whether a function changed."""
     changed = False
     for fn in defined_functions(module):
         donors = _donors(fn)
+        ret = _terminator(fn)
+        changed |= _copy_repeated_results(ret, donors, _copied_buffer)
         if not donors:
             continue
         changed = True
-        ret = _terminator(fn)
         _return_copied_results(fn, ret, donors)
         aliases = [_aliased_argument(value, k, donors) for k, value in enumerate(ret.operands)]
         fn.arg_attrs = ir.ArrayAttr.get([_without(ir.DictAttr(d), ALIASED_OUTPUT) for d in fn.arg_attrs])
@@ -182,8 +187,9 @@ def _donors(fn: func.FuncOp) -> dict[int, int]:
     return donors
 
 
-def _copy_repeated_results(ret: ir.Operation, donors: dict[int, int]) -> bool:
-    """A result returned twice, or an argument returned, gets its own copy.
+def _copy_repeated_results(ret: ir.Operation, donors: dict[int, int],
+                           copy: Callable[[ir.Value], ir.Value | None]) -> bool:
+    """A result returned twice, or an argument returned, gets its own ``copy``.
 
     Exception: a donated argument returned unchanged as the result it is donated to
     keeps its buffer. Copies of arguments come before the donated results are
@@ -196,10 +202,26 @@ def _copy_repeated_results(ret: ir.Operation, donors: dict[int, int]) -> bool:
         own_argument = k in donors and value == args[donors[k]]
         if not own_argument and (value in seen or isinstance(value.owner, ir.Block)):
             with ir.InsertionPoint(ret), ret.location:
-                ret.operands[k] = bufferization.AllocTensorOp(value.type, [], copy=value).result
-            copied = True
+                new = copy(value)
+            if new is not None:
+                ret.operands[k] = new
+                copied = True
         seen.add(value)
     return copied
+
+
+def _copied_tensor(value: ir.Value) -> ir.Value:
+    return bufferization.AllocTensorOp(value.type, [], copy=value).result
+
+
+def _copied_buffer(value: ir.Value) -> ir.Value | None:
+    """A new buffer holding ``value``'s elements; None for a strided view, which no
+    allocation of its type can hold (the results stage copied those before bufferization)."""
+    if not isinstance(value.type, ir.MemRefType) or not identity_layout(ir.MemRefType(value.type)):
+        return None
+    buffer = memref.AllocOp(value.type, [], []).result
+    memref.copy(value, buffer)
+    return buffer
 
 
 def _tie_donated_results(fn: func.FuncOp, ret: ir.Operation, donors: dict[int, int]) -> None:

@@ -70,7 +70,8 @@ def _conv(x, w, op: dict):
         padding=[tuple(s["pad"]) for s in op["windows"]],
         lhs_dilation=[s["lhs_dil"] for s in op["windows"]],
         rhs_dilation=[s["rhs_dil"] for s in op["windows"]],
-        dimension_numbers=(lhs, "OI" + spatial, lhs), feature_group_count=op["groups"])
+        dimension_numbers=(lhs, "OI" + spatial, lhs), feature_group_count=op["groups"],
+        batch_group_count=op.get("batch_groups", 1))
 
 
 def _scatter(x, idx, upd, fn: str, mode: str):
@@ -102,7 +103,8 @@ def _apply(op: dict, v: list):
     if k == "reduce":
         return _reduce(x, op["fn"], op["axes"])
     if k == "dot":
-        return lax.dot_general(x, v[op["y"]], (op["contract"], op["batch"]))
+        preferred = numpy_dtype(op["preferred"]) if "preferred" in op else None
+        return lax.dot_general(x, v[op["y"]], (op["contract"], op["batch"]), preferred_element_type=preferred)
     if k == "conv":
         return _conv(x, v[op["w"]], op)
     if k == "window":
@@ -136,6 +138,21 @@ def _apply(op: dict, v: list):
         return lax.sort(x, dimension=op["axis"])
     if k in ("cumsum", "cummax", "cummin"):
         return _cumulative(x, op)
+    if k == "argmax":
+        return (lax.argmax if op["fn"] == "argmax" else lax.argmin)(x, op["axis"], numpy_dtype(op["dtype"]))
+    if k == "reduce_precision":
+        return lax.reduce_precision(x, *op["bits"])
+    if k == "clamp":
+        return lax.clamp(v[op["lo"]], x, v[op["hi"]])
+    if k == "iota":
+        return lax.broadcasted_iota(numpy_dtype(op["dtype"]), op["shape"], op["dim"])
+    # top_k orders NaNs by sign, which is unspecified for a computed NaN (XLA's log1p of -2 is
+    # -NaN on x86, ours +NaN): the operand's NaNs are made one.
+    if k == "top_k":
+        one_nan = jnp.where(jnp.isnan(x), np.array(np.nan, x.dtype), x) if jnp.issubdtype(x.dtype, jnp.floating) else x
+        return lax.top_k(one_nan, op["k"])
+    if k == "scale":
+        return x * np.array(op["by"], x.dtype)
     if k == "loop":
         return _loop(op, v)
     if k == "element":
@@ -222,22 +239,88 @@ def _cond(p, x, fns):
 
 
 def build(spec: dict) -> Callable:
-    """The JAX function of ``spec``: one argument per input op, a tuple of the outputs."""
+    """The JAX function of ``spec``: one argument per input op (then, under jvp, one tangent
+    per f32 or f64 input; under grad, one cotangent per f32 or f64 output), a tuple of the
+    outputs (under grad, the gradients)."""
     def program(*args):
         v = _run(spec["ops"], [], list(args))
         return tuple(v[i] for i in spec["outputs"])
-    return program
+    transform = spec.get("transform", {"kind": "none"})
+    if transform["kind"] == "none":
+        return program
+    if transform["kind"] == "vmap":
+        return jax.vmap(program, in_axes=tuple(transform["axes"]))
+    wrt = _differentiable(spec)
+    n = sum(op["op"] == "input" for op in spec["ops"])
+
+    def of_wrt(args, xs):
+        full = list(args)
+        for i, x in zip(wrt, xs):
+            full[i] = x
+        return program(*full)
+    if transform["kind"] == "jvp":
+        def jvp(*args):
+            outs, tangents = jax.jvp(lambda *xs: of_wrt(args[:n], xs), tuple(args[i] for i in wrt), args[n:])
+            return (*outs, *[t for o, t in zip(outs, tangents) if jnp.issubdtype(o.dtype, jnp.floating)])
+        return jvp
+
+    def grad(*args):
+        def weighted(*xs):
+            outs = [o for o in of_wrt(args[:n], xs) if o.dtype in (np.float32, np.float64)]
+            return sum(jnp.vdot(ct, o) for ct, o in zip(args[n:], outs))
+        return jax.grad(weighted, argnums=tuple(range(len(wrt))))(*[args[i] for i in wrt])
+    return grad
+
+
+def _differentiable(spec: dict) -> list[int]:
+    """The positions, among the arguments, of the f32 and f64 inputs."""
+    dtypes = [op["dtype"] for op in spec["ops"] if op["op"] == "input"]
+    return [i for i, d in enumerate(dtypes) if d in ("float32", "float64")]
 
 
 def make_inputs(spec: dict) -> list[np.ndarray]:
+    """The arguments of build(spec): random values (some NaN, inf, limits; see _dense), with
+    a leading axis where vmap batches them, and the tangents or cotangents of jvp or grad."""
     rng = np.random.default_rng(spec["seed"])
     finite = _kernels_meeting_padding(spec)
+    transform = spec.get("transform", {"kind": "none"})
     inputs = []
     for i, op in enumerate(spec["ops"]):
         if op["op"] == "input":
-            x = support.random_array(rng, op["shape"], numpy_dtype(op["dtype"]), edge=op["edge"])
+            shape, dtype = op["shape"], numpy_dtype(op["dtype"])
+            if transform["kind"] == "vmap" and transform["axes"][len(inputs)] == 0:
+                shape = [transform["size"]] + shape
+            x = (_dense(rng, shape, dtype) if op["edge"] == "dense" else
+                 support.random_array(rng, shape, dtype, edge=op["edge"]))
             inputs.append(np.where(np.isfinite(x), x, np.zeros_like(x)) if i in finite else x)
+    if transform["kind"] == "jvp":
+        inputs += [support.random_array(rng, inputs[i].shape, inputs[i].dtype, edge=False)
+                   for i in _differentiable(spec)]
+    if transform["kind"] == "grad":
+        outs = jax.eval_shape(build({**spec, "transform": {"kind": "none"}}), *inputs)
+        inputs += [support.random_array(rng, o.shape, o.dtype, edge=False)
+                   for o in outs if o.dtype in (np.float32, np.float64)]
     return inputs
+
+
+def _dense(rng: np.random.Generator, shape, dtype: np.dtype) -> np.ndarray:
+    """Half of the values special: NaN, infinities, signed zeros, halves (rounding ties), integer
+    limits, -1, shift counts around the bit width. Floats stay of the magnitude of the others:
+    large ones would only make sums cancel, whose rounding differs with their order; values
+    past the integer ranges come from edge_ops' scale."""
+    x = support.random_array(rng, shape, dtype, edge=True)
+    if dtype.kind == "f" or dtype == np.dtype(ml_dtypes.bfloat16):
+        specials = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 0.5, -0.5, 2.5, -1.5], np.float64)
+    elif dtype.kind in "iu":
+        info, bits = np.iinfo(dtype), 8 * dtype.itemsize
+        specials = np.array([info.min, info.min + 1, info.max, 0, 1, 2, bits - 1, bits, bits + 1]
+                            + ([-1, -2] if dtype.kind == "i" else []), np.int64)
+    else:
+        return x
+    with np.errstate(over="ignore", invalid="ignore"):
+        pool = specials.astype(dtype)
+    chosen = rng.random(x.shape) < 0.5
+    return np.where(chosen, rng.choice(pool, size=x.shape), x).astype(dtype)
 
 
 def _kernels_meeting_padding(spec: dict) -> set[int]:
@@ -248,5 +331,9 @@ def _kernels_meeting_padding(spec: dict) -> set[int]:
     f16) multiplies too, its loop emitter (f64, lhs dilation, some small shapes) skips
     the taps on padding. No answer matches XLA everywhere, so the fuzzer does not ask.
     """
-    return {op["w"] for op in spec["ops"] if op["op"] == "conv" and any(
-        w["pad"] != [0, 0] or w["lhs_dil"] > 1 for w in op["windows"])}
+    return {op["w"] for op in spec["ops"] if op["op"] == "conv" and pads_or_dilates(op)}
+
+
+def pads_or_dilates(conv: dict) -> bool:
+    """Whether a conv op's input meets zeros: padding, or holes of its lhs dilation."""
+    return any(w["pad"] != [0, 0] or w["lhs_dil"] > 1 for w in conv["windows"])

@@ -23,7 +23,7 @@ import time
 
 from hypothesis import HealthCheck, given, seed, settings
 
-from . import differential, loop_programs, programs
+from . import differential, edge_ops, loop_programs, programs
 
 INFLIGHT = ".inflight.json"  # the program a worker is running right now
 
@@ -50,8 +50,19 @@ def save(out: str, spec: dict, setting: str, error: str) -> bool:
     return True
 
 
-# The programs a run draws: any, or each built around a loop (scan, fori_loop, while_loop).
-FAMILIES = {"all": lambda: programs.programs(max_ops=8), "loops": loop_programs.loop_programs}
+# The programs a run draws: any; each built around a loop (scan, fori_loop, while_loop); of
+# large and odd shapes, maybe contractions of narrow types; mostly of edge_ops' kinds; under
+# vmap, jvp or grad as a whole.
+EDGE_KINDS = tuple(edge_ops.GENERATORS) + ("binary", "cast", "reduce", "dot", "conv", "window", "scatter",
+                                           "dynamic_slice")
+MATRIX_KINDS = ("dot", "conv", "unary", "binary", "cast", "reduce", "transpose")
+FAMILIES = {"all": lambda: programs.programs(max_ops=8), "loops": loop_programs.loop_programs,
+            "large": lambda: programs.programs(max_ops=5, shapes=programs.LARGE),
+            # large contractions of narrow types: the matrix units' (AMX, VDPBF16PS) kernels
+            "matrix": lambda: programs.programs(max_ops=4, shapes=programs.LARGE, kinds=MATRIX_KINDS,
+                                                dtypes=("bfloat16", "float16", "int8", "uint8", "float32")),
+            "edge": lambda: programs.programs(kinds=EDGE_KINDS),
+            "transformed": lambda: programs.programs(transforms=True, dtypes=edge_ops.TRANSFORMED_DTYPES)}
 
 
 def _batch(out: str, batch_seed: int, examples: int, family: str) -> tuple[int, int]:

@@ -36,8 +36,8 @@ class Body(programs.Program):
     def param(self, shape, dtype: str) -> int:
         return self.add({"op": "param", "shape": list(shape), "dtype": dtype}, shape, dtype)
 
-    def new_input(self, shape, dtype: str) -> int:
-        outer = self.parent.new_input(shape, dtype)
+    def new_input(self, shape, dtype: str, special: bool = True) -> int:
+        outer = self.parent.new_input(shape, dtype, special)
         return self.add({"op": "outer", "x": outer}, shape, dtype)
 
 
@@ -54,7 +54,8 @@ def fit(p: programs.Program, z: int, shape, dtype: str) -> int:
     shape differs, maybe if not), cast, broadcast."""
     zs, zd = p.values[z]
     if zs and (zs != tuple(shape) or p.draw(st.booleans())):
-        fn = p.draw(st.sampled_from(("max", "min") if zd == "bool" else ("sum", "max")))
+        fn = p.draw(st.sampled_from(("max", "min") if zd == "bool" else ("sum",) if programs.kind(zd) == "complex"
+                                    else ("sum", "max")))
         z = p.add({"op": "reduce", "fn": fn, "x": z, "axes": list(range(len(zs)))}, (), zd)
         zs = ()
     if zd != dtype:
@@ -160,10 +161,12 @@ def _transform(p: programs.Program, loop: dict, args: list[int], outs: list) -> 
                            for a, axis in zip(args, axes)]
         return [((batch,) + s, d) for s, d in outs]
     if transform == "jvp":
-        loop["tangents"] = [p.new_input(*p.values[a]) for a in args if p.values[a][1] in DIFFERENTIABLE]
+        # Tangents and cotangents are finite: JAX's derivative of a max multiplies them by a 0/1
+        # mask, which XLA simplifies to a select (NaN * 0 gives 0 there, NaN here, as IEEE says).
+        loop["tangents"] = [p.new_input(*p.values[a], special=False) for a in args if p.values[a][1] in DIFFERENTIABLE]
         return outs + [o for o in outs if o[1] in programs.FLOATS]
     if transform == "grad":
-        loop["cotangents"] = [p.new_input(*o) if o[1] in DIFFERENTIABLE else None for o in outs]
+        loop["cotangents"] = [p.new_input(*o, special=False) if o[1] in DIFFERENTIABLE else None for o in outs]
         return [p.values[a] for a in args if p.values[a][1] in DIFFERENTIABLE]
     return outs
 

@@ -40,8 +40,16 @@ COMPARES = ("lt", "le", "eq", "ne", "gt", "ge")
 # past any tolerance (exp(exp(x)) multiplies exp's relative error by x).
 GROWING = ("exp", "expm1", "pow")
 REDUCERS = ("sum", "max", "min", "prod")
+# A dot's preferred_element_type wider than its operands: mixed-precision matmuls.
+WIDER = {"bfloat16": "float32", "float16": "float32", "int8": "int32", "uint8": "uint32", "float32": "float64"}
 
-
+# Shapes: small dims by default; LARGE ones (odd sizes, primes, 1) reach the tiled, vectorized,
+# parallel and packed paths the cost models take only above some work size. ``cap`` bounds
+# the elements of a value drawn so (and of the values chosen to build on).
+SMALL = {"dim": st.integers(1, 5), "cap": 256}
+LARGE = {"dim": st.one_of(st.integers(1, 5), st.sampled_from((1, 7, 16, 17, 31, 33, 64, 97, 127, 128, 131,
+                                                               256, 257, 300)), st.integers(33, 300)),
+         "cap": 1 << 16}
 
 def kind(dtype: str) -> str:
     if dtype in COMPLEX:
@@ -58,8 +66,18 @@ class Program:
     """The spec under construction and the (shape, dtype) of every value so far; ``depth``
     counts the loop bodies it is nested in."""
 
-    def __init__(self, draw, dtypes: tuple[str, ...] = DTYPES, depth: int = 0) -> None:
+    def __init__(self, draw, dtypes: tuple[str, ...] = DTYPES, depth: int = 0, shapes: dict = SMALL) -> None:
         self.draw, self.dtypes, self.depth, self.ops, self.values = draw, dtypes, depth, [], []
+        self.shapes = shapes
+
+    def shape(self, min_rank: int = 0, max_rank: int = 3, within: int = 1) -> list[int]:
+        """A random shape of this program's dims, of at most ``shapes["cap"] // within`` elements."""
+        budget = max(1, self.shapes["cap"] // max(within, 1))
+        out = []
+        for _ in range(self.draw(st.integers(min_rank, max_rank))):
+            out.append(max(1, min(self.draw(self.shapes["dim"]), budget)))
+            budget //= out[-1]
+        return out
 
     def fns(self, table: dict[str, tuple[str, ...]], dtype: str) -> tuple[str, ...]:
         """The functions of ``table`` for ``dtype`` this program may use."""
@@ -70,8 +88,9 @@ class Program:
         self.values.append((tuple(shape), dtype))
         return len(self.values) - 1
 
-    def new_input(self, shape, dtype: str) -> int:
-        edge = self.draw(st.booleans())
+    def new_input(self, shape, dtype: str, special: bool = True) -> int:
+        """A new argument; its values maybe special (interpret.make_inputs says which)."""
+        edge = self.draw(st.sampled_from((False, True, "dense"))) if special else False
         return self.add({"op": "input", "shape": list(shape), "dtype": dtype, "edge": edge}, shape, dtype)
 
     def pick(self, predicate: Callable[[tuple, str], bool] = lambda s, d: True) -> int | None:
@@ -92,7 +111,7 @@ class Program:
 
 
 def random_shape(draw, min_rank: int = 0, max_rank: int = 3) -> list[int]:
-    return draw(st.lists(st.integers(1, 5), min_size=min_rank, max_size=max_rank))
+    return draw(st.lists(SMALL["dim"], min_size=min_rank, max_size=max_rank))
 
 
 def _gen_unary(p: Program, x: int) -> None:
@@ -126,7 +145,7 @@ def _gen_broadcast(p: Program, x: int) -> None:
     if len(shape) >= 4:
         return _gen_unary(p, x)
     at = p.draw(st.integers(0, len(shape)))
-    out = list(shape[:at]) + [p.draw(st.integers(1, 4))] + list(shape[at:])
+    out = list(shape[:at]) + p.shape(1, 1, within=math.prod(shape)) + list(shape[at:])
     dims = [d if d < at else d + 1 for d in range(len(shape))]
     p.add({"op": "broadcast", "x": x, "shape": out, "dims": dims}, out, dtype)
 
@@ -141,7 +160,8 @@ def _gen_reduce(p: Program, x: int) -> None:
 
 
 def _gen_dot(p: Program, x: int) -> None:
-    """dot_general of x with a new operand: some dims of x batch, some contract, the rest stay free."""
+    """dot_general of x with a new operand: some dims of x batch, some contract, the rest stay
+    free; the new operand's dims in any order; narrow operands maybe accumulated wider."""
     shape, dtype = p.values[x]
     if dtype == "bool" or not shape:
         return _gen_binary(p, x)
@@ -149,15 +169,22 @@ def _gen_dot(p: Program, x: int) -> None:
                             max_size=len(shape)))
     batch = [d for d, r in enumerate(roles) if r == "batch"]
     contract = [d for d, r in enumerate(roles) if r == "contract"]
-    free_y = random_shape(p.draw, 0, 1)
-    y_shape = [shape[d] for d in batch] + [shape[d] for d in contract] + free_y
-    y = p.new_input(y_shape, dtype)
-    nb = len(batch)
-    out = ([shape[d] for d in batch] + [shape[d] for d in range(len(shape)) if roles[d] == "free"] + free_y)
+    kept = math.prod(n for n, r in zip(shape, roles) if r != "contract")
+    free_y = p.shape(0, 2 if len(shape) - len(contract) < 3 else 1, within=kept)
+    nb, nc = len(batch), len(contract)
+    canonical = [shape[d] for d in batch] + [shape[d] for d in contract] + free_y  # y's dims, canonically
+    perm = list(p.draw(st.permutations(range(len(canonical)))))  # y's dim i is canonical dim perm[i]
+    y = p.new_input([canonical[c] for c in perm], dtype)
+    out = ([shape[d] for d in batch] + [shape[d] for d in range(len(shape)) if roles[d] == "free"]
+           + [canonical[c] for c in perm if c >= nb + nc])  # y's free dims in y's order
     if len(out) > 4:
         return None
-    p.add({"op": "dot", "x": x, "y": y, "contract": [contract, list(range(nb, nb + len(contract)))],
-           "batch": [batch, list(range(nb))]}, out, dtype)
+    op = {"op": "dot", "x": x, "y": y, "contract": [contract, [perm.index(nb + j) for j in range(nc)]],
+          "batch": [batch, [perm.index(j) for j in range(nb)]]}
+    wider = WIDER.get(dtype)
+    if wider and p.draw(st.booleans()):
+        op["preferred"] = dtype = wider
+    p.add(op, out, dtype)
 
 
 def _conv_window(draw, size: int) -> tuple[dict, int]:
@@ -178,18 +205,23 @@ def _gen_conv(p: Program, x: int) -> None:
     layout = p.draw(st.sampled_from(("first", "last")))
     if kind(dtype) not in ("float", "complex") or len(shape) not in (3, 4):
         dtype = dtype if kind(dtype) == "float" else "float32"
-        shape = random_shape(p.draw, 3, 4)
+        shape = p.shape(3, 4)
         x = p.new_input(shape, dtype)
     spatial = list(shape[2:]) if layout == "first" else list(shape[1:-1])
     channels = shape[1] if layout == "first" else shape[-1]
     groups = p.draw(st.sampled_from([g for g in (1, 2, 3) if channels % g == 0]))
+    # batch_group_count (the weight gradient of a convolution) only where groups is 1
+    batch_groups = p.draw(st.sampled_from([b for b in (1, 2, 3) if shape[0] % b == 0 and (b == 1 or groups == 1)]))
     windows, outs = zip(*[_conv_window(p.draw, n) for n in spatial])
-    features = groups * p.draw(st.integers(1, 2))
+    features = groups * batch_groups * p.shape(1, 1, within=math.prod(shape) // channels * 4)[0]
     kernel = [features, channels // groups] + [w["k"] for w in windows]  # OI + spatial
     w = p.new_input(kernel, dtype)
-    out = [shape[0], features] + list(outs) if layout == "first" else [shape[0]] + list(outs) + [features]
-    p.add({"op": "conv", "x": x, "w": w, "layout": layout, "groups": groups, "windows": list(windows)},
-          out, dtype)
+    n = shape[0] // batch_groups
+    out = [n, features] + list(outs) if layout == "first" else [n] + list(outs) + [features]
+    op = {"op": "conv", "x": x, "w": w, "layout": layout, "groups": groups, "windows": list(windows)}
+    if batch_groups > 1:
+        op["batch_groups"] = batch_groups
+    p.add(op, out, dtype)
 
 
 def _gen_window(p: Program, x: int) -> None:
@@ -222,7 +254,7 @@ def _gen_gather(p: Program, x: int) -> None:
     if not shape:
         return _gen_unary(p, x)
     axis = p.draw(st.integers(0, len(shape) - 1))
-    idx_shape = random_shape(p.draw, 0, 2)
+    idx_shape = p.shape(0, 2, within=math.prod(shape) // shape[axis])
     out = list(shape[:axis]) + idx_shape + list(shape[axis + 1:])
     if len(out) > 4:
         return None
@@ -235,7 +267,7 @@ def _gen_scatter(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     if not shape:
         return _gen_unary(p, x)
-    idx = p.new_input(random_shape(p.draw, 1, 1), "int32")
+    idx = p.new_input(p.shape(1, 1, within=math.prod(shape[1:])), "int32")
     upd = p.new_input(list(p.values[idx][0]) + list(shape[1:]), dtype)
     fn = p.draw(st.sampled_from(("set", "max", "min") if dtype == "bool" else ("set", "add")
                                 if kind(dtype) == "complex" else ("set", "add", "max", "min")))
@@ -367,22 +399,30 @@ def _gen_row(p: Program, x: int) -> None:
 
 
 GENERATORS.update(loop=_gen_loop, row=_gen_row)
+
+from . import edge_ops  # noqa: E402 (as loop_programs)
+
+GENERATORS.update(edge_ops.GENERATORS)
 KINDS = tuple(k for k in GENERATORS if k != "row")  # a counter's row is for loop bodies only
 
 
 @st.composite
 def programs(draw, max_ops: int = 6, kinds: tuple[str, ...] = KINDS, first: str | None = None,
-             dtypes: tuple[str, ...] = DTYPES) -> dict:
+             dtypes: tuple[str, ...] = DTYPES, shapes: dict = SMALL, transforms: bool = False) -> dict:
     """A random valid program spec of up to ``max_ops`` op steps drawn from ``kinds``, after
-    one of kind ``first`` if given; its first input and its casts of ``dtypes``."""
-    p = Program(draw, dtypes)
-    p.new_input(random_shape(draw), draw(st.sampled_from(dtypes)))
+    one of kind ``first`` if given; its first input and its casts of ``dtypes``; its shapes
+    SMALL or LARGE; with ``transforms`` the whole program under vmap, jvp or grad."""
+    p = Program(draw, dtypes, shapes=shapes)
+    p.new_input(p.shape(), draw(st.sampled_from(dtypes)))
     more = draw(st.integers(0 if first else 1, max_ops))
     for step in range(more + bool(first)):
-        x = p.pick(lambda s, d: math.prod(s) <= 256)
+        x = p.pick(lambda s, d: math.prod(s) <= shapes["cap"])
         k = first if first and step == 0 else draw(st.sampled_from(kinds))
         GENERATORS[k](p, x if x is not None else len(p.values) - 1)
     computed = [i for i, op in enumerate(p.ops) if op["op"] not in ("input", "loop")]
     extra = draw(st.sets(st.sampled_from(computed), max_size=2))
     outputs = sorted(extra | {computed[-1]}) if computed else [0]
-    return {"seed": draw(st.integers(0, 2**16)), "ops": p.ops, "outputs": outputs}
+    spec = {"seed": draw(st.integers(0, 2**16)), "ops": p.ops, "outputs": outputs}
+    if transforms:
+        spec["transform"] = edge_ops.program_transform(p, outputs)
+    return spec

@@ -10,13 +10,15 @@ from __future__ import annotations
 from absl.testing import absltest
 from hypothesis import HealthCheck, given, settings
 
-from . import differential, loop_programs, programs
+from . import differential, edge_ops, loop_programs, programs
 
-# The slice's size: ~0.6 s per program (4 compiles) alone on 2 cores, ~50 s; a few of
+# The slice's size: ~0.6 s per program (4 compiles) alone on 2 cores, ~75 s; a few of
 # them are loop programs, larger (a body, maybe under vmap, jvp or grad).
-PROGRAMS = 64
+PROGRAMS = 40
 LOOP_PROGRAMS = 12
-COMPLEX_PROGRAMS = 30  # programs starting from (and casting to) complex types as well
+COMPLEX_PROGRAMS = 20  # programs starting from (and casting to) complex types as well
+LARGE_PROGRAMS = 6  # of large and odd shapes (programs.LARGE): the cost models' tiled paths
+TRANSFORMED_PROGRAMS = 8  # under vmap, jvp or grad as a whole
 _CI = settings(derandomize=True, deadline=None, max_examples=PROGRAMS, database=None,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -39,6 +41,18 @@ class FuzzTest(absltest.TestCase):
     @settings(_CI, max_examples=COMPLEX_PROGRAMS)
     @given(programs.programs(dtypes=programs.COMPLEX + ("float32", "int32")))
     def test_random_complex_programs_match_xla(self, spec):
+        FuzzTest.ran += 1
+        differential.check(spec)
+
+    @settings(_CI, max_examples=LARGE_PROGRAMS)
+    @given(programs.programs(max_ops=4, shapes=programs.LARGE))
+    def test_random_large_programs_match_xla(self, spec):
+        FuzzTest.ran += 1
+        differential.check(spec)
+
+    @settings(_CI, max_examples=TRANSFORMED_PROGRAMS)
+    @given(programs.programs(transforms=True, dtypes=edge_ops.TRANSFORMED_DTYPES))
+    def test_random_transformed_programs_match_xla(self, spec):
         FuzzTest.ran += 1
         differential.check(spec)
 
