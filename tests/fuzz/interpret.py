@@ -11,7 +11,7 @@ from jax import lax
 
 import support
 
-LAX_UNARY = {"neg": lax.neg, "abs": lax.abs, "exp": lax.exp, "tanh": lax.tanh, "floor": lax.floor,
+LAX_UNARY = {"neg": lax.neg, "abs": lax.abs, "exp": lax.exp, "tanh": lax.tanh, "tan": lax.tan, "floor": lax.floor,
              "sign": lax.sign, "log": lax.log, "sin": lax.sin, "sqrt": lax.sqrt, "rsqrt": lax.rsqrt,
              "ceil": lax.ceil, "round": lax.round, "logistic": lax.logistic, "expm1": lax.expm1,
              "log1p": lax.log1p, "cos": lax.cos, "erf": lax.erf, "not": lax.bitwise_not,

@@ -24,7 +24,7 @@ UNARY = {
     "uint": ("neg", "not", "sign", "population_count", "clz"),
     "bool": ("not",),
     # those whose results on infinite and NaN parts are XLA's too (abs changes the dtype)
-    "complex": ("neg", "exp", "sign", "log", "sin", "sqrt", "expm1", "log1p", "cos"),
+    "complex": ("neg", "exp", "sign", "log", "sin", "sqrt", "expm1", "log1p", "cos", "tan", "tanh"),
 }
 BINARY = {
     "float": ("add", "sub", "mul", "max", "min", "div", "rem", "pow", "atan2"),
