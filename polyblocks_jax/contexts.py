@@ -2,10 +2,13 @@
 
 A new context loads every dialect the bindings register (17 ms, a tenth of a small
 program's compile), and a pass manager initializes its passes on its first run in a
-context (the canonicalizer gathers every loaded op's patterns). So each thread keeps its
-context for its next compiles, with the pass managers parsed in it, and starts a fresh one
-after ``MAX_COMPILES``: a context never frees the types, attributes and locations it
-interns, so one kept for ever would grow with every program compiled.
+context (the canonicalizer gathers every loaded op's patterns). So in a compile worker
+each thread keeps its context for its next compiles, with the pass managers parsed in it,
+and starts a fresh one after ``MAX_COMPILES``: a context never frees the types, attributes
+and locations it interns, so one kept for ever would grow with every program compiled.
+The calling process (host-callback programs, ``in-process``) takes a fresh context per
+compile: a context outliving a callback program's compile there crashed JAX's next
+compile (a segfault in test_callbacks, not understood yet).
 """
 from __future__ import annotations
 
@@ -26,11 +29,23 @@ class _Slot(threading.local):
 
 
 _slot = _Slot()
+_keep = False
+
+
+def keep_per_thread() -> None:
+    """Keep each thread's context from compile to compile (compile workers call this)."""
+    global _keep
+    _keep = True
 
 
 @contextlib.contextmanager
 def compile_context() -> Iterator[ir.Context]:
-    """This thread's context, entered with an unknown location, for one compile."""
+    """The context for one compile, entered with an unknown location: this thread's kept
+    one (see ``keep_per_thread``), else a fresh one."""
+    if not _keep:
+        with ir.Context() as context, ir.Location.unknown():
+            yield context
+        return
     if _slot.context is None or _slot.compiles >= MAX_COMPILES:
         _slot.context, _slot.compiles, _slot.pass_managers = ir.Context(), 0, {}
     _slot.compiles += 1

@@ -15,7 +15,8 @@ from polyblocks_jax import contexts
 
 class CompileContextTest(absltest.TestCase):
     def test_a_thread_keeps_its_context_and_pass_managers_then_starts_a_fresh_one(self):
-        with mock.patch.object(contexts, "MAX_COMPILES", 2), mock.patch.object(contexts, "_slot", contexts._Slot()):
+        with mock.patch.object(contexts, "MAX_COMPILES", 2), mock.patch.object(contexts, "_slot", contexts._Slot()), \
+                mock.patch.object(contexts, "_keep", True):
             with contexts.compile_context() as first:
                 pm = contexts.pass_manager("builtin.module(canonicalize)", first)
             with contexts.compile_context() as second:
@@ -25,6 +26,14 @@ class CompileContextTest(absltest.TestCase):
                 self.assertIsNot(third, first)
                 self.assertIsNot(contexts.pass_manager("builtin.module(canonicalize)", third), pm)
 
+    def test_outside_a_worker_each_compile_has_a_fresh_context(self):
+        with mock.patch.object(contexts, "_keep", False):
+            with contexts.compile_context() as first:
+                pass
+            with contexts.compile_context() as second:
+                self.assertIsNot(second, first)
+
+    @mock.patch.object(contexts, "_keep", True)
     def test_threads_do_not_share_a_context(self):
         seen = []
 
@@ -43,7 +52,7 @@ class CompileContextTest(absltest.TestCase):
         rng = np.random.default_rng(0)
         x = rng.standard_normal((33, 70)).astype(np.float32)
         here = pb.Options(in_process=True)  # in this process, where the test can see the context
-        with mock.patch.object(contexts, "_slot", contexts._Slot()):
+        with mock.patch.object(contexts, "_slot", contexts._Slot()), mock.patch.object(contexts, "_keep", True):
             for fn in (jnp.tanh, lambda a: a @ a.T, lambda a: jnp.sort(a, axis=0), lambda a: jnp.cumsum(a, 1),
                        lambda a: jnp.tanh(a) @ a.T):
                 # the matmuls sum 70 products of magnitude ~1 in another order than XLA's

@@ -14,9 +14,10 @@ from polyblocks_jax.compile_workers import protocol
 
 def main(requests_fd: int, replies_fd: int) -> None:
     requests, replies = protocol.reader(requests_fd), protocol.writer(replies_fd)
-    from polyblocks_jax import compiler
+    from polyblocks_jax import compiler, contexts
     from polyblocks_jax.cpu import codegen, host
     codegen.load_llvm()  # a crash of LLVM here ends this process, not the user's
+    contexts.keep_per_thread()
     replies.send((protocol.READY, host().description()))
     while True:
         try:
