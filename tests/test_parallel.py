@@ -134,23 +134,23 @@ class CostModelTest(absltest.TestCase):
             self.assertIn(parallel.PARALLEL_ATTR, loops[0].attributes)
             self.assertEqual(len(_ops(module, "scf.for")), 4)  # 3 serialized + the row loop
 
-    def test_memory_bound_residual_add_is_shared_out(self):
-        # ViT-Tiny b1's bias and residual add: 197 x 192 of three operands, few operations
-        # but three reads and a write a vector; counted as operations alone it stayed serial.
+    def _assert_shared_out(self, text: str) -> None:
+        """The one loop nest of ``text`` becomes a parallel loop shared out to the threads."""
         with ir.Context(), ir.Location.unknown():
-            module = ir.Module.parse(_RESIDUAL_ADD)
+            module = ir.Module.parse(text)
             parallel.parallelize_loops(module, pb.Options(), threads=2)
             (loop,) = _ops(module, "scf.parallel")
             self.assertIn(parallel.PARALLEL_ATTR, loop.attributes)
 
+    def test_memory_bound_residual_add_is_shared_out(self):
+        # ViT-Tiny b1's bias and residual add: 197 x 192 of three operands, few operations
+        # but three reads and a write a vector; counted as operations alone it stayed serial.
+        self._assert_shared_out(_RESIDUAL_ADD)
+
     def test_matrix_unit_tiles_count_their_elements(self):
         # Each tile op counted as one operation: 16 column blocks of 32 k steps looked too
         # small to share out, and the kernel ran on one core.
-        with ir.Context(), ir.Location.unknown():
-            module = ir.Module.parse(_TILES)
-            parallel.parallelize_loops(module, pb.Options(), threads=2)
-            (loop,) = _ops(module, "scf.parallel")
-            self.assertIn(parallel.PARALLEL_ATTR, loop.attributes)
+        self._assert_shared_out(_TILES)
 
     def test_shares_out_only_the_outer_dims_needed(self):
         with ir.Context(), ir.Location.unknown():
