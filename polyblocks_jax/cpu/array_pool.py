@@ -2,12 +2,12 @@
 
 malloc serves a large array from a fresh mapping or from its heap, as its mmap threshold
 and heap trimming decide from one moment to the next; a fresh mapping is faulted in page by
-page by the kernel that first writes it. With a new 4 MiB result each call, a 1024^3 matmul
-ran at 300 GFLOP/s in one process and at 180 in the next (310-390 writing into one array).
+page by the kernel that first writes it. A program writing a new large result each call then
+runs at a speed that changes from one process to the next.
 Here an array is a view of a pooled block through a ``_Lease``; once every array made from
 the lease is gone, the block goes back to the pool (at most ``_IDLE_BYTES`` idle, the oldest
-dropped first), its pages still mapped. The ops benchmark's convolutions: 7.5 -> 5.5 ms
-(3x3) and 5.6 -> 4.5 ms (1x1), their 25 MiB results no longer faulted in on every call.
+dropped first), its pages still mapped. Large results are then not faulted in
+on every call.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A packing buffer (a matmul's A block and B panels, 512 KiB each) is allocated in each
 iteration of the parallel loop that runs the cores' tiles: malloc maps such a buffer afresh
 and the kernel zeroes its pages on first touch, or not, as glibc's trimming of its heap
-decides; a 512 matmul ran at 110 or at 180 GFLOP/s from one process to the next. Here
+decides, so the kernel's speed changed from one process to the next. Here
 (``hoist_iteration_buffers``, with ``options.arena``, before the arena is planned) every
 such alloc becomes a view of its iteration's slot in one buffer allocated before the loop.
 Then every buffer that one iteration of a sequential loop (``scf.for``, a while loop's

@@ -27,7 +27,7 @@ _ARTIFACT_PRODUCER = b"StableHLO_v"
 
 def new_context() -> jir.Context:
     """A jaxlib MLIR context that knows every dialect JAX emits; the parser loads those a
-    program uses (loading them all took 4-5 ms a context)."""
+    program uses, since loading them all costs every compile a few milliseconds."""
     ctx = jir.Context()
     registry = jir.DialectRegistry()
     _jax_mlir_ext.register_dialects(registry)

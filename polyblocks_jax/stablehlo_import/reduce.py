@@ -6,7 +6,7 @@ values, so a reduction over zero-size dimensions yields the init value.
 
 jnp.argmax and argmin become two plain reductions that vectorize: the extremum (NaN wins),
 then the first index holding it (a NaN where the extremum is one), where the variadic
-reduce of values and indices stays scalar (argmax over rows of 256: 5.2 ms, XLA 3.1). They
+reduce of values and indices would stay scalar. They
 reach us as composites through PJRT (pjrt/lowering_rules.py), and as JAX's variadic reduce
 (values and an iota, its comparator) in a program lowered for the CPU, recognized here.
 """

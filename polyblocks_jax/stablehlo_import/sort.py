@@ -108,7 +108,7 @@ def top_k(cx, op):
     (XLA CPU's TopK); indices are i32. Each row is scanned once and its k best so far kept,
     sorted, in the results' row: an element that beats the k-th takes its place among them
     (a count of those it does not beat, then a shift). O(n) comparisons and O(k) per entry,
-    where sorting the whole row took O(n log n) (1024 x 1024, k = 8: 66 ms, XLA 2.7). The
+    where sorting the whole row would take O(n log n). The
     comparisons go by chunks of a vector, each compared at once with the k-th best; only a
     chunk where some element beats it (or while fewer than k are kept) goes element by element."""
     (operand,), (spec,) = op.operands, op.operand_specs
