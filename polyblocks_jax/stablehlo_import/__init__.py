@@ -1,32 +1,17 @@
 """StableHLO (read with jaxlib's MLIR) -> linalg on tensors (upstream MLIR).
 
-``import_program`` is the stage's one entry point. Converters live one module per
-op family; importing them here fills the converter table.
+``import_program`` (in ``program``) is the stage's one entry point. The package loads the
+upstream bindings and the converters only when that is asked for: ``reader`` alone (jaxlib's
+MLIR) serves a process that loads compiled programs, as from JAX's persistent cache, and
+never compiles.
 """
 from __future__ import annotations
-
-from mlir import ir
-
-from polyblocks_jax.errors import CompilationError
-from polyblocks_jax.stablehlo_import import reader
-from polyblocks_jax.stablehlo_import.importer import ImportedProgram, Importer
-from polyblocks_jax.stablehlo_import.registry import COMPLEX_CONVERTERS, CONVERTERS, FAMILY
-# Op families: each registers its converters on import.
-from polyblocks_jax.stablehlo_import import (  # noqa: F401
-    bit_ops, calls, collectives, complex, constants, control_flow, convert, convolution, custom_call, dot,
-    elementwise, fft, host_callbacks, indexing, linear_algebra, reduce, rng, shape_ops, sort, windows)
 
 __all__ = ["import_program", "ImportedProgram", "COMPLEX_CONVERTERS", "CONVERTERS", "FAMILY"]
 
 
-def import_program(program, context: ir.Context) -> ImportedProgram:
-    """Convert ``program`` (text, VHLO bytes or jax Lowered) into a module owned by ``context``."""
-    source = reader.program_source(program)
-    jctx = reader.new_context()
-    jmodule = reader.parse(source, jctx)
-    with jctx, context, ir.Location.unknown(context):
-        imported = Importer(jmodule).import_main()
-    if not imported.module.operation.verify():
-        raise CompilationError("import", "the imported module does not verify",
-                               str(imported.module))
-    return imported
+def __getattr__(name: str):
+    if name in __all__:
+        from polyblocks_jax.stablehlo_import import program
+        return getattr(program, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
