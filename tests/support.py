@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import sys
+import textwrap
 from typing import Callable, Sequence
 from unittest import mock
 
@@ -151,3 +154,16 @@ def run_kernel(module: ir.Module, name: str, *arrays: np.ndarray) -> None:
     args = [ctypes.c_void_p(a.ctypes.data) for a in arrays]
     packed = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup(name))(packed)
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 180,
+               memory_limit: int | None = None) -> subprocess.CompletedProcess:
+    """``code`` (dedented) in a fresh interpreter with ``env`` added to ours, its address space
+    capped at ``memory_limit`` bytes if given; a crash prints its Python stack (faulthandler)."""
+    preamble = ""
+    if memory_limit is not None:
+        preamble = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({memory_limit}, {memory_limit}))\n"
+    # errors="replace": MLIR echoes a damaged artifact's bytes (an op name) to stderr.
+    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", preamble + textwrap.dedent(code)],
+                          env=dict(os.environ, **(env or {})), capture_output=True, text=True, errors="replace",
+                          timeout=timeout)

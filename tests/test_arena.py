@@ -4,10 +4,7 @@ import contextlib
 import json
 import os
 import struct
-import subprocess
-import sys
 import tempfile
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -79,12 +76,7 @@ def intermediate_bytes(fn, *args) -> int:
     return sum(size for _, size in top_level_before_arena(fn, *args))
 
 
-def run_child(code: str) -> subprocess.CompletedProcess:
-    """``code`` in a fresh interpreter whose address space is capped at 8 GiB."""
-    preamble = "import resource; resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))\n"
-    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", preamble + textwrap.dedent(code)],
-                          capture_output=True, text=True, timeout=300)
-
+_CHILD_MEMORY_LIMIT = 8 << 30  # the children's address space: less than the arenas asked
 
 # A parallel loop of 2 x 3 iterations whose body allocates 64 KiB.
 _SIX_ITERATIONS = """
@@ -334,7 +326,7 @@ class ArenaMemoryTest(absltest.TestCase):
     PROGRAM = "lambda a: jnp.sort(jnp.outer(a, a).reshape(-1))[:4]"
 
     def test_arena_larger_than_memory_rejected_when_compiling(self):
-        done = run_child(f"""
+        done = support.run_python(f"""
             import numpy as np, jax, jax.numpy as jnp, polyblocks_jax as pb
             from polyblocks_jax.errors import ResourceExhaustedError
             x = np.ones((1 << 15,), np.float32)
@@ -343,7 +335,7 @@ class ArenaMemoryTest(absltest.TestCase):
                 print("no error")
             except ResourceExhaustedError as e:
                 print("raised", str(e)[:60])
-        """)
+        """, memory_limit=_CHILD_MEMORY_LIMIT)
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         self.assertIn("raised the intermediate buffers alive at once need", done.stdout)
 
@@ -355,7 +347,7 @@ class ArenaMemoryTest(absltest.TestCase):
         with tempfile.NamedTemporaryFile(suffix=".pbx", delete=False) as f:
             f.write(exe.serialize())
         try:
-            done = run_child(f"""
+            done = support.run_python(f"""
                 import numpy as np
                 from polyblocks_jax.errors import ResourceExhaustedError
                 from polyblocks_jax.runtime.executable import deserialize
@@ -366,7 +358,7 @@ class ArenaMemoryTest(absltest.TestCase):
                 except ResourceExhaustedError as e:
                     print("raised", isinstance(e, MemoryError), str(e)[:40])
                 print("alive")
-            """)
+            """, memory_limit=_CHILD_MEMORY_LIMIT)
         finally:
             os.unlink(f.name)
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])

@@ -10,8 +10,6 @@ from __future__ import annotations
 import functools
 import gc
 import os
-import subprocess
-import sys
 import tempfile
 import textwrap
 import threading
@@ -31,15 +29,6 @@ from polyblocks_jax.stablehlo_import import reader
 # same way on any machine, instead of swapping or drawing the OOM killer.
 _CHILD_MEMORY_LIMIT = 8 << 30
 
-
-def run_child(code: str, limit_memory: bool = False, timeout: int = 180) -> subprocess.CompletedProcess:
-    preamble = ""
-    if limit_memory:
-        preamble = (f"import resource; resource.setrlimit(resource.RLIMIT_AS, "
-                    f"({_CHILD_MEMORY_LIMIT}, {_CHILD_MEMORY_LIMIT}))\n")
-    # errors="replace": MLIR echoes a damaged artifact's bytes (an op name) to stderr.
-    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", preamble + textwrap.dedent(code)],
-                          capture_output=True, text=True, errors="replace", timeout=timeout)
 
 
 def pb_device():
@@ -73,7 +62,7 @@ class CorruptedArtifactTest(absltest.TestCase):
         # In a child: a damaged artifact that the VHLO deserializer rejected used to go on to
         # jaxlib's generic bytecode reader, which is not hardened and crashed (SIGSEGV). Flips
         # in the header too: one in the producer name must not reach that reader either.
-        done = run_child("""
+        done = support.run_python("""
             import sys, numpy as np, jax.numpy as jnp
             sys.path.insert(0, %r)
             import test_hostile, polyblocks_jax as pb
@@ -89,7 +78,7 @@ class CorruptedArtifactTest(absltest.TestCase):
                     pass
             pb.compile(data)
             print("survived")
-        """ % os.path.dirname(os.path.abspath(__file__)), limit_memory=True)
+        """ % os.path.dirname(os.path.abspath(__file__)), memory_limit=_CHILD_MEMORY_LIMIT)
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         self.assertIn("survived", done.stdout)
 
@@ -116,7 +105,7 @@ class CorruptedCacheEntryTest(absltest.TestCase):
         from jax._src import compilation_cache as cc
         with tempfile.TemporaryDirectory() as cache:
             code = child.format(cache=cache)
-            first = run_child(code)
+            first = support.run_python(code)
             self.assertEqual(first.returncode, 0, first.stderr[-2000:])
             entries = [os.path.join(cache, n) for n in os.listdir(cache) if not n.startswith(".")]
             self.assertNotEmpty(entries)
@@ -127,7 +116,7 @@ class CorruptedCacheEntryTest(absltest.TestCase):
                     inner[pos] ^= 0x5A
                 with open(path, "wb") as f:
                     f.write(cc.compress_executable(bytes(inner)))
-            again = run_child(code)
+            again = support.run_python(code)
             self.assertEqual(again.returncode, 0, again.stderr[-2000:])
             self.assertIn("[0.0, 5.0, 10.0, 15.0] 1", again.stdout)  # rejected, then recompiled
 
@@ -182,7 +171,8 @@ class MemoryExhaustionTest(absltest.TestCase):
     """
 
     def test_output_larger_than_memory(self):
-        done = run_child(self.CHILD.format(fn="lambda a: jnp.outer(a, a)"), limit_memory=True)
+        done = support.run_python(self.CHILD.format(fn="lambda a: jnp.outer(a, a)"),
+                                  memory_limit=_CHILD_MEMORY_LIMIT)
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         self.assertIn("RESOURCE_EXHAUSTED", done.stdout)
         self.assertIn("alive [2.0, 2.0]", done.stdout)
@@ -190,15 +180,15 @@ class MemoryExhaustionTest(absltest.TestCase):
     def test_intermediate_larger_than_memory(self):
         # A 16 GiB intermediate would be malloc'ed by the compiled code itself, which stores
         # through the NULL it gets (SIGSEGV); cpu/heap.py rejects it when compiling.
-        done = run_child(self.CHILD.format(fn="lambda a: jnp.sort(jnp.outer(a, a).reshape(-1))[:4]"),
-                         limit_memory=True)
+        done = support.run_python(self.CHILD.format(fn="lambda a: jnp.sort(jnp.outer(a, a).reshape(-1))[:4]"),
+                                  memory_limit=_CHILD_MEMORY_LIMIT)
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         self.assertIn("raised", done.stdout)
         self.assertIn("RESOURCE_EXHAUSTED", done.stdout)
         self.assertIn("alive [2.0, 2.0]", done.stdout)
 
     def test_intermediate_larger_than_memory_through_compile(self):
-        done = run_child("""
+        done = support.run_python("""
             import numpy as np, jax, jax.numpy as jnp, polyblocks_jax as pb
             from polyblocks_jax.errors import ResourceExhaustedError
             x = np.ones((1 << 16,), np.float32)
@@ -208,7 +198,7 @@ class MemoryExhaustionTest(absltest.TestCase):
                 pb.compile(low)
             except ResourceExhaustedError as e:
                 print("raised", isinstance(e, MemoryError), str(e)[:80])
-        """, limit_memory=True)
+        """, memory_limit=_CHILD_MEMORY_LIMIT)
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         self.assertIn("raised True an intermediate buffer memref<65536x65536xf32> needs 16.0 GiB", done.stdout)
 
@@ -237,7 +227,7 @@ class DeletedBufferTest(absltest.TestCase):
 
 class ShutdownTest(absltest.TestCase):
     def test_exit_with_executables_buffers_and_loaded_libraries_alive(self):
-        done = run_child("""
+        done = support.run_python("""
             import threading, jax, jax.numpy as jnp, numpy as np, polyblocks_jax as pb
             from polyblocks_jax import compiler
             d = jax.devices("polyblocks")[0]

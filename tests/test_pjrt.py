@@ -8,7 +8,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 
 import jax
@@ -50,11 +49,6 @@ def compiles_or_skip(test, fn, *args):
             test.skipTest(f"needs a converter that has not landed: {str(e)[:200]}")
         raise
 
-
-def run_child(code: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 class DeviceTest(absltest.TestCase):
@@ -425,28 +419,32 @@ class SerializationTest(absltest.TestCase):
         """
         with tempfile.TemporaryDirectory() as cache:
             code = child.format(cache=cache)
-            first = run_child(code)
+            first = support.run_python(code)
             self.assertEqual(first.returncode, 0, first.stderr[-2000:])
             self.assertIn("[0.0, 3.0, 6.0, 9.0] donated True True", first.stdout)  # compiled
             # The cache hit loads the executables without the compiler's MLIR: not imported
             # where it could be, and working where it cannot be.
-            second = run_child(code)
+            second = support.run_python(code)
             self.assertEqual(second.returncode, 0, second.stderr[-2000:])
             self.assertIn("[0.0, 3.0, 6.0, 9.0] donated False False", second.stdout)
-            blocked = run_child(test_runtime.blocking(("mlir",), code))
+            blocked = support.run_python(test_runtime.blocking(("mlir",), code))
             self.assertEqual(blocked.returncode, 0, blocked.stderr[-2000:])
             self.assertIn("[0.0, 3.0, 6.0, 9.0] donated False False", blocked.stdout)
+            # Other options (as POLYBLOCKS_FLAGS sets them) are another program: compiled again.
+            other = support.run_python(code, env={"POLYBLOCKS_FLAGS": "no-fusion"})
+            self.assertEqual(other.returncode, 0, other.stderr[-2000:])
+            self.assertIn("[0.0, 3.0, 6.0, 9.0] donated True True", other.stdout)
             for name in os.listdir(cache):
                 with open(os.path.join(cache, name), "wb") as f:
                     f.write(b"not a cache entry")
-            third = run_child(code)
+            third = support.run_python(code)
             self.assertEqual(third.returncode, 0, third.stderr[-2000:])
             self.assertIn("[0.0, 3.0, 6.0, 9.0] donated True True", third.stdout)  # recompiled
 
 
 class ProcessTest(absltest.TestCase):
     def test_jax_platforms_end_to_end_and_clean_exit(self):
-        done = run_child("""
+        done = support.run_python("""
             import jax, jax.numpy as jnp, numpy as np
             assert jax.default_backend() == "polyblocks", jax.default_backend()
             x = jnp.arange(6.0).reshape(2, 3)
@@ -459,7 +457,7 @@ class ProcessTest(absltest.TestCase):
         self.assertIn("[[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]", done.stdout)
 
     def test_without_native_functions_python_callbacks_take_their_place(self):
-        done = run_child("""
+        done = support.run_python("""
             import ctypes, jax, numpy as np
             from polyblocks_jax.pjrt import api, native
             native.load = lambda: None  # as without a C compiler
@@ -538,7 +536,7 @@ class NativeFunctionsTest(absltest.TestCase):
         self.assertIsNotNone(ask("PJRT_Buffer_Device", buffer=None)[1])
 
     def test_a_call_enters_python_once(self):
-        done = run_child("""
+        done = support.run_python("""
             import sys, jax, numpy as np
             x = jax.device_put(np.ones(4, np.float32), jax.devices("polyblocks")[0])
             f = jax.jit(lambda a, b: a + b)

@@ -7,8 +7,6 @@ process serialized, and runs it; the results are compared with XLA CPU here.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tempfile
 import textwrap
 
@@ -41,9 +39,6 @@ def blocking(roots: tuple[str, ...], code: str) -> str:
     return BLOCK_IMPORTS.format(roots=roots) + textwrap.dedent(code)
 
 
-def run_python(code: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
-
 
 def model(x, w, b):
     return (jax.nn.relu(x @ w + b).sum(axis=-1), jax.nn.softmax(w, axis=0))
@@ -60,7 +55,7 @@ class WithoutCompilerTest(absltest.TestCase):
             with open(os.path.join(tmp, "exe.bin"), "wb") as f:
                 f.write(exe.serialize())
             np.savez(os.path.join(tmp, "args.npz"), *args)
-            done = run_python(blocking(("mlir", "jaxlib", "jax"), f"""
+            done = support.run_python(blocking(("mlir", "jaxlib", "jax"), f"""
                 import os, numpy as np
                 import polyblocks_jax as pb
                 with open(os.path.join({tmp!r}, "exe.bin"), "rb") as f:
@@ -79,7 +74,7 @@ class WithoutCompilerTest(absltest.TestCase):
         support.assert_close(self, got, support.xla_cpu(model, *args))
 
     def test_blocked_import_is_what_the_child_reports(self):
-        done = run_python(blocking(("mlir",), "import mlir.ir"))
+        done = support.run_python(blocking(("mlir",), "import mlir.ir"))
         self.assertNotEqual(done.returncode, 0)
         self.assertIn("ImportError: mlir is blocked in this process", done.stderr)
 

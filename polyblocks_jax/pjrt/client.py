@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 
 import polyblocks_jax
+from polyblocks_jax import files
 from polyblocks_jax.options import Options
 from polyblocks_jax.pjrt import device_assignment, handles
 from polyblocks_jax.pjrt.compile_options import program_options
@@ -24,13 +25,24 @@ def device_kind() -> str:
     return host().description()
 
 
+def platform_version(kind: str) -> str:
+    """The backend's version as JAX's persistent cache keys programs by it: the package, the
+    digest of its code, the options of the environment (``POLYBLOCKS_FLAGS``) and the host, so
+    that an entry compiled by another compiler or with other options is never loaded."""
+    try:
+        options = Options.from_env().cache_key()
+    except ValueError:  # bad flags: each compile reports them
+        options = "invalid"
+    return f"polyblocks_jax {polyblocks_jax.__version__} (code {files.code_digest()}, options {options}, {kind})"
+
+
 class Client:
     def __init__(self) -> None:
         self.devices = [Device(0, device_kind()), *gpu_devices(first_id=1)]
         self.device_handles = HandleArray([d.handle for d in self.devices])
         self.memory_handles = HandleArray([d.memory.handle for d in self.devices])
         self.platform_name = Text(PLATFORM_NAME)
-        self.platform_version = Text(f"polyblocks_jax {polyblocks_jax.__version__} ({self.devices[0].description.kind.buffer.value.decode()})")
+        self.platform_version = Text(platform_version(self.devices[0].description.kind.buffer.value.decode()))
         self.handle = handles.register(self)
 
     def device_by_id(self, device_id: int) -> Device:
