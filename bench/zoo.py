@@ -15,6 +15,7 @@ import numpy as np
 from jax import lax
 
 from bench import flax_models, zoo_models
+from bench.zoo_jax_models import layernorm
 from bench.zoo_workloads import integers, normal
 
 
@@ -79,12 +80,6 @@ def _attention(q, k, v):
     return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, axis=-1), v)
 
 
-def _layernorm(x, g, b):
-    mean = jnp.mean(x, -1, keepdims=True)
-    var = jnp.mean((x - mean) ** 2, -1, keepdims=True)
-    return (x - mean) * lax.rsqrt(var + 1e-5) * g + b
-
-
 def _while_sum(x, n):
     return lax.fori_loop(0, n, lambda i, acc: acc * 0.5 + x[i % x.shape[0]], jnp.zeros_like(x[0]))
 
@@ -96,7 +91,7 @@ _QKV = tuple(normal(2, 4, 32, 16, seed=s) for s in range(3))
 
 PROGRAMS = [
     _program("softmax", lambda x: jax.nn.softmax(x, axis=-1), _X),
-    _program("layernorm", _layernorm, _X, normal(32, seed=1), normal(32, seed=2)),
+    _program("layernorm", layernorm, _X, normal(32, seed=1), normal(32, seed=2)),
     _program("logsumexp", lambda x: jax.nn.logsumexp(x, axis=0), _X),
     _program("gelu_erf", lambda x: jax.nn.gelu(x, approximate=False), _X),
     _program("attention", _attention, *_QKV),

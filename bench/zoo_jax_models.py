@@ -24,7 +24,8 @@ def _small(rng: np.random.Generator, *shape: int, scale: float = 0.1) -> np.ndar
     return (scale * rng.standard_normal(shape)).astype(np.float32)
 
 
-def _layernorm(x, scale, bias):
+def layernorm(x, scale, bias):
+    """Layer normalization over the last axis (epsilon 1e-5)."""
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
     return (x - mean) * lax.rsqrt(var + 1e-5) * scale + bias
@@ -59,7 +60,7 @@ def _heads(x, heads: int):
 
 
 def _mlp_residual(layer: dict, x):
-    h = _layernorm(x, *layer["ln2"])
+    h = layernorm(x, *layer["ln2"])
     return x + jax.nn.gelu(h @ layer["up"] + layer["up_bias"]) @ layer["down"]
 
 
@@ -69,11 +70,11 @@ def lm_forward(params: dict, tokens, heads: int) -> jax.Array:
     x = params["embed"][tokens] + params["pos"][:length]
     causal = jnp.tril(jnp.ones((length, length), bool))
     for layer in params["layers"]:
-        q, k, v = (_heads(t, heads) for t in jnp.split(_layernorm(x, *layer["ln1"]) @ layer["qkv"], 3, -1))
+        q, k, v = (_heads(t, heads) for t in jnp.split(layernorm(x, *layer["ln1"]) @ layer["qkv"], 3, -1))
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
         attended = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), -1), v)
         x = _mlp_residual(layer, x + attended.reshape(x.shape) @ layer["proj"])
-    return _layernorm(x, *params["ln_f"]) @ params["embed"].T
+    return layernorm(x, *params["ln_f"]) @ params["embed"].T
 
 
 def lm_loss(params: dict, tokens, heads: int) -> jax.Array:
@@ -98,7 +99,7 @@ def kv_decode(params: dict, k_cache, v_cache, tokens, start, heads: int) -> jax.
         token = lax.dynamic_index_in_dim(tokens, i, axis=1, keepdims=False)
         x = params["embed"][token] + lax.dynamic_index_in_dim(params["pos"], pos, keepdims=False)
         for index, layer in enumerate(params["layers"]):
-            q, k, v = (_heads(t, heads) for t in jnp.split(_layernorm(x, *layer["ln1"]) @ layer["qkv"], 3, -1))
+            q, k, v = (_heads(t, heads) for t in jnp.split(layernorm(x, *layer["ln1"]) @ layer["qkv"], 3, -1))
             zero = jnp.zeros((), pos.dtype)  # indices of one type, also under jax_enable_x64
             at = (zero + index, zero, zero, pos, zero)
             # the caches' type, also where jax_enable_x64 widens numpy scalars' products
@@ -108,7 +109,7 @@ def kv_decode(params: dict, k_cache, v_cache, tokens, start, heads: int) -> jax.
             weights = jax.nn.softmax(jnp.where(positions <= pos, scores, -jnp.inf), -1)
             attended = jnp.einsum("bht,bhtd->bhd", weights, v_cache[index])
             x = _mlp_residual(layer, x + attended.reshape(x.shape) @ layer["proj"])
-        out = _layernorm(x, *params["ln_f"]) @ params["embed"].T
+        out = layernorm(x, *params["ln_f"]) @ params["embed"].T
         return k_cache, v_cache, lax.dynamic_update_slice(logits, out[:, None].astype(logits.dtype), (0 * i, i, 0 * i))
 
     logits = jnp.zeros((batch, steps, params["embed"].shape[0]), jnp.float32)
