@@ -3,9 +3,7 @@
 bench/ops.py measures the issue's kernels; this measures breadth: reductions along each
 axis, scans, softmax variants, masks, transcendental functions, pooling, gathers and
 scatters, convolutions of several kinds, sorts and selections, loops, a training step's
-gradients, at a few MB each, so that a program far slower than XLA's shows up. Before this
-table existed, jnp.var's layernorm, tanh, a 1-D convolution, a gather of rows, a masked
-softmax, top_k and a fori_loop took 2.4x to 85x XLA's time. Prints a table and writes
+gradients, at a few MB each, so that a program far slower than XLA's shows up. Prints a table and writes
 programs-<machine>.json with a chart of the ratios (``--save``: into bench/results/).
 
     python bench/programs.py
