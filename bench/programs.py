@@ -3,8 +3,9 @@
 bench/ops.py measures the issue's kernels; this measures breadth: reductions along each
 axis, scans, softmax variants, masks, transcendental functions, pooling, gathers and
 scatters, convolutions of several kinds, sorts and selections, loops, a training step's
-gradients, at a few MB each, so that a program far slower than XLA's shows up. Prints a table and writes
-programs-<machine>.json with a chart of the ratios (``--save``: into bench/results/).
+gradients, at a few MB each, so that a program far slower than XLA's shows up. Prints a
+table and writes programs-<machine>.json with a chart of the ratios (``--save``: into
+bench/results/).
 
     python bench/programs.py
     python bench/programs.py --programs tanh,cumsum_last --repeat 30
