@@ -29,7 +29,7 @@ from polyblocks_jax.nvptx.mma_tiles import choose_mma_tiles, choose_wgmma_tiles
 from polyblocks_jax.nvptx.target import NvptxTarget
 from polyblocks_jax.nvptx.wgmma_kernel import wgmma_kernel_function
 from polyblocks_jax.options import Options
-from polyblocks_jax.stablehlo_import.layout import reassociation_attr
+from polyblocks_jax.tensor_ir.layout import reassociation_attr
 
 
 def use_tensor_cores(module: ir.Module, options: Options, target: NvptxTarget) -> None:

@@ -21,7 +21,7 @@ from mlir import ir
 from mlir.dialects import linalg, tensor
 
 from polyblocks_jax.passes.transform import collapse, move_body, reassociation
-from polyblocks_jax.stablehlo_import.builders import parallel_generic
+from polyblocks_jax.tensor_ir.builders import parallel_generic
 
 if TYPE_CHECKING:
     from polyblocks_jax.passes.tiling import Hardware

@@ -30,7 +30,7 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes.tiling import Hardware, cycles_per_fma
 from polyblocks_jax.passes.transform import collapse, reassociation, walk
 from polyblocks_jax.passes.zero_start import zero_filled
-from polyblocks_jax.stablehlo_import import slices
+from polyblocks_jax.tensor_ir import slices
 
 POOLINGS = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.pooling_nhwc_sum")
 # Input channels per step, each an unrolled outer product: 8 against 32, the 3x3

@@ -13,7 +13,7 @@ from mlir import ir
 from mlir.dialects import arith, tensor
 
 from polyblocks_jax.passes.transform import float_constant, indexing_maps, reduction_loops, walk
-from polyblocks_jax.stablehlo_import.builders import parallel_generic
+from polyblocks_jax.tensor_ir.builders import parallel_generic
 
 
 def divide_after_contractions(module: ir.Module) -> None:

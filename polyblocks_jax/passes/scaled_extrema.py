@@ -17,7 +17,7 @@ from mlir.dialects import tensor
 
 from polyblocks_jax.passes import signed_zeros
 from polyblocks_jax.passes.transform import FLOAT_EXTREMA, float_constant, indexing_maps, is_elementwise_generic, walk
-from polyblocks_jax.stablehlo_import.builders import parallel_generic
+from polyblocks_jax.tensor_ir.builders import parallel_generic
 
 _SCALINGS = ("arith.divf", "arith.mulf")
 

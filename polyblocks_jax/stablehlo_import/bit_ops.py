@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from mlir.dialects import arith, math
 
-from polyblocks_jax.stablehlo_import import builders
+from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.registry import converts
 
 _LOGICAL = {"stablehlo.and": arith.andi, "stablehlo.or": arith.ori, "stablehlo.xor": arith.xori}

@@ -14,7 +14,8 @@ import math
 import numpy as np
 from jaxlib.mlir import ir as jir
 
-from polyblocks_jax.stablehlo_import import builders, complex_values, reader
+from polyblocks_jax.stablehlo_import import complex_values, reader
+from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.registry import converts, converts_complex
 
 _GROUPED = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all",

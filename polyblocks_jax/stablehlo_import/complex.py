@@ -15,12 +15,13 @@ from typing import Callable
 from mlir import ir
 from mlir.dialects import arith, math
 
-from polyblocks_jax.stablehlo_import import builders, reader
+from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import Pair, map_parts, part_spec
 from polyblocks_jax.stablehlo_import.convert import convert_value
 from polyblocks_jax.stablehlo_import.elementwise import expm1, log1p
 from polyblocks_jax.stablehlo_import.registry import CONVERTERS, converts_complex
-from polyblocks_jax.stablehlo_import.types import element_type
+from polyblocks_jax.tensor_ir.types import element_type
 
 F = arith.CmpFPredicate
 

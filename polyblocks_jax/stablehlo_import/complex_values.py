@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple, Sequence
 from mlir import ir
 
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.stablehlo_import import builders, slices
+from polyblocks_jax.tensor_ir import builders, slices
 
 
 class Pair(NamedTuple):

@@ -6,7 +6,8 @@ from mlir import ir
 from mlir.dialects import arith, linalg
 
 from polyblocks_jax.dtypes import DTYPES, TensorSpec
-from polyblocks_jax.stablehlo_import import builders, reader
+from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.registry import converts
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, scf
 
-from polyblocks_jax.stablehlo_import import builders, host_callbacks
+from polyblocks_jax.stablehlo_import import host_callbacks
+from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import flat_specs, flatten, unflatten
 from polyblocks_jax.stablehlo_import.registry import converts, converts_complex
-from polyblocks_jax.stablehlo_import.types import element_type, tensor_type
+from polyblocks_jax.tensor_ir.types import element_type, tensor_type
 
 
 @converts("stablehlo.while")

@@ -13,9 +13,10 @@ from mlir import ir
 from mlir.dialects import arith, linalg
 
 from polyblocks_jax.dtypes import DTYPES, DType, TensorSpec
-from polyblocks_jax.stablehlo_import import builders, narrow_types, slices
+from polyblocks_jax.stablehlo_import import narrow_types
+from polyblocks_jax.tensor_ir import builders, slices
 from polyblocks_jax.stablehlo_import.registry import converts
-from polyblocks_jax.stablehlo_import.types import element_type
+from polyblocks_jax.tensor_ir.types import element_type
 
 F, I = arith.CmpFPredicate, arith.CmpIPredicate
 

@@ -23,10 +23,11 @@ from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
 from polyblocks_jax.dtypes import DTYPES, DType
-from polyblocks_jax.stablehlo_import import builders, layout, reader, slices
+from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.tensor_ir import builders, layout, slices
 from polyblocks_jax.stablehlo_import.convert import convert_value
 from polyblocks_jax.stablehlo_import.registry import converts
-from polyblocks_jax.stablehlo_import.types import element_type
+from polyblocks_jax.tensor_ir.types import element_type
 
 # Named ops per spatial rank, all in the internal layout.
 _CONV = {1: linalg.conv_1d_nwc_wcf, 2: linalg.conv_2d_nhwc_hwcf, 3: linalg.conv_3d_ndhwc_dhwcf}
@@ -92,7 +93,6 @@ def convolution(cx, op):
     if (lhs_spec.dtype.is_float or rhs_spec.dtype.is_float) and not result.dtype.is_float:
         raise op.unsupported(f"float operands with an integer result ({lhs_spec.dtype.name}, "
                              f"{rhs_spec.dtype.name} -> {result.dtype.name})")
-    acc = _accumulator(result.dtype)
     lhs = layout.transpose(op.operands[0], win.input_perm)
     spatial = [d for d, flip in enumerate(win.reversal) if flip]
     rhs = layout.reverse(layout.transpose(op.operands[1], win.kernel_perm), spatial)

@@ -28,10 +28,10 @@ from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
 from polyblocks_jax.dtypes import DTYPES, DType
-from polyblocks_jax.stablehlo_import import builders, layout
+from polyblocks_jax.tensor_ir import builders, layout
 from polyblocks_jax.stablehlo_import.convert import convert_value
 from polyblocks_jax.stablehlo_import.registry import converts
-from polyblocks_jax.stablehlo_import.types import element_type
+from polyblocks_jax.tensor_ir.types import element_type
 
 
 @converts("stablehlo.dot_general")

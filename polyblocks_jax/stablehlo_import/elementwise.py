@@ -21,7 +21,8 @@ from mlir.dialects import arith, math
 
 from polyblocks_jax.dtypes import DType
 from polyblocks_jax.polynomials import polynomial
-from polyblocks_jax.stablehlo_import import builders, reader
+from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.registry import computes_composite, converts, converts_complex
 
 F, I = arith.CmpFPredicate, arith.CmpIPredicate

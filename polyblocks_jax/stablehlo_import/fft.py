@@ -19,7 +19,8 @@ from mlir import ir
 from mlir.dialects import arith, linalg
 
 from polyblocks_jax.dtypes import DType, TensorSpec
-from polyblocks_jax.stablehlo_import import builders, layout, reader, slices
+from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.tensor_ir import builders, layout, slices
 from polyblocks_jax.stablehlo_import.complex_values import Pair, part_spec
 from polyblocks_jax.stablehlo_import.registry import converts_complex
 

@@ -16,7 +16,8 @@ from mlir import ir
 from mlir.dialects import arith, math
 
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.stablehlo_import import builders, complex, layout, slices
+from polyblocks_jax.stablehlo_import import complex
+from polyblocks_jax.tensor_ir import builders, layout, slices
 from polyblocks_jax.stablehlo_import.complex_values import Pair, Value, flat_specs, flatten, map_parts, unflatten
 
 F = arith.CmpFPredicate

@@ -25,7 +25,7 @@ from mlir.dialects import arith, bufferization, func, memref, tensor
 from polyblocks_jax.errors import InvalidProgramError
 from polyblocks_jax.runtime import host_callbacks
 from polyblocks_jax.stablehlo_import.registry import converts
-from polyblocks_jax.stablehlo_import.types import memref_type, tensor_type
+from polyblocks_jax.tensor_ir.types import memref_type, tensor_type
 
 PREFIX = "polyblocks.host_callback"
 KEY = "polyblocks.host_callback"  # on each .run function: the runtime's key

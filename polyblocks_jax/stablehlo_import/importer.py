@@ -16,10 +16,11 @@ from mlir.dialects import func
 
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.errors import InvalidProgramError, UnsupportedDtypeError, UnsupportedError
-from polyblocks_jax.stablehlo_import import builders, complex_values, narrow_ops, reader
+from polyblocks_jax.stablehlo_import import complex_values, narrow_ops, reader
+from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import Pair
 from polyblocks_jax.stablehlo_import.registry import COMPLEX_CONVERTERS, CONVERTERS
-from polyblocks_jax.stablehlo_import.types import element_type, tensor_type
+from polyblocks_jax.tensor_ir.types import element_type, tensor_type
 
 _TERMINATORS = ("func.return", "stablehlo.return")
 # Ops that may do more than compute their results (a host callback, in a custom call or in a

@@ -13,7 +13,8 @@ from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.stablehlo_import import builders, reader, slices
+from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.tensor_ir import builders, slices
 from polyblocks_jax.stablehlo_import.complex_values import flatten, unflatten
 from polyblocks_jax.stablehlo_import.registry import converts, converts_complex
 

@@ -18,9 +18,10 @@ from jaxlib.mlir import ir as jir
 from mlir import ir
 from mlir.dialects import arith, tensor
 
-from polyblocks_jax.stablehlo_import import builders, field, hessenberg, householder, linear_algebra, lu, symmetric_eigen
+from polyblocks_jax.stablehlo_import import field, hessenberg, householder, linear_algebra, lu, symmetric_eigen
+from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import Value
-from polyblocks_jax.stablehlo_import.types import element_type
+from polyblocks_jax.tensor_ir.types import element_type
 
 _TARGET = re.compile(r"lapack_[sd](trsm|potrf|geqrf|orgqr|getrf|syevd|gehrd|sytrd)_ffi"
                      r"|lapack_[cz](trsm|potrf|geqrf|ungqr|getrf|heevd|gehrd|hetrd)_ffi")

@@ -20,7 +20,8 @@ from jaxlib.mlir import ir as jir
 from mlir import ir
 from mlir.dialects import arith, linalg, math
 
-from polyblocks_jax.stablehlo_import import builders, field, reader
+from polyblocks_jax.stablehlo_import import field, reader
+from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import Value, map_parts
 from polyblocks_jax.stablehlo_import.registry import converts, converts_complex
 

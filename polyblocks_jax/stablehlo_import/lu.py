@@ -9,7 +9,8 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
-from polyblocks_jax.stablehlo_import import builders, field
+from polyblocks_jax.stablehlo_import import field
+from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import Value, map_parts
 from polyblocks_jax.stablehlo_import.linear_algebra import affine_map, cmp, dims, origin
 

@@ -16,7 +16,8 @@ from mlir import ir
 from mlir.dialects import arith
 
 from polyblocks_jax.dtypes import DTYPES, DType, TensorSpec
-from polyblocks_jax.stablehlo_import import builders, narrow_types
+from polyblocks_jax.stablehlo_import import narrow_types
+from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.convert import convert_value
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from mlir import ir
 from mlir.dialects import arith
 
 from polyblocks_jax.dtypes import DType
-from polyblocks_jax.stablehlo_import import builders
+from polyblocks_jax.tensor_ir import builders
 
 I = arith.CmpIPredicate
 

@@ -9,7 +9,7 @@ from mlir import ir
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.stablehlo_import import reader
 from polyblocks_jax.stablehlo_import.importer import ImportedProgram, Importer
-from polyblocks_jax.stablehlo_import.registry import COMPLEX_CONVERTERS, CONVERTERS, FAMILY
+from polyblocks_jax.stablehlo_import.registry import COMPLEX_CONVERTERS, CONVERTERS, FAMILY  # noqa: F401 (the package's)
 # Op families: each registers its converters on import.
 from polyblocks_jax.stablehlo_import import (  # noqa: F401
     bit_ops, calls, collectives, complex, constants, control_flow, convert, convolution, custom_call, dot,

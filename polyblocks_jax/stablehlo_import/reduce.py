@@ -19,10 +19,11 @@ from jaxlib.mlir import ir as jir
 from mlir import ir
 from mlir.dialects import arith, linalg
 
-from polyblocks_jax.stablehlo_import import builders, layout, reader
+from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.tensor_ir import builders, layout
 from polyblocks_jax.stablehlo_import.complex_values import flat_specs, flatten, map_parts, unflatten
 from polyblocks_jax.stablehlo_import.registry import computes_composite, converts, converts_complex
-from polyblocks_jax.stablehlo_import.types import element_type
+from polyblocks_jax.tensor_ir.types import element_type
 
 
 @converts("stablehlo.reduce")

@@ -18,7 +18,8 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
-from polyblocks_jax.stablehlo_import import builders, reader
+from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.registry import converts
 
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57    # Philox multipliers

@@ -13,7 +13,8 @@ from __future__ import annotations
 from mlir import ir
 
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.stablehlo_import import builders, layout, reader, slices
+from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.tensor_ir import builders, layout, slices
 from polyblocks_jax.stablehlo_import.registry import converts
 
 

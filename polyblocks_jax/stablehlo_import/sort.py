@@ -15,11 +15,12 @@ from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
 from polyblocks_jax.dtypes import DType, TensorSpec
-from polyblocks_jax.stablehlo_import import builders, reader, slices
+from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.tensor_ir import builders, slices
 from polyblocks_jax.stablehlo_import.elementwise import total_order_key
 from polyblocks_jax.stablehlo_import.complex_values import flatten, unflatten
 from polyblocks_jax.stablehlo_import.registry import computes_composite, converts, converts_complex
-from polyblocks_jax.stablehlo_import.types import element_type
+from polyblocks_jax.tensor_ir.types import element_type
 
 _TOP_K_CHUNK = 16  # elements of a row top_k tests at once against its k-th best (a vector of f32)
 # less(a, b): i1 "a sorts before b", given the elements of every operand at two positions.

@@ -26,7 +26,8 @@ from jaxlib.mlir import ir as jir
 from mlir import ir
 from mlir.dialects import arith, linalg, math, scf, tensor
 
-from polyblocks_jax.stablehlo_import import builders, field
+from polyblocks_jax.stablehlo_import import field
+from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import Value, flatten, map_parts
 from polyblocks_jax.stablehlo_import.linear_algebra import affine_map, check_dtype, diagonal, hermitian, identity_like
 

@@ -30,7 +30,8 @@ from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.stablehlo_import import builders, layout, reader, slices
+from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.tensor_ir import builders, layout, slices
 from polyblocks_jax.stablehlo_import.complex_values import flat_specs, flatten, unflatten
 from polyblocks_jax.stablehlo_import.registry import converts, converts_complex
 

@@ -13,7 +13,7 @@ from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.stablehlo_import.types import element_type, tensor_type
+from polyblocks_jax.tensor_ir.types import element_type, tensor_type
 
 
 def shaped_like(value: ir.Value, elem: ir.Type) -> ir.Type:

@@ -11,7 +11,7 @@ from typing import Sequence
 from mlir import ir
 from mlir.dialects import linalg, tensor
 
-from polyblocks_jax.stablehlo_import import builders
+from polyblocks_jax.tensor_ir import builders
 
 Groups = list[list[int]]  # a reassociation: consecutive dims merged into one
 

@@ -11,7 +11,7 @@ from typing import Sequence
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
-from polyblocks_jax.stablehlo_import import builders
+from polyblocks_jax.tensor_ir import builders
 
 Offset = int | ir.Value  # a static offset, or an index value computed at run time
 
