@@ -7,10 +7,15 @@ few minutes on 2 cores; ``python -m tests.fuzz.long_run`` explores further.
 """
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+from unittest import mock
+
 from absl.testing import absltest
 from hypothesis import HealthCheck, given, settings
 
-from . import differential, edge_ops, loop_programs, programs
+from . import differential, edge_ops, long_run, loop_programs, programs
 
 # The slice's size: ~0.6 s per program (4 compiles) alone on 2 cores, ~75 s; a few of
 # them are loop programs, larger (a body, maybe under vmap, jvp or grad).
@@ -60,6 +65,18 @@ class FuzzTest(absltest.TestCase):
     def tearDownClass(cls):
         print(f"\nfuzz CI slice: {cls.ran} programs x {len(differential.SETTINGS)} settings")
         super().tearDownClass()
+
+
+class LongRunTest(absltest.TestCase):
+    def test_a_dead_worker_is_ours_unless_xla_alone_dies_too(self):
+        with open(os.path.join(os.path.dirname(__file__), "regressions", "in-place-loop-input-returned.json")) as f:
+            spec = json.load(f)["spec"]
+        with tempfile.TemporaryDirectory() as out:
+            with open(os.path.join(out, long_run.INFLIGHT), "w") as f:
+                json.dump(spec, f)
+            self.assertFalse(long_run._xla_dies(out))  # XLA computes it: the crash was ours
+            with mock.patch.object(long_run, "_XLA_ONLY", "import os; os.abort()"):
+                self.assertTrue(long_run._xla_dies(out))
 
 
 if __name__ == "__main__":
