@@ -33,8 +33,8 @@ from polyblocks_jax.passes.zero_start import zero_filled
 from polyblocks_jax.tensor_ir import slices
 
 POOLINGS = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.pooling_nhwc_sum")
-# Input channels per step, each an unrolled outer product: 8 against 32, the 3x3
-# convolution 7.6 -> 6.5 ms and ResNet-18's compile time 2.5 -> 1.95 s (a quarter of the code).
+# Input channels per step, each an unrolled outer product: more unroll no faster, and the
+# code (and its compile time) grows with it.
 _MAX_INPUT_CHANNELS = 8
 _MAX_VECTORS = 4          # vectors of output channels per pixel
 _MAX_TAPS = 49            # kernel taps an im2col gathers each input pixel for (7 x 7)
@@ -57,9 +57,8 @@ def choose_conv_tiles(out_width: int, out_channels: int, in_channels: int, elem_
 
     Pixels (dividing the width) by vectors (dividing the channels), with registers left for
     the kernel vectors, one input operand and the loads LLVM schedules ahead in the unrolled
-    input channels (an eighth of the registers: without them the accumulators spill; a 3x3
-    convolution on AVX-512, 115 -> 162 GFLOP/s); input channels: the largest divisor up to
-    a bound (each is one unrolled outer product per pixel).
+    input channels (an eighth of the registers: without them the accumulators spill); input
+    channels: the largest divisor up to a bound (each is one unrolled outer product per pixel).
     """
     lanes = hw.lanes(elem_bytes, out_channels)
     registers = hw.vector_registers - hw.vector_registers // 8
@@ -125,8 +124,7 @@ def convs_to_matmuls(module: ir.Module, options: Options, hw: Hardware) -> None:
 def padded_channels(channels: int, hw: Hardware) -> int:
     """The output channels a direct f32 convolution computes: ``channels`` where a vector
     width divides them, else the fewest vectors' worth (the narrowest width on a tie).
-    Without vectors the convolution ran as scalar loops: 3x3, 64 -> 3 channels on 8 x 56 x 56,
-    17.6 ms against XLA's 1.7."""
+    Without vectors the convolution would run as scalar loops."""
     if channels % hw.lanes(4, channels) == 0:
         return channels
     widths = {-(-channels // lanes) * lanes for lanes in (4, 8, 16) if lanes <= hw.lanes(4)}
@@ -162,9 +160,8 @@ def im2col_pays(op: ir.Operation, hw: Hardware) -> bool:
     input, small against the F/2 FLOPs each of their elements then takes part in. Windows
     that overlap gather each pixel once per tap: a large kernel stays direct (memory).
     Windows that tile the image (a ViT's patch embedding) are gathered by one copy of the
-    input, whatever the weights' size: the direct convolution read each tap's pixels with
-    a stride of the kernel width, a few input channels at a time (ViT-Tiny's 16x16x3
-    patches: 12% of the model's time at 30 GFLOP/s)."""
+    input, whatever the weights' size: the direct convolution would read each tap's pixels
+    with a stride of the kernel width, a few input channels at a time."""
     window = _Window.of(op)
     if window.patchify:
         return True
@@ -200,9 +197,7 @@ def _as_matmul(op: ir.Operation) -> ir.Value:
     """The convolution ``op`` as matmuls: on the whole batch, or, where its gathered rows
     would outgrow ``_IM2COL_BYTES`` and the weights, in a loop over groups of images. Each
     group streams all the weights again (a matmul's packed panels are the group's): rows up
-    to the weights' size keep that traffic no larger than the rows' own. ResNet-18's 4x4x512
-    convolutions (9.4 MB of weights, 2.4 MB of rows at batch 8): 3.66 -> 3.16 ms in one
-    group rather than two."""
+    to the weights' size keep that traffic no larger than the rows' own."""
     image, kernel, init = op.operands
     n, _, _, c = ir.RankedTensorType(image.type).shape
     kh, kw, _, f = ir.RankedTensorType(kernel.type).shape
@@ -244,10 +239,7 @@ def _tap_matmuls(image: ir.Value, kernel: ir.Value, init: ir.Value, window: _Win
     slice, which its first k tile then never reads (zero_start.py): the loop writes every
     element. Where the image is the input zero-padded along its row, each tap reads the
     input's rows it multiplies by more than zeros, a tap that covers every output row first.
-    A 1-D convolution of 3 x 384 -> 384 channels on 8 x 512: 17.7 -> 16.9 ms (XLA 16.8-17.8),
-    its 2.4 MB of gathered rows per image, the padded copy and the fills gone. (The images'
-    rows end to end, one matmul per tap for all, the rows whose windows cross into the next
-    image computed again: 17.0 ms beside these 16.5, and a third more to compile.)"""
+    No rows are gathered per image, and neither the padded copy nor the fills remain."""
     n, _, _, c = _shape(image)
     (_, kw), (_, ow), (_, sw), (_, dw) = window.kernel, window.out, window.strides, window.dilations
     element = ir.RankedTensorType(image.type).element_type

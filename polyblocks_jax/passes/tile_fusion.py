@@ -175,7 +175,7 @@ def _row_group(root: ir.Operation, nest: Nest, taken: set[ir.Operation], hw: Har
     if unit > 1 and any(nest_of(op).reductions for op in [root, *members]):
         # Sums down columns (a mean over outer axes): each tile streams its columns through
         # every row, a few lines a row; a few wide tiles, one per core, read whole runs of
-        # lines (the mean over two outer axes of 64 x 128 x 256: 16 tiles 0.51 ms, 2 0.23 ms).
+        # lines.
         most, least = _MAX_COLUMN_VECTORS * unit, hw.cores
     limit = max(unit, min(most, hw.l1_bytes // 2 // max(1, row)) // unit * unit)
     rows = max([r for r in range(unit, limit + 1, unit) if inner % r == 0 and steps // r >= least]
@@ -343,8 +343,8 @@ def _own_empty_inits(ops: list[ir.Operation]) -> None:
     """Each op of a group computed into an empty tensor gets one of its own. CSE merges equal
     empty tensors: a member sharing the root's would be computed into the slice of the
     group's output, which the root then writes over while reading the member (a softmax's
-    division over its exponentials), and bufferization copies the slice into a temporary
-    before each tile (softmax over a middle axis: 1.03 -> 0.74 ms). With an empty tensor
+    division over its exponentials), and bufferization would copy the slice into a temporary
+    before each tile. With an empty tensor
     of its own, the member's tile is a tile-sized buffer."""
     seen = set()
     for op in ops:
@@ -456,11 +456,9 @@ def _probabilities_on_the_left(module: ir.Module) -> bool:
     """A batch matmul of values by transposed probabilities (Flax's attention: jax orders the
     einsum ``hqk,khd->qhd`` as V^T P^T, its result transposed after) computed as P V instead,
     then transposed: the form the attention groups match, and where the probabilities are
-    larger than the values and the result, less to transpose (V and P V, not P). ViT-Tiny b8's
-    attention made five passes over 3.7 MB of scores a layer, P^T copied among them (131 ms,
-    not 153, grouped); at b1, left to the matmul tiling (``_rows_in_steps``), the transposes
-    of V and P V take less than P's, which went one element at a time (197 x 197): the model
-    18.3-18.8 -> 17.9 ms in one process. Whether there was one."""
+    larger than the values and the result, less to transpose (V and P V, not P): otherwise
+    the scores are passed over several times a layer, P^T copied among them, and P is
+    transposed one element at a time. Whether there was one."""
     reordered = False
     for op in [o for o in walk(module.operation) if o.name == "linalg.batch_matmul"]:
         lhs, rhs, init = op.operands
