@@ -252,11 +252,8 @@ class DynamicTeamsTest(absltest.TestCase):
     user set OpenMP's dynamic adjustment themselves."""
 
     SCRIPT = textwrap.dedent("""
-        import ctypes, numpy as np, jax, jax.numpy as jnp
-        import polyblocks_jax as pb
+        import ctypes
         from polyblocks_jax.cpu.executable import openmp_runtime
-        x = np.ones((512, 512), np.float32)
-        pb.compile(jax.jit(lambda a: a @ a).trace(x).lower(lowering_platforms=("cpu",)))(x)
         print(ctypes.CDLL(openmp_runtime()).omp_get_dynamic())
     """)
 
@@ -272,6 +269,43 @@ class DynamicTeamsTest(absltest.TestCase):
 
     def test_the_users_setting_wins(self):
         self.assertEqual(self._dynamic(OMP_DYNAMIC="false"), "0")
+
+    # teams.c under a machine's load as /proc/loadavg gives it: runnable tasks / all tasks.
+    POLICY = textwrap.dedent("""
+        import ctypes, os, sys, time
+        from polyblocks_jax.cpu import executable
+        omp = ctypes.CDLL(executable.openmp_runtime())
+        print(executable.choose_teams is not executable._no_policy)
+        teams = ctypes.CDLL(executable.native_build.shared_library(
+            os.path.join(os.path.dirname(executable.__file__), "teams.c"), "teams"))
+        for runnable in sys.argv[1:]:
+            with open(sys.argv[0] + ".loadavg", "w") as f:
+                f.write(f"1.00 1.00 1.00 {runnable}/300 4242\\n")
+            teams.pb_teams_init(2, 200, (sys.argv[0] + ".loadavg").encode())
+            time.sleep(0.11)  # the load is read at most every 100 ms
+            teams.pb_teams_choose()
+            print(runnable, omp.omp_get_dynamic(), omp.kmp_get_blocktime())
+            omp.omp_set_dynamic(1)  # as if another thread, whose settings are its own
+    """)
+
+    def _policy(self, *runnable: int, **env) -> list[str]:
+        base = {k: v for k, v in os.environ.items() if k not in ("OMP_DYNAMIC", "KMP_DYNAMIC_MODE", "KMP_BLOCKTIME")}
+        with tempfile.TemporaryDirectory() as folder:
+            script = os.path.join(folder, "policy.py")
+            with open(script, "w") as f:
+                f.write(self.POLICY)
+            done = subprocess.run([sys.executable, script, *map(str, runnable)], env={**base, **env},
+                                  capture_output=True, text=True, timeout=300)
+        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+        return done.stdout.splitlines()
+
+    def test_a_busy_machine_gets_full_teams_whose_workers_sleep(self):
+        # Quiet (no more runnable tasks than the 2 cores): load-balance teams, spinning
+        # workers; busy: static teams, workers asleep at once after each region.
+        self.assertEqual(self._policy(2, 5), ["True", "2 1 200", "5 0 0"])
+
+    def test_no_policy_where_the_user_set_the_blocktime(self):
+        self.assertEqual(self._policy(KMP_BLOCKTIME="50")[0], "False")
 
 if __name__ == "__main__":
     absltest.main()

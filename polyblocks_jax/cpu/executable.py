@@ -29,20 +29,23 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.metadata
+import logging
 import os
+import subprocess
 import tempfile
 import threading
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from polyblocks_jax import dtypes
+from polyblocks_jax import dtypes, native_build
 from polyblocks_jax.cpu.array_pool import data_address
 from polyblocks_jax.cpu.memref import DescriptorFactory, aligned_empty
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.errors import CompilationError, ResourceExhaustedError
 from polyblocks_jax.runtime.specs import check_arguments
 
+logger = logging.getLogger(__name__)
 _BARE_ENTRY = "main"
 _DESCRIPTOR_ENTRY = "_mlir_ciface_main"
 
@@ -75,11 +78,35 @@ def openmp_runtime() -> str:
     # A parallel region ends when its last thread does: where other processes also use the
     # cores, a descheduled thread holds every region for a time slice. libomp's load-balance
     # mode sizes each team to the cores idle at that moment (sampled at most once a second);
-    # read when the runtime initializes, at the first parallel region. A user's setting wins.
+    # read when the runtime initializes, at the first parallel region. Where the machine is
+    # busier than that, teams.c takes over before each call. A user's setting wins.
+    users = any(name in os.environ for name in (*DYNAMIC_TEAMS, "KMP_BLOCKTIME"))
     for name, value in DYNAMIC_TEAMS.items():
         os.environ.setdefault(name, value)
     ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+    if not users:
+        _load_teams_policy()
     return path
+
+
+def _no_policy() -> None:
+    pass
+
+
+choose_teams = _no_policy  # called before each call of compiled code: see teams.c
+
+
+def _load_teams_policy() -> None:
+    global choose_teams
+    try:
+        library = ctypes.CDLL(native_build.shared_library(os.path.join(os.path.dirname(__file__), "teams.c"), "teams"))
+    except (OSError, subprocess.SubprocessError) as e:  # no C compiler: libomp's teams alone
+        logger.info("polyblocks: no policy for parallel teams under load (%s)", e)
+        return
+    from polyblocks_jax.cpu.target import host
+    library.pb_teams_init(host().cores, 200, b"/proc/loadavg")
+    choose_teams = library.pb_teams_choose
+    choose_teams.restype, choose_teams.argtypes = None, []
 
 
 class CpuExecutable:
@@ -130,6 +157,7 @@ class CpuExecutable:
     def run_addresses(self, data: Sequence[int]) -> None:
         """``run`` on data addresses: the inputs, then the outputs that alias no input (the plugin's path)."""
         arena = self._take_arena() if self.arena_bytes else None
+        choose_teams()
         try:
             addresses = [*data, data_address(arena)] if arena is not None else data
             if self._factories is None:

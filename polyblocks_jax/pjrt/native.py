@@ -7,13 +7,11 @@ slower) except when jaxlib destroys an array while an exception propagates.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
 import subprocess
-import tempfile
 
-from polyblocks_jax import files
+from polyblocks_jax import native_build
 from polyblocks_jax.pjrt import handles
 
 logger = logging.getLogger(__name__)
@@ -68,23 +66,7 @@ class Native:
 
 def load() -> Native | None:
     try:
-        return Native(ctypes.CDLL(_build()))
+        return Native(ctypes.CDLL(native_build.shared_library(_SOURCE, "native", ["-lpthread"])))
     except (OSError, subprocess.SubprocessError) as e:
         logger.warning("polyblocks PJRT: native functions unavailable (%s); using Python callbacks", e)
         return None
-
-
-def _build() -> str:
-    with open(_SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    cache = files.cache_folder()
-    library = os.path.join(cache, f"native-{digest}.so")
-    if os.path.exists(library):
-        return library
-    os.makedirs(cache, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=cache, suffix=".so")
-    os.close(fd)
-    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-o", partial, _SOURCE, "-lpthread"],
-                   check=True, capture_output=True)
-    os.replace(partial, library)  # atomic: concurrent builders never see a partial file
-    return library
