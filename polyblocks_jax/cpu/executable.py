@@ -113,6 +113,11 @@ class CpuExecutable:
         self._entry = getattr(self._dll, _DESCRIPTOR_ENTRY if self.descriptors else _BARE_ENTRY)
         self._entry.restype, self._entry.argtypes = None, [ctypes.c_void_p] * len(specs)
 
+    @property
+    def entry_address(self) -> int | None:
+        """Address of the entry of bare pointers (inputs, fresh outputs, arena); None for a descriptor entry."""
+        return None if self.descriptors else ctypes.cast(self._entry, ctypes.c_void_p).value
+
     def __call__(self, *arrays) -> tuple[np.ndarray, ...]:
         args = check_arguments(arrays, self.inputs)
         for i in self.overwritten:
