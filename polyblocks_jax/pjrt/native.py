@@ -31,8 +31,9 @@ from polyblocks_jax.pjrt.events import READY
 logger = logging.getLogger(__name__)
 _SOURCE = os.path.join(os.path.dirname(__file__), "native.c")
 _BATCH = 256
-# Getters answered from handle blocks (see handles.py), in the order of native.c's enum;
-# a handle without the tag goes to the Python callback of the same PJRT function.
+# Functions answered in C from handle blocks (see handles.py): the getters and Execute, in the
+# order of native.c's enum; a handle without the tag (or a call C does not take) goes to the
+# Python callback of the same PJRT function.
 GETTERS = {
     "PJRT_Buffer_Device": "pb_buffer_device", "PJRT_Buffer_Memory": "pb_buffer_memory",
     "PJRT_Buffer_IsDeleted": "pb_buffer_is_deleted", "PJRT_Buffer_ReadyEvent": "pb_buffer_ready_event",
@@ -122,21 +123,20 @@ class Native:
         """
         exe = loaded.executable
         entry = getattr(exe.compiled, "entry_address", None) if exe.target == "cpu" else None
-        pointers = exe.num_inputs + exe.num_outputs + (1 if entry and exe.compiled.arena_bytes else 0)
-        if (entry is None or exe.donated or exe.token_outputs or pointers > self.max_pointers
-                or any(a is not None for a in exe.aliases)
-                or any(np.dtype(dtype).itemsize * int(np.prod(shape)) >= MIN_BYTES for shape, dtype in exe.out_shapes)):
+        if entry is None or exe.donated or exe.token_outputs or any(a is not None for a in exe.aliases):
+            return 0, None
+        specs = exe.compiled.outputs
+        pointers = exe.num_inputs + exe.num_outputs + (1 if exe.compiled.arena_bytes else 0)
+        if pointers > self.max_pointers or any(s.nbytes >= MIN_BYTES for s in specs):
             return 0, None
         outputs = (_Output * max(exe.num_outputs, 1))()
-        offset = 0
-        for output, (shape, dtype), code in zip(outputs, exe.out_shapes, exe.output_types):
-            output.type, output.rank = code, len(shape)
-            output.nbytes = np.dtype(dtype).itemsize * int(np.prod(shape))
-            output.dims = ctypes.addressof(exe.output_dims) + offset * ctypes.sizeof(ctypes.c_int64)
-            offset += len(shape)
-        spec = _Plan(entry, loaded.device.handle, loaded.device.memory.handle, READY, exe.num_inputs,
+        dims = ctypes.addressof(exe.output_dims)  # every output's dims, one after another
+        for output, spec, code in zip(outputs, specs, exe.output_types):
+            output.type, output.rank, output.nbytes, output.dims = code, spec.rank, spec.nbytes, dims
+            dims += spec.rank * ctypes.sizeof(ctypes.c_int64)
+        fields = _Plan(entry, loaded.device.handle, loaded.device.memory.handle, READY, exe.num_inputs,
                      exe.num_outputs, exe.compiled.arena_bytes, None, ctypes.addressof(outputs))
-        address = self._new_plan(ctypes.addressof(spec))
+        address = self._new_plan(ctypes.addressof(fields))
         if not address:
             return 0, None
         weakref.finalize(loaded, self._free_plan, address).atexit = False  # at exit a call may still run
