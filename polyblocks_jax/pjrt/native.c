@@ -171,9 +171,63 @@ typedef struct {
 enum { DEVICE_NATIVE_BYTES = 7 };
 const size_t pb_max_pointers = 20;
 
+static size_t rounded(size_t nbytes) {
+  return nbytes ? (nbytes + 63) & ~(size_t)63 : 64;
+}
+
 static void* aligned(size_t nbytes) {
   void* data = NULL;
-  return posix_memalign(&data, 64, nbytes ? (nbytes + 63) & ~(size_t)63 : 64) ? NULL : data;
+  return posix_memalign(&data, 64, rounded(nbytes)) ? NULL : data;
+}
+
+/* Outputs of at least pb_pool_min bytes (set by Python: cpu/array_pool.py's threshold): malloc
+ * may serve them from a fresh mapping, faulted in page by page on every call (array_pool.py
+ * measures it), so a freed one waits here for the next output of its size; at most
+ * POOL_IDLE_BYTES wait, the oldest dropped first. */
+enum { POOL_SLOTS = 32 };
+#define POOL_IDLE_BYTES ((size_t)256 << 20)
+size_t pb_pool_min = (size_t)1 << 20;
+static struct { size_t nbytes; void* data; } pool[POOL_SLOTS];
+static size_t pool_count, pool_bytes;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void pool_remove(size_t i) {
+  pool_bytes -= pool[i].nbytes;
+  memmove(&pool[i], &pool[i + 1], (--pool_count - i) * sizeof pool[0]);
+}
+
+static void* take_output(size_t nbytes) {
+  size_t size = rounded(nbytes);
+  if (size >= pb_pool_min) {
+    pthread_mutex_lock(&pool_lock);
+    for (size_t i = pool_count; i-- > 0;) {
+      if (pool[i].nbytes == size) {
+        void* data = pool[i].data;
+        pool_remove(i);
+        pthread_mutex_unlock(&pool_lock);
+        return data;
+      }
+    }
+    pthread_mutex_unlock(&pool_lock);
+  }
+  return aligned(nbytes);
+}
+
+void pb_give_back(void* data, size_t nbytes) {
+  size_t size = rounded(nbytes);
+  if (size < pb_pool_min || size > POOL_IDLE_BYTES) {
+    free(data);
+    return;
+  }
+  pthread_mutex_lock(&pool_lock);
+  while (pool_count && (pool_count == POOL_SLOTS || pool_bytes + size > POOL_IDLE_BYTES)) {
+    free(pool[0].data);
+    pool_remove(0);
+  }
+  pool[pool_count].nbytes = size;
+  pool[pool_count++].data = data;
+  pool_bytes += size;
+  pthread_mutex_unlock(&pool_lock);
 }
 
 static void count_bytes(void** device, size_t nbytes, int sign) {
@@ -183,7 +237,7 @@ static void count_bytes(void** device, size_t nbytes, int sign) {
 
 static NativeBuffer* new_buffer(const Plan* plan, const Output* output) {
   NativeBuffer* b = malloc(sizeof(NativeBuffer) + output->rank * sizeof(int64_t));
-  void* data = aligned(output->nbytes);
+  void* data = take_output(output->nbytes);
   if (!b || !data) { free(b); free(data); return NULL; }
   void* words[8] = {NULL, (void*)(size_t)TAG_BUFFER, plan->device, plan->memory, NULL, plan->ready_event, data,
                     (void*)(size_t)MADE_IN_C};
@@ -198,7 +252,7 @@ static NativeBuffer* new_buffer(const Plan* plan, const Output* output) {
 
 static void free_buffer(NativeBuffer* b) {
   count_bytes(b->words[WORD_DEVICE], b->nbytes, -1);
-  free(b->words[WORD_DATA]);
+  pb_give_back(b->words[WORD_DATA], b->nbytes);
   free(b);
 }
 

@@ -79,11 +79,14 @@ class Native:
         self._take = library.pb_take
         self._take.restype, self._take.argtypes = ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]
         self.max_pointers = ctypes.c_size_t.in_dll(library, "pb_max_pointers").value
+        ctypes.c_size_t.in_dll(library, "pb_pool_min").value = MIN_BYTES
         for name, restype in (("pb_free", None), ("pb_adopted", None), ("pb_new_plan", ctypes.c_void_p),
                               ("pb_free_plan", None)):
             function = getattr(library, name)
             function.restype, function.argtypes = restype, [ctypes.c_void_p]
         self._free, self._adopted_in_c = library.pb_free, library.pb_adopted
+        self._give_back = library.pb_give_back  # an output's memory: to C's pool or freed
+        self._give_back.restype, self._give_back.argtypes = None, [ctypes.c_void_p, ctypes.c_size_t]
         self._new_plan, self._free_plan = library.pb_new_plan, library.pb_free_plan
         self._adopted: set[int] = set()  # blocks made in C that Python frees once jaxlib destroys them
         self._adopt_lock = threading.Lock()
@@ -118,20 +121,18 @@ class Native:
 
         Native Execute takes the plain program: on the host, no donation, no token outputs, an
         entry of bare pointers (no host callbacks, not a descriptor entry), pointers within
-        native.c's count, and outputs under the array pool's size (larger ones come from the
-        pool, which keeps their pages mapped).
+        native.c's count.
         """
         exe = loaded.executable
         entry = getattr(exe.compiled, "entry_address", None) if exe.target == "cpu" else None
         if entry is None or exe.donated or exe.token_outputs or any(a is not None for a in exe.aliases):
             return 0, None
-        specs = exe.compiled.outputs
         pointers = exe.num_inputs + exe.num_outputs + (1 if exe.compiled.arena_bytes else 0)
-        if pointers > self.max_pointers or any(s.nbytes >= MIN_BYTES for s in specs):
+        if pointers > self.max_pointers:
             return 0, None
         outputs = (_Output * max(exe.num_outputs, 1))()
         dims = ctypes.addressof(exe.output_dims)  # every output's dims, one after another
-        for output, spec, code in zip(outputs, specs, exe.output_types):
+        for output, spec, code in zip(outputs, exe.compiled.outputs, exe.output_types):
             output.type, output.rank, output.nbytes, output.dims = code, spec.rank, spec.nbytes, dims
             dims += spec.rank * ctypes.sizeof(ctypes.c_int64)
         fields = _Plan(entry, loaded.device.handle, loaded.device.memory.handle, READY, exe.num_inputs,
@@ -155,7 +156,7 @@ class Native:
             dims = tuple((ctypes.c_int64 * block.rank).from_address(handle + ctypes.sizeof(_NativeBuffer)))
             data = block.words[6]
             memory = (ctypes.c_char * max(block.nbytes, 1)).from_address(data)
-            weakref.finalize(memory, self._free, data).atexit = False  # freed once no array views it
+            weakref.finalize(memory, self._give_back, data, block.nbytes).atexit = False  # once no array views it
             array = np.ndarray(dims, NUMPY_OF_TYPE[block.type], buffer=memory)
             buffer = Buffer(array, handles.LIVE[block.words[2]], handle=handle)
             self._adopted_in_c(handle)
