@@ -1,28 +1,60 @@
-"""Per-call overhead of a tiny jitted function: polyblocks (PJRT in Python) vs XLA CPU.
+"""Per-call time of tiny jitted programs: polyblocks vs XLA CPU, where dispatch is all there is.
 
-Same process, same function, inputs already on each device; median of repeated timed
-batches after warm-up. Usage: python bench/dispatch.py [--calls N] [--repeats R]
+Cases: one op and ten elementwise ops, taking 1 and 8 arguments (float32[4]; every argument
+is a parameter of the program: keep_unused), and the sum of two arguments. Same process,
+inputs already on each device, each call waits for its result; XLA's and polyblocks' timed
+batches alternate, and each figure is the median of ``--repeats`` batches of ``--calls``.
+Usage: python bench/dispatch.py [--calls N] [--repeats R]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
+from typing import Callable
 
 import jax
 import numpy as np
 
 
-def per_call_us(fn, x, calls: int, repeats: int) -> float:
-    for _ in range(200):  # warm-up: compile, caches, allocator
-        fn(x, x).block_until_ready()
-    samples = []
+def elementwise(ops: int, arguments: int) -> Callable:
+    """``ops`` elementwise ops: the first combine the arguments (as many as there are ops), the rest scale and shift."""
+    def fn(*xs):
+        y = xs[0]
+        for k in range(ops):
+            y = y + xs[k + 1] if k + 1 < arguments else (y * 1.5 if k % 2 else y + 1.0)
+        return y
+    return fn
+
+
+CASES = {
+    "a + b": (lambda a, b: a + b, 2),
+    "1 op, 1 argument": (elementwise(1, 1), 1),
+    "1 op, 8 arguments": (elementwise(1, 8), 8),
+    "10 ops, 1 argument": (elementwise(10, 1), 1),
+    "10 ops, 8 arguments": (elementwise(10, 8), 8),
+}
+
+
+def batch_us(fn: Callable, args: list, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(*args).block_until_ready()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def compare(fn: Callable, arguments: int, calls: int, repeats: int) -> tuple[float, float]:
+    """Median microseconds per call on XLA CPU and on polyblocks, batches interleaved."""
+    jitted = jax.jit(fn, keep_unused=True)
+    x = np.ones((4,), np.float32)
+    placed = {p: [jax.device_put(x + i, jax.devices(p)[0]) for i in range(arguments)] for p in ("cpu", "polyblocks")}
+    for args in placed.values():
+        batch_us(jitted, args, 200)  # warm-up: compile, caches, allocator
+    samples = {p: [] for p in placed}
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn(x, x).block_until_ready()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(samples)
+        for platform, args in placed.items():
+            samples[platform].append(batch_us(jitted, args, calls))
+    return statistics.median(samples["cpu"]), statistics.median(samples["polyblocks"])
 
 
 def main() -> None:
@@ -30,14 +62,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    fn = jax.jit(lambda a, b: a + b)
-    x = np.ones((4,), np.float32)
-    results = {}
-    for platform in ("cpu", "polyblocks"):
-        device = jax.devices(platform)[0]
-        results[platform] = per_call_us(fn, jax.device_put(x, device), args.calls, args.repeats)
-        print(f"{platform:>10}: {results[platform]:7.1f} us per call (median of {args.repeats} x {args.calls})")
-    print(f"     ratio: {results['polyblocks'] / results['cpu']:.1f}x (polyblocks / XLA CPU)")
+    print(f"{'case':<22}{'XLA us':>9}{'polyblocks us':>15}{'ratio':>8}   (median of {args.repeats} x {args.calls})")
+    for name, (fn, arguments) in CASES.items():
+        xla, polyblocks = compare(fn, arguments, args.calls, args.repeats)
+        print(f"{name:<22}{xla:9.1f}{polyblocks:15.1f}{polyblocks / xla:8.2f}")
 
 
 if __name__ == "__main__":

@@ -535,19 +535,23 @@ class NativeFunctionsTest(absltest.TestCase):
         self.assertFalse(ask("PJRT_Event_IsReady", event=handles.register(PendingEvent()))[0].is_ready)
         self.assertIsNotNone(ask("PJRT_Buffer_Device", buffer=None)[1])
 
-    def test_a_call_enters_python_once(self):
+    def test_a_plain_call_never_enters_python_and_a_donating_one_once(self):
         done = support.run_python("""
             import sys, jax, numpy as np
             x = jax.device_put(np.ones(4, np.float32), jax.devices("polyblocks")[0])
             f = jax.jit(lambda a, b: a + b)
-            f(x, x).block_until_ready()
+            g = jax.jit(lambda a: a * 2, donate_argnums=0)
+            y = g(f(x, x)).block_until_ready()
             print("call", file=sys.stderr, flush=True)
-            f(x, x).block_until_ready()
+            f(f(x, x), x).block_until_ready()
+            print("donate", file=sys.stderr, flush=True)
+            g(y).block_until_ready()
             print("done", file=sys.stderr, flush=True)
         """, env={"POLYBLOCKS_PJRT_TRACE": "1"})
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
-        call = done.stderr.split("call\n")[1].split("done\n")[0]
-        self.assertEqual([line for line in call.splitlines() if line.startswith("pjrt:")],
+        calls, donating = done.stderr.split("call\n")[1].split("done\n")[0].split("donate\n")
+        self.assertEqual([line for line in calls.splitlines() if line.startswith("pjrt:")], [])
+        self.assertEqual([line for line in donating.splitlines() if line.startswith("pjrt:")],
                          ["pjrt: PJRT_LoadedExecutable_Execute"])
 
 

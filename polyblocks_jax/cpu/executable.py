@@ -96,6 +96,12 @@ def _no_policy() -> None:
 choose_teams = _no_policy  # called before each call of compiled code: see teams.c
 
 
+def teams_policy_address() -> int | None:
+    """The address of teams.c's ``pb_teams_choose`` where it is in use, for native callers."""
+    policy = choose_teams
+    return None if policy is _no_policy else ctypes.cast(policy, ctypes.c_void_p).value
+
+
 def _load_teams_policy() -> None:
     global choose_teams
     try:
@@ -139,6 +145,11 @@ class CpuExecutable:
         self._factories = [DescriptorFactory(s) for s in specs] if self.descriptors else None
         self._entry = getattr(self._dll, _DESCRIPTOR_ENTRY if self.descriptors else _BARE_ENTRY)
         self._entry.restype, self._entry.argtypes = None, [ctypes.c_void_p] * len(specs)
+
+    @property
+    def entry_address(self) -> int | None:
+        """Address of the entry of bare pointers (inputs, fresh outputs, arena); None for a descriptor entry."""
+        return None if self.descriptors else ctypes.cast(self._entry, ctypes.c_void_p).value
 
     def __call__(self, *arrays) -> tuple[np.ndarray, ...]:
         args = check_arguments(arrays, self.inputs)

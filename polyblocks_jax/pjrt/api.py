@@ -30,8 +30,8 @@ NATIVE_DESTROY = ("PJRT_Buffer_Destroy", "PJRT_Event_Destroy", "PJRT_Error_Destr
                   "PJRT_Executable_Destroy", "PJRT_LoadedExecutable_Destroy")
 # Counts that are always 1, asked on every call: native too (a Python callback costs ~0.3 us).
 NATIVE_ONE = ("PJRT_Executable_NumReplicas", "PJRT_Executable_NumPartitions")
-# The per-call getters (native.GETTERS) are native where a handle's block answers them;
-# Event_Error always is (events never carry errors).
+# The per-call getters and Execute (native.GETTERS) are native where a handle's block answers
+# them; Event_Error always is (events never carry errors).
 
 
 def _wrap(name: str, args_type: type[ctypes.Structure], fn, natives: native.Native | None):

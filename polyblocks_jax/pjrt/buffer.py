@@ -59,7 +59,8 @@ class Buffer:
                  "writable", "token", "handle", "__weakref__")
 
     def __init__(self, array: np.ndarray, device, on_release=None, address: int | None = None,
-                 writable: bool = True) -> None:
+                 writable: bool = True, handle: int | None = None) -> None:
+        """``handle``: the block of a buffer that native Execute made over ``array``'s memory."""
         self.array: np.ndarray | None = array
         self.writable = writable  # whether compiled code may write the memory (donation)
         self.address = data_address(array) if address is None else address
@@ -71,7 +72,12 @@ class Buffer:
         self.memory = device.memory
         self.on_release = on_release  # fires the "done with host buffer" event of a zero-copy wrap
         self.token = False  # a program's token result (bool[0]): it holds no data to read
-        self.handle = handles.register(self, handles.BUFFER, device.handle, device.memory.handle, 0, READY)
+        if handle is None:
+            self.handle = handles.register(self, handles.BUFFER, device.handle, device.memory.handle, 0, READY,
+                                           self.address)
+        else:
+            self.handle = handle
+            handles.adopt(self, handle)
 
     def data(self) -> np.ndarray:
         array = self.array

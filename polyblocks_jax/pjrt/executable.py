@@ -28,7 +28,7 @@ import struct
 from typing import Sequence
 
 from polyblocks_jax.cpu.array_pool import data_address
-from polyblocks_jax.pjrt import device_assignment, handles
+from polyblocks_jax.pjrt import device_assignment, handles, native
 from polyblocks_jax.pjrt.buffer import TYPE_OF_NUMPY, Buffer, aligned_copy, aligned_empty
 from polyblocks_jax.pjrt.device import MEMORY_KIND, HandleArray, Text
 from polyblocks_jax.pjrt.errors import invalid
@@ -148,6 +148,9 @@ class ExecutableRef:
 
 
 class LoadedExecutable:
+    """An executable on its device. Native Execute (native.c) runs the plain calls of a host
+    program, ``execute`` every other call."""
+
     def __init__(self, executable: Executable, device) -> None:
         self.executable = executable
         self.device = device
@@ -156,7 +159,9 @@ class LoadedExecutable:
         assignment = device_assignment.encode(device.description.id)
         self.device_assignment = ctypes.create_string_buffer(assignment, len(assignment))
         self.deleted = False
-        self.handle = handles.register(self)
+        natives = native.load()
+        plan, self._plan_outputs = natives.plan(self) if natives is not None else (0, None)
+        self.handle = handles.register(self, handles.LOADED_EXECUTABLE, plan)
 
     def completion(self, outputs: list[Buffer]):
         """The event of a call's completion: ready, the host runs synchronously."""

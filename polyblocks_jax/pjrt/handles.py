@@ -8,6 +8,10 @@ the table keeps both the block and the object alive until the handle is released
 The other words answer the getters jaxlib asks on every call in C (native.c): word 1 a
 tag saying what words 2.. hold, written here with the object (and by the object when a
 word changes: a buffer's deletion). A block without a tag is answered in Python.
+
+Native Execute (native.c) makes its output buffers' blocks itself; Python knows such a
+handle once a callback names it: the table then adopts it (``_Table.adopt``, set by
+native.py).
 """
 from __future__ import annotations
 
@@ -16,13 +20,31 @@ import ctypes
 _BLOCK = ctypes.c_void_p * 8  # 64 zero bytes: more than jaxlib's probe reads
 
 # Tags of word 1 (the same numbers as native.c's), and what words 2.. then hold:
-BUFFER = 0x70620001      # device handle, memory handle, deleted (0/1), ready event handle (0: ask Python)
+BUFFER = 0x70620001      # device handle, memory handle, deleted (0/1), ready event handle (0: ask Python),
+#                          data address, origin (0: Python; else made by native Execute)
 EXECUTABLE = 0x70620002  # number of outputs
 MEMORY = 0x70620003      # kind: address of its characters, their count
 READY_EVENT = 0x70620004  # (nothing: ready, without an error)
+LOADED_EXECUTABLE = 0x70620005  # the native Execute's plan (0: Python runs every call)
 DELETED_WORD = 4
+# An untagged device block's word 7: bytes of its buffers that native Execute made and Python never adopted.
+DEVICE_NATIVE_BYTES_WORD = 7
 
-LIVE: dict[int, object] = {}
+
+class _Table(dict):
+    """Handle -> object; a handle it does not hold may be a buffer that native Execute made,
+    which ``adopt`` (handle -> object, or None) turns into a Python object on first lookup."""
+    adopt = None
+
+    def __missing__(self, handle: int) -> object:
+        adopt = self.adopt
+        obj = adopt(handle) if adopt is not None and handle else None
+        if obj is None:
+            raise KeyError(handle)
+        return obj
+
+
+LIVE: dict[int, object] = _Table()
 _BLOCKS: dict[int, ctypes.Array] = {}
 
 
@@ -33,6 +55,17 @@ def register(obj: object, *words: int) -> int:
     _BLOCKS[handle] = block
     LIVE[handle] = obj
     return handle
+
+
+def adopt(obj: object, handle: int) -> None:
+    """Register ``obj`` under an existing block at ``handle``, made in C (which frees it)."""
+    _BLOCKS[handle] = _BLOCK.from_address(handle)
+    LIVE[handle] = obj
+
+
+def word(handle: int, index: int) -> int:
+    """Word ``index`` of the block at ``handle`` (0 when it is null)."""
+    return ctypes.c_size_t.from_address(handle + index * ctypes.sizeof(ctypes.c_size_t)).value
 
 
 def lookup(handle: int | None) -> object:

@@ -10,8 +10,11 @@
  * a callback into Python costs about 0.3 us each.
  *
  * Getters: the other questions jaxlib asks on every call, answered from the handle's block.
+ *
+ * Execute: the plain call of a host program (see pb_execute), Python's for every other.
  */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,7 +25,10 @@ static void** queue;
 static size_t capacity;
 size_t pb_pending;  /* read by Python without a call: nonzero means "drain me" */
 
+static int destroyed_in_c(void** object);
+
 void* pb_defer_destroy(DestroyArgs* args) {
+  if (destroyed_in_c(args->object)) return NULL;
   pthread_mutex_lock(&lock);
   if (pb_pending == capacity) {
     size_t grown = capacity ? 2 * capacity : 1024;
@@ -65,9 +71,14 @@ void* pb_one(SizeArgs* args) {
  * (pjrt/handles.py): word 0 stays 0 for jaxlib's probe, word 1 is a tag saying what words
  * 2.. hold, written by Python with the object. Without the tag (a GPU buffer's pending
  * event, a null handle) the Python callback of the same function answers. */
-enum { TAG_BUFFER = 0x70620001, TAG_EXECUTABLE = 0x70620002, TAG_MEMORY = 0x70620003, TAG_READY = 0x70620004 };
+enum { TAG_BUFFER = 0x70620001, TAG_EXECUTABLE = 0x70620002, TAG_MEMORY = 0x70620003, TAG_READY = 0x70620004,
+       TAG_LOADED = 0x70620005 };
 enum { BUFFER_DEVICE, BUFFER_MEMORY, BUFFER_IS_DELETED, BUFFER_READY_EVENT, EVENT_IS_READY, EVENT_ON_READY,
-       EXECUTABLE_NUM_OUTPUTS, MEMORY_KIND, GETTERS };
+       EXECUTABLE_NUM_OUTPUTS, MEMORY_KIND, LOADED_EXECUTE, GETTERS };
+/* Words of a buffer's block: the getters' (device, memory, deleted, ready event), its data's
+ * address, and who made it: Python (0), C and unknown to Python yet, or C then adopted. */
+enum { WORD_DEVICE = 2, WORD_MEMORY, WORD_DELETED, WORD_READY, WORD_DATA, WORD_ORIGIN };
+enum { MADE_IN_C = 0x70620010, ADOPTED = 0x70620011 };
 
 typedef void* (*Callback)(void* args);
 Callback pb_python[GETTERS];  /* set by the plugin */
@@ -127,5 +138,246 @@ void* pb_memory_kind(KindArgs* args) {
 /* Events never carry errors: a failure is the result of the call that would have made one. */
 void* pb_no_error(void* args) {
   (void)args;
+  return NULL;
+}
+
+/* Execute, the plain call of a host program, without entering Python: the plan (below) says
+ * the program has no donation, token outputs or host callbacks, and an entry taking bare
+ * pointers; Python leaves other programs without one. When anything else differs from the
+ * plain case (several devices, another argument count, an argument that is not a live host
+ * buffer of the executable's device, memory that cannot be had) Python's Execute runs the
+ * call: it reports what is wrong as every PJRT error is reported. */
+typedef struct { int32_t type; int32_t rank; size_t nbytes; const int64_t* dims; } Output;
+typedef struct {
+  void (*entry)(void); void* device; void* memory; void* ready_event;
+  size_t num_inputs, num_outputs, arena_bytes;
+  void* idle_arena;  /* kept between calls; a call that finds none (another thread's) allocates one */
+  const Output* outputs;
+} Plan;
+
+/* A buffer made here: a handle block (handles.py) of origin MADE_IN_C, then what Python reads
+ * to adopt it on the first callback that names it (type, rank, bytes, dims). Destroy frees a
+ * buffer never adopted at once; an adopted one is Python's to release. */
+typedef struct { void* words[8]; int32_t type; int32_t rank; size_t nbytes; int64_t dims[]; } NativeBuffer;
+
+typedef struct {
+  size_t struct_size; void* extension_start; void** executable; void* options;
+  void** const* argument_lists; size_t num_devices; size_t num_args; void** const* output_lists;
+  void** device_complete_events; void* execute_device;
+} ExecuteArgs;
+
+/* Words of a device's block: word 7 counts the bytes of its buffers made here and not
+ * adopted (Python counts the others for PJRT_Device_MemoryStats). */
+enum { DEVICE_NATIVE_BYTES = 7 };
+const size_t pb_max_pointers = 20;
+
+static size_t rounded(size_t nbytes) {
+  return nbytes ? (nbytes + 63) & ~(size_t)63 : 64;
+}
+
+static void* aligned(size_t nbytes) {
+  void* data = NULL;
+  return posix_memalign(&data, 64, rounded(nbytes)) ? NULL : data;
+}
+
+/* Outputs of at least pb_pool_min bytes (set by Python: cpu/array_pool.py's threshold): malloc
+ * may serve them from a fresh mapping, faulted in page by page on every call (array_pool.py
+ * measures it), so a freed one waits here for the next output of its size; at most
+ * POOL_IDLE_BYTES wait, the oldest dropped first. */
+enum { POOL_SLOTS = 32 };
+#define POOL_IDLE_BYTES ((size_t)256 << 20)
+size_t pb_pool_min = (size_t)1 << 20;
+static struct { size_t nbytes; void* data; } pool[POOL_SLOTS];
+static size_t pool_count, pool_bytes;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void pool_remove(size_t i) {
+  pool_bytes -= pool[i].nbytes;
+  memmove(&pool[i], &pool[i + 1], (--pool_count - i) * sizeof pool[0]);
+}
+
+static void* take_output(size_t nbytes) {
+  size_t size = rounded(nbytes);
+  if (size >= pb_pool_min) {
+    pthread_mutex_lock(&pool_lock);
+    for (size_t i = pool_count; i-- > 0;) {
+      if (pool[i].nbytes == size) {
+        void* data = pool[i].data;
+        pool_remove(i);
+        pthread_mutex_unlock(&pool_lock);
+        return data;
+      }
+    }
+    pthread_mutex_unlock(&pool_lock);
+  }
+  return aligned(nbytes);
+}
+
+void pb_give_back(void* data, size_t nbytes) {
+  size_t size = rounded(nbytes);
+  if (size < pb_pool_min || size > POOL_IDLE_BYTES) {
+    free(data);
+    return;
+  }
+  pthread_mutex_lock(&pool_lock);
+  while (pool_count && (pool_count == POOL_SLOTS || pool_bytes + size > POOL_IDLE_BYTES)) {
+    free(pool[0].data);
+    pool_remove(0);
+  }
+  pool[pool_count].nbytes = size;
+  pool[pool_count++].data = data;
+  pool_bytes += size;
+  pthread_mutex_unlock(&pool_lock);
+}
+
+static void count_bytes(void** device, size_t nbytes, int sign) {
+  if (sign > 0) __atomic_add_fetch((size_t*)&device[DEVICE_NATIVE_BYTES], nbytes, __ATOMIC_RELAXED);
+  else __atomic_sub_fetch((size_t*)&device[DEVICE_NATIVE_BYTES], nbytes, __ATOMIC_RELAXED);
+}
+
+static NativeBuffer* new_buffer(const Plan* plan, const Output* output) {
+  NativeBuffer* b = malloc(sizeof(NativeBuffer) + output->rank * sizeof(int64_t));
+  void* data = take_output(output->nbytes);
+  if (!b || !data) { free(b); free(data); return NULL; }
+  void* words[8] = {NULL, (void*)(size_t)TAG_BUFFER, plan->device, plan->memory, NULL, plan->ready_event, data,
+                    (void*)(size_t)MADE_IN_C};
+  memcpy(b->words, words, sizeof words);
+  b->type = output->type;
+  b->rank = output->rank;
+  b->nbytes = output->nbytes;
+  memcpy(b->dims, output->dims, output->rank * sizeof(int64_t));
+  count_bytes(plan->device, output->nbytes, 1);
+  return b;
+}
+
+static void free_buffer(NativeBuffer* b) {
+  count_bytes(b->words[WORD_DEVICE], b->nbytes, -1);
+  pb_give_back(b->words[WORD_DATA], b->nbytes);
+  free(b);
+}
+
+/* Destroy of the shared ready event (immortal) or of a buffer never adopted: done here. */
+static int destroyed_in_c(void** object) {
+  if (!object) return 0;
+  if ((size_t)object[1] == TAG_READY) return 1;
+  if ((size_t)object[1] != TAG_BUFFER || (size_t)object[WORD_ORIGIN] != MADE_IN_C) return 0;
+  free_buffer((NativeBuffer*)object);
+  return 1;
+}
+
+/* Python adopts a buffer made here: from then on the device's count is Python's. */
+void pb_adopted(NativeBuffer* b) {
+  b->words[WORD_ORIGIN] = (void*)(size_t)ADOPTED;
+  count_bytes(b->words[WORD_DEVICE], b->nbytes, -1);
+}
+
+void pb_free(void* memory) {
+  free(memory);
+}
+
+/* A copy of ``spec`` that lives until pb_free_plan (its outputs stay the caller's). */
+Plan* pb_new_plan(const Plan* spec) {
+  Plan* plan = malloc(sizeof(Plan));
+  if (plan) *plan = *spec;
+  return plan;
+}
+
+void pb_free_plan(Plan* plan) {
+  free(plan->idle_arena);
+  free(plan);
+}
+
+/* The entry with n pointer arguments: one case per count, up to pb_max_pointers. */
+#define P1 void*
+#define P2 P1, void*
+#define P3 P2, void*
+#define P4 P3, void*
+#define P5 P4, void*
+#define P6 P5, void*
+#define P7 P6, void*
+#define P8 P7, void*
+#define P9 P8, void*
+#define P10 P9, void*
+#define P11 P10, void*
+#define P12 P11, void*
+#define P13 P12, void*
+#define P14 P13, void*
+#define P15 P14, void*
+#define P16 P15, void*
+#define P17 P16, void*
+#define P18 P17, void*
+#define P19 P18, void*
+#define P20 P19, void*
+#define A1 a[0]
+#define A2 A1, a[1]
+#define A3 A2, a[2]
+#define A4 A3, a[3]
+#define A5 A4, a[4]
+#define A6 A5, a[5]
+#define A7 A6, a[6]
+#define A8 A7, a[7]
+#define A9 A8, a[8]
+#define A10 A9, a[9]
+#define A11 A10, a[10]
+#define A12 A11, a[11]
+#define A13 A12, a[12]
+#define A14 A13, a[13]
+#define A15 A14, a[14]
+#define A16 A15, a[15]
+#define A17 A16, a[16]
+#define A18 A17, a[17]
+#define A19 A18, a[18]
+#define A20 A19, a[19]
+#define CALL(n) case n: ((void (*)(P##n))entry)(A##n); return
+
+static void call_entry(void (*entry)(void), void* const* a, size_t n) {
+  switch (n) {
+    case 0: ((void (*)(void))entry)(); return;
+    CALL(1); CALL(2); CALL(3); CALL(4); CALL(5); CALL(6); CALL(7); CALL(8); CALL(9); CALL(10);
+    CALL(11); CALL(12); CALL(13); CALL(14); CALL(15); CALL(16); CALL(17); CALL(18); CALL(19); CALL(20);
+  }
+}
+
+/* Called before each native call where set: the host's choice of parallel teams (cpu/teams.c). */
+void (*pb_before_call)(void);
+
+void* pb_execute(ExecuteArgs* args) {
+  void** handle = args->executable;
+  if (!handle || (size_t)handle[1] != TAG_LOADED || !handle[2]) return pb_python[LOADED_EXECUTE](args);
+  const Plan* plan = handle[2];
+  if (args->num_devices != 1 || args->num_args != plan->num_inputs
+      || (args->execute_device && args->execute_device != plan->device))
+    return pb_python[LOADED_EXECUTE](args);
+  void* pointers[20];  /* pb_max_pointers: inputs, outputs, arena */
+  NativeBuffer* made[20];
+  size_t n = 0, k;
+  for (; n < plan->num_inputs; n++) {
+    void** b = args->argument_lists[0][n];
+    if (!b || (size_t)b[1] != TAG_BUFFER || b[WORD_DEVICE] != plan->device || b[WORD_DELETED] || !b[WORD_DATA])
+      return pb_python[LOADED_EXECUTE](args);
+    pointers[n] = b[WORD_DATA];
+  }
+  void* arena = NULL;
+  if (plan->arena_bytes) {
+    arena = __atomic_exchange_n((void**)&plan->idle_arena, NULL, __ATOMIC_ACQ_REL);
+    if (!arena && !(arena = aligned(plan->arena_bytes))) return pb_python[LOADED_EXECUTE](args);
+  }
+  for (k = 0; k < plan->num_outputs; k++) {
+    if (!(made[k] = new_buffer(plan, &plan->outputs[k]))) {
+      while (k) free_buffer(made[--k]);
+      free(arena);
+      return pb_python[LOADED_EXECUTE](args);
+    }
+    pointers[n++] = made[k]->words[WORD_DATA];
+  }
+  if (arena) pointers[n++] = arena;
+  if (pb_before_call) pb_before_call();
+  call_entry(plan->entry, pointers, n);
+  void* none = NULL;
+  if (arena && !__atomic_compare_exchange_n((void**)&plan->idle_arena, &none, arena, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE))
+    free(arena);
+  for (k = 0; k < plan->num_outputs; k++) args->output_lists[0][k] = made[k];
+  if (args->device_complete_events) *args->device_complete_events = plan->ready_event;
   return NULL;
 }

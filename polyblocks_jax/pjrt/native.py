@@ -1,30 +1,65 @@
 """Native PJRT functions (native.c), built once with ``cc`` and cached: the Destroy
-functions, the constant answers and the getters of the per-call path.
+functions, the constant answers, the getters and Execute of the per-call path.
 
-Without a C compiler the plugin falls back to Python callbacks, which work (a little
-slower) except when jaxlib destroys an array while an exception propagates.
+Native Execute runs a host program whose loaded executable has a plan (``Native.plan``)
+and makes its output buffers in C; Python adopts such a buffer (``Native.adopt``) when a
+callback first names it, as a Buffer over that memory, which C frees once numpy lets go.
+
+Without a C compiler the plugin falls back to Python callbacks, which work (slower)
+except when jaxlib destroys an array while an exception propagates.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import subprocess
+import threading
+import weakref
+
+import numpy as np
 
 from polyblocks_jax import native_build
+from polyblocks_jax.cpu import executable as cpu_executable
+from polyblocks_jax.cpu.array_pool import MIN_BYTES
 from polyblocks_jax.pjrt import handles
+from polyblocks_jax.pjrt.buffer import NUMPY_OF_TYPE, Buffer
+from polyblocks_jax.pjrt.events import READY
 
 logger = logging.getLogger(__name__)
 _SOURCE = os.path.join(os.path.dirname(__file__), "native.c")
 _BATCH = 256
-# Getters answered from handle blocks (see handles.py), in the order of native.c's enum;
-# a handle without the tag goes to the Python callback of the same PJRT function.
+# Functions answered in C from handle blocks (see handles.py): the getters and Execute, in the
+# order of native.c's enum; a handle without the tag (or a call C does not take) goes to the
+# Python callback of the same PJRT function.
 GETTERS = {
     "PJRT_Buffer_Device": "pb_buffer_device", "PJRT_Buffer_Memory": "pb_buffer_memory",
     "PJRT_Buffer_IsDeleted": "pb_buffer_is_deleted", "PJRT_Buffer_ReadyEvent": "pb_buffer_ready_event",
     "PJRT_Event_IsReady": "pb_event_is_ready", "PJRT_Event_OnReady": "pb_event_on_ready",
     "PJRT_Executable_NumOutputs": "pb_executable_num_outputs", "PJRT_Memory_Kind": "pb_memory_kind",
+    "PJRT_LoadedExecutable_Execute": "pb_execute",
 }
+_MADE_IN_C = 0x70620010  # a buffer block's origin word (native.c)
+_ORIGIN_WORD = 7
+
+
+class _Output(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int32), ("rank", ctypes.c_int32), ("nbytes", ctypes.c_size_t),
+                ("dims", ctypes.c_void_p)]
+
+
+class _Plan(ctypes.Structure):
+    """What native Execute needs of a loaded executable (native.c's Plan)."""
+    _fields_ = [("entry", ctypes.c_void_p), ("device", ctypes.c_void_p), ("memory", ctypes.c_void_p),
+                ("ready_event", ctypes.c_void_p), ("num_inputs", ctypes.c_size_t), ("num_outputs", ctypes.c_size_t),
+                ("arena_bytes", ctypes.c_size_t), ("idle_arena", ctypes.c_void_p), ("outputs", ctypes.c_void_p)]
+
+
+class _NativeBuffer(ctypes.Structure):
+    """A buffer block that native Execute made; its dims follow."""
+    _fields_ = [("words", ctypes.c_size_t * 8), ("type", ctypes.c_int32), ("rank", ctypes.c_int32),
+                ("nbytes", ctypes.c_size_t)]
 
 
 class Native:
@@ -42,6 +77,20 @@ class Native:
         self.pending = ctypes.c_size_t.in_dll(library, "pb_pending")
         self._take = library.pb_take
         self._take.restype, self._take.argtypes = ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]
+        self.max_pointers = ctypes.c_size_t.in_dll(library, "pb_max_pointers").value
+        ctypes.c_size_t.in_dll(library, "pb_pool_min").value = MIN_BYTES
+        for name, restype in (("pb_free", None), ("pb_adopted", None), ("pb_new_plan", ctypes.c_void_p),
+                              ("pb_free_plan", None)):
+            function = getattr(library, name)
+            function.restype, function.argtypes = restype, [ctypes.c_void_p]
+        self._free, self._adopted_in_c = library.pb_free, library.pb_adopted
+        self._give_back = library.pb_give_back  # an output's memory: to C's pool or freed
+        self._give_back.restype, self._give_back.argtypes = None, [ctypes.c_void_p, ctypes.c_size_t]
+        self._new_plan, self._free_plan = library.pb_new_plan, library.pb_free_plan
+        self._before_call = ctypes.c_void_p.in_dll(library, "pb_before_call")
+        self._adopted: set[int] = set()  # blocks made in C that Python frees once jaxlib destroys them
+        self._adopt_lock = threading.Lock()
+        handles.LIVE.adopt = self.adopt
 
     def getter(self, name: str, python_callback: int) -> int:
         """The native getter for PJRT function ``name``, asking ``python_callback`` (an
@@ -62,8 +111,61 @@ class Native:
                 delete = getattr(obj, "delete", None)
                 if delete is not None:
                     delete()
+                if handle in self._adopted:
+                    self._adopted.discard(handle)
+                    self._free(handle)
+
+    def plan(self, loaded) -> tuple[int, object]:
+        """The address of native Execute's plan for ``loaded`` (0: Python runs its calls), and
+        what must live as long as the plan; freed with ``loaded``.
+
+        Native Execute takes the plain program: on the host, no donation, no token outputs, an
+        entry of bare pointers (no host callbacks, not a descriptor entry), pointers within
+        native.c's count.
+        """
+        exe = loaded.executable
+        entry = getattr(exe.compiled, "entry_address", None) if exe.target == "cpu" else None
+        if entry is None or exe.donated or exe.token_outputs or any(a is not None for a in exe.aliases):
+            return 0, None
+        pointers = exe.num_inputs + exe.num_outputs + (1 if exe.compiled.arena_bytes else 0)
+        if pointers > self.max_pointers:
+            return 0, None
+        outputs = (_Output * max(exe.num_outputs, 1))()
+        dims = ctypes.addressof(exe.output_dims)  # every output's dims, one after another
+        for output, spec, code in zip(outputs, exe.compiled.outputs, exe.output_types):
+            output.type, output.rank, output.nbytes, output.dims = code, spec.rank, spec.nbytes, dims
+            dims += spec.rank * ctypes.sizeof(ctypes.c_int64)
+        fields = _Plan(entry, loaded.device.handle, loaded.device.memory.handle, READY, exe.num_inputs,
+                     exe.num_outputs, exe.compiled.arena_bytes, None, ctypes.addressof(outputs))
+        self._before_call.value = cpu_executable.teams_policy_address()  # libomp is loaded by now
+        address = self._new_plan(ctypes.addressof(fields))
+        if not address:
+            return 0, None
+        weakref.finalize(loaded, self._free_plan, address).atexit = False  # at exit a call may still run
+        return address, outputs
+
+    def adopt(self, handle: int) -> Buffer | None:
+        """The Buffer of a block that native Execute made, registered under that handle; None
+        for any other unknown handle."""
+        if handles.word(handle, 1) != handles.BUFFER or handles.word(handle, _ORIGIN_WORD) != _MADE_IN_C:
+            return None
+        with self._adopt_lock:  # two threads may name one new buffer at once
+            known = dict.get(handles.LIVE, handle)
+            if known is not None:
+                return known
+            block = _NativeBuffer.from_address(handle)
+            dims = tuple((ctypes.c_int64 * block.rank).from_address(handle + ctypes.sizeof(_NativeBuffer)))
+            data = block.words[6]
+            memory = (ctypes.c_char * max(block.nbytes, 1)).from_address(data)
+            weakref.finalize(memory, self._give_back, data, block.nbytes).atexit = False  # once no array views it
+            array = np.ndarray(dims, NUMPY_OF_TYPE[block.type], buffer=memory)
+            buffer = Buffer(array, handles.LIVE[block.words[2]], handle=handle)
+            self._adopted_in_c(handle)
+            self._adopted.add(handle)
+            return buffer
 
 
+@functools.cache
 def load() -> Native | None:
     try:
         return Native(ctypes.CDLL(native_build.shared_library(_SOURCE, "native", ["-lpthread"])))

@@ -71,6 +71,12 @@ class Executable:
         return self._exe.arena_bytes
 
     @property
+    def entry_address(self) -> int | None:
+        """The entry's address, for a caller in C that passes the addresses ``run_addresses``
+        takes, then the arena's; None where a call needs Python (host callbacks, descriptors)."""
+        return None if self.host_callbacks else self._exe.entry_address
+
+    @property
     def code_bytes(self) -> int:
         """Size of the shared library the code runs from."""
         return len(self._exe.library)

@@ -84,13 +84,14 @@ def device_get_attributes(args):
 
 @implements("PJRT_Device_MemoryStats")
 def device_memory_stats(args):
-    """Bytes held by the device's live buffers; jaxlib's struct is shorter than 0.114's, so check its size."""
+    """Bytes held by the device's live buffers (C counts those native Execute made that Python
+    never adopted); jaxlib's struct is shorter than 0.114's, so check its size."""
     from polyblocks_jax.pjrt.buffer import Buffer
     from polyblocks_jax.pjrt.gpu_buffer import GpuBuffer
     device = handles.lookup(args.device)
     in_use = sum(b.nbytes for b in handles.LIVE.values()
                  if type(b) in (Buffer, GpuBuffer) and b.device is device and not b.is_deleted())
-    args.bytes_in_use = in_use
+    args.bytes_in_use = in_use + handles.word(device.handle, handles.DEVICE_NATIVE_BYTES_WORD)
     # jaxlib does not clear the structure: every statistic but bytes_in_use is optional and
     # must be marked unset, or jaxlib reports whatever its memory held.
     for name, _ in type(args)._fields_:
