@@ -20,11 +20,14 @@ from polyblocks_jax import cpu, passes
 from polyblocks_jax.cpu import amx, avx512_bf16
 from polyblocks_jax.cpu.target import CpuTarget, host
 from polyblocks_jax.errors import PolyblocksError
-from polyblocks_jax.passes.matrix_forms import select_unit
-from polyblocks_jax.passes.matrix_units import (MIXED_BF16_FP32, Contraction, choose_matrix_mapping)
+from polyblocks_jax.passes.matrix_forms import select_units
+from polyblocks_jax.passes.matrix_units import (MIXED_BF16_FP32, Contraction, MatrixUnit, choose_matrix_mapping,
+                                                choose_unit_mapping)
 
 AMX = amx.amx_unit()
 DPBF16 = avx512_bf16.unit()
+DPBF16_ROWS_ONLY = MatrixUnit("avx512bf16", (avx512_bf16.DPBF16_ROWS,), avx512_bf16.VECTOR_REGISTERS)
+FMA_MACS = host().hardware().fma_macs_per_cycle
 BF16 = ml_dtypes.bfloat16
 NO_AMX = "no AMX on this CPU"
 NO_AVX512_BF16 = "no AVX-512 BF16 on this CPU"
@@ -70,7 +73,12 @@ def _compiled_module(fn, args, units, options=pb.Options(), drop_stages=()):
 def _run_packed_as_loops(fn, args, units, options=pb.Options()):
     """Results of ``fn`` mapped onto ``units`` but with the packed contractions run as plain
     loops (no unit kernel): the packing, padding and VNNI layouts, checked on any CPU."""
-    context, imported = _compiled_module(fn, args, units, options, drop_stages=("unit-kernels",))
+    return _run_on(fn, args, units, options, drop_stages=("unit-kernels",))
+
+
+def _run_on(fn, args, units, options=pb.Options(), drop_stages=()):
+    """Results of ``fn`` compiled for a host whose matrix units are ``units``."""
+    context, imported = _compiled_module(fn, args, units, options, drop_stages)
     with context:
         exe = cpu.build(imported.module, imported.inputs, imported.outputs, options)
     return list(exe(*args))
@@ -163,6 +171,23 @@ class SelectionTest(parameterized.TestCase):
         m = choose_matrix_mapping(Contraction(2048, 2048, 2048, operand, operand, accumulate), AMX)
         self.assertEqual(m.blocking, (2, 2))
 
+    @parameterized.parameters(1, 4)
+    def test_few_rows_read_the_rhs_as_stored(self, rows):
+        # A packed copy of B per call costs more than a few rows' products: VDPBF16PS on B's
+        # rows, all rows in one block (B streamed once), rather than AMX (or f32 FMAs).
+        m = choose_unit_mapping(Contraction(rows, 1024, 1024, "bf16", "bf16", "f32"), (AMX, DPBF16), FMA_MACS)
+        self.assertEqual((m.unit, m.op.rhs_rows, m.blocking[0], m.padded), ("avx512bf16", True, rows, (rows, 1024, 1024)))
+
+    @parameterized.parameters((16, 1024, 1024), (64, 64, 64), (1024, 1024, 1024), (16, 16, 16))
+    def test_amx_where_its_rate_pays_for_the_copies(self, m, k, n):
+        c = Contraction(m, n, k, "bf16", "bf16", "f32")
+        self.assertEqual(choose_unit_mapping(c, (AMX, DPBF16), FMA_MACS).unit, "amx")
+        self.assertEqual(choose_unit_mapping(c, (DPBF16, AMX), FMA_MACS).unit, "amx")  # not by the order
+
+    def test_the_fma_path_when_no_unit_is_faster(self):
+        self.assertIsNone(choose_unit_mapping(Contraction(1, 4096, 4096, "i8", "i8", "i32"), (AMX,), FMA_MACS))
+        self.assertIsNone(choose_unit_mapping(Contraction(1, 4096, 4096, "bf16", "bf16", "f32"), (AMX,), FMA_MACS))
+
     def test_matrix_vector_products_stay_off(self):
         self.assertIsNone(choose_matrix_mapping(Contraction(1, 4096, 4096, "bf16", "bf16", "f32"), AMX))
 
@@ -183,12 +208,12 @@ class SelectionTest(parameterized.TestCase):
         self.assertEqual(choose_matrix_mapping(c, AMX).unit, "amx")
 
     def test_unit_selection(self):
-        self.assertIs(select_unit("auto", (AMX, DPBF16)), AMX)
-        self.assertIs(select_unit("avx512bf16", (AMX, DPBF16)), DPBF16)
-        self.assertIsNone(select_unit("fma", (AMX,)))
-        self.assertIsNone(select_unit("auto", ()))
+        self.assertEqual(select_units("auto", (AMX, DPBF16)), (AMX, DPBF16))
+        self.assertEqual(select_units("avx512bf16", (AMX, DPBF16)), (DPBF16,))
+        self.assertEqual(select_units("fma", (AMX,)), ())
+        self.assertEqual(select_units("auto", ()), ())
         with self.assertRaisesRegex(PolyblocksError, "no amx unit"):
-            select_unit("amx", (DPBF16,))
+            select_units("amx", (DPBF16,))
 
 
 class DetectionTest(absltest.TestCase):
@@ -327,6 +352,17 @@ class X86CodeTest(parameterized.TestCase):
         self.assertIn(init_load, text)
         self.assertNotIn(zero, text)
 
+    def test_few_rows_interleave_the_rhs_rows(self):
+        # The rhs as stored: no packing transpose; two rows of k interleaved by VPUNPCKLWD /
+        # VPUNPCKHWD into the pairs VDPBF16PS reads.
+        args = (_random((4, 256), BF16), _random((256, 128), BF16))
+        hw = dataclasses.replace(host().hardware(), matrix_units=(AMX, DPBF16))
+        self.assertNotIn("linalg.transpose", str(support.module_after("matrix-units", _matmul, *args, hardware=hw)))
+        code = _machine_code(_llvm_ir(_matmul, args, [AMX, DPBF16]), "+avx512f,+avx512bw,+avx512bf16")
+        for instruction in ("vpunpcklwd", "vpunpckhwd", "vdpbf16ps"):
+            self.assertIn(instruction, code)
+        self.assertNotIn("tdpbf16ps", code)
+
     def test_avx512_bf16_uses_vdpbf16ps(self):
         ir_text = _llvm_ir(_matmul, (_random((40, 64), BF16), _random((64, 48), BF16)), [DPBF16])
         self.assertIn("llvm.x86.avx512bf16.dpbf16ps.512", ir_text)
@@ -343,6 +379,13 @@ class PackedFormTest(parameterized.TestCase):
         self.assertIsNotNone(choose_matrix_mapping(Contraction(m, n, k, "bf16", "bf16", "f32"), unit))
         args = (_random((m, k), BF16), _random((k, n), BF16, 1))
         support.assert_close(self, _run_packed_as_loops(_matmul, args, [unit]), support.xla_cpu(_matmul, *args))
+
+    @parameterized.parameters((1, 64, 96), (3, 40, 64), (5, 66, 70), (4, 33, 32), (16, 64, 100))
+    def test_bf16_matmul_on_rhs_rows(self, m, k, n):
+        # k odd and columns not a multiple of 32: the rhs padded; rows not a multiple of the block.
+        args = (_random((m, k), BF16), _random((k, n), BF16, 1))
+        support.assert_close(self, _run_packed_as_loops(_matmul, args, [DPBF16_ROWS_ONLY]),
+                             support.xla_cpu(_matmul, *args))
 
     @parameterized.parameters(*SHAPES)
     def test_int8_matmul_is_exact(self, m, k, n):
@@ -453,6 +496,28 @@ class HostPathsTest(parameterized.TestCase):
     def test_avx512_bf16(self):
         self._bf16_matmuls("avx512bf16")
 
+    @absltest.skipUnless(host().has_avx512_bf16, NO_AVX512_BF16)
+    def test_few_rows_on_rhs_rows(self):
+        # Where the cost model picks the rows kernel by itself (bf16 and f32 results), then
+        # the kernel alone on ragged shapes: k odd, columns padded, rows not a multiple of
+        # the block, a nonzero accumulator (a dot added to), a batch.
+        f32_result = lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32)  # noqa: E731
+        for m, k, n in [(1, 64, 96), (4, 1024, 512)]:
+            x, y = _random((m, k), BF16), _random((k, n), BF16, 1)
+            text = str(support.module_after("matrix-units", _matmul, x, y, hardware=host().hardware()))
+            self.assertIn("rhs_rows = true", text)
+            support.check_against_xla(self, _matmul, x, y)
+            # f32 sums of k products in another order: |error| ~ k * 2^-24 * sum |x y| (1e-4 at k = 1024)
+            support.check_against_xla(self, f32_result, x, y, rtol=1e-5, atol=1e-7 * k)
+        plus = lambda x, y, z: z + jnp.matmul(x, y, preferred_element_type=jnp.float32)  # noqa: E731
+        batched = lambda x, y: jnp.einsum("bmk,bkn->bmn", x, y)  # noqa: E731
+        for fn, args, tolerance in [
+                (_matmul, (_random((5, 66), BF16), _random((66, 70), BF16, 1)), None),
+                (f32_result, (_random((16, 63), BF16), _random((63, 40), BF16, 1)), 1e-5),
+                (plus, (_random((3, 64), BF16), _random((64, 64), BF16, 1), _random((3, 64), np.float32, 2)), 1e-5),
+                (batched, (_random((3, 4, 64), BF16), _random((3, 64, 48), BF16, 1)), None)]:
+            support.assert_close(self, _run_on(fn, args, [DPBF16_ROWS_ONLY]), support.xla_cpu(fn, *args),
+                                 rtol=tolerance, atol=tolerance)
 
 if __name__ == "__main__":
     absltest.main()
