@@ -17,7 +17,7 @@ from absl.testing import absltest, parameterized
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import cpu, passes
-from polyblocks_jax.cpu import amx, avx512_bf16
+from polyblocks_jax.cpu import amx, avx512_bf16, avx512_vnni
 from polyblocks_jax.cpu.target import CpuTarget, host
 from polyblocks_jax.errors import PolyblocksError
 from polyblocks_jax.passes.matrix_forms import select_units
@@ -27,10 +27,12 @@ from polyblocks_jax.passes.matrix_units import (MIXED_BF16_FP32, Contraction, Ma
 AMX = amx.amx_unit()
 DPBF16 = avx512_bf16.unit()
 DPBF16_ROWS_ONLY = MatrixUnit("avx512bf16", (avx512_bf16.DPBF16_ROWS,), avx512_bf16.VECTOR_REGISTERS)
+VNNI = avx512_vnni.unit()
 FMA_MACS = host().hardware().fma_macs_per_cycle
 BF16 = ml_dtypes.bfloat16
 NO_AMX = "no AMX on this CPU"
 NO_AVX512_BF16 = "no AVX-512 BF16 on this CPU"
+NO_AVX512_VNNI = "no AVX-512 VNNI on this CPU"
 # Shapes (m, k, n): multiples of the AMX tiles, and not.
 SHAPES = [(64, 64, 64), (32, 128, 48), (40, 72, 48), (20, 40, 60)]
 # mixed_bf16_fp32: each operand is rounded to bf16 (relative error <= 2**-9), so a product is
@@ -178,11 +180,20 @@ class SelectionTest(parameterized.TestCase):
         m = choose_unit_mapping(Contraction(rows, 1024, 1024, "bf16", "bf16", "f32"), (AMX, DPBF16), FMA_MACS)
         self.assertEqual((m.unit, m.op.rhs_rows, m.blocking[0], m.padded), ("avx512bf16", True, rows, (rows, 1024, 1024)))
 
-    @parameterized.parameters((16, 1024, 1024), (64, 64, 64), (1024, 1024, 1024), (16, 16, 16))
+    @parameterized.parameters((16, 1024, 1024), (64, 64, 64), (1024, 1024, 1024), (1024, 256, 1024))
     def test_amx_where_its_rate_pays_for_the_copies(self, m, k, n):
         c = Contraction(m, n, k, "bf16", "bf16", "f32")
         self.assertEqual(choose_unit_mapping(c, (AMX, DPBF16), FMA_MACS).unit, "amx")
         self.assertEqual(choose_unit_mapping(c, (DPBF16, AMX), FMA_MACS).unit, "amx")  # not by the order
+
+    @parameterized.parameters(1, 4)
+    def test_few_int8_rows_on_vpdpbusd(self, rows):
+        # AMX packs B (a copy, then read back) for 16 rows of products: more than VPDPBUSD's
+        # time on B as stored.
+        m = choose_unit_mapping(Contraction(rows, 1024, 1024, "i8", "i8", "i32"), (AMX, DPBF16, VNNI), FMA_MACS)
+        self.assertEqual((m.unit, m.op.rhs_rows, m.blocking[0]), ("avx512vnni", True, rows))
+        m = choose_unit_mapping(Contraction(64, 1024, 1024, "i8", "i8", "i32"), (AMX, DPBF16, VNNI), FMA_MACS)
+        self.assertEqual(m.unit, "amx")
 
     def test_the_fma_path_when_no_unit_is_faster(self):
         self.assertIsNone(choose_unit_mapping(Contraction(1, 4096, 4096, "i8", "i8", "i32"), (AMX,), FMA_MACS))
@@ -233,6 +244,10 @@ class DetectionTest(absltest.TestCase):
         units = self._target(self.FEATURES - {"amx_int8"}, True).matrix_units()
         self.assertEqual([u.name for u in units], ["amx", "avx512bf16"])
         self.assertEqual([(op.lhs, op.accumulate) for op in units[0].ops], [("bf16", "f32")])
+
+    def test_vnni_needs_avx512bw(self):
+        self.assertIn("avx512vnni", self._target({"avx512f", "avx512bw", "avx512_vnni"}, False).matrix_unit_names)
+        self.assertNotIn("avx512vnni", self._target({"avx512f", "avx512_vnni"}, False).matrix_unit_names)
 
     def test_this_host(self):
         target = host()
@@ -363,6 +378,14 @@ class X86CodeTest(parameterized.TestCase):
             self.assertIn(instruction, code)
         self.assertNotIn("tdpbf16ps", code)
 
+    def test_few_int8_rows_on_vpdpbusd(self):
+        # B as stored: four rows of k interleaved into quads by VPUNPCK*BW and VPUNPCK*WD.
+        args = (_random((4, 256), np.int8), _random((256, 128), np.int8))
+        code = _machine_code(_llvm_ir(_int8_dot, args, [AMX, VNNI]), "+avx512f,+avx512bw,+avx512vnni")
+        for instruction in ("vpunpcklbw", "vpunpckhwd", "vpdpbusd"):
+            self.assertIn(instruction, code)
+        self.assertNotIn("tdpbssd", code)
+
     def test_avx512_bf16_uses_vdpbf16ps(self):
         ir_text = _llvm_ir(_matmul, (_random((40, 64), BF16), _random((64, 48), BF16)), [DPBF16])
         self.assertIn("llvm.x86.avx512bf16.dpbf16ps.512", ir_text)
@@ -386,6 +409,11 @@ class PackedFormTest(parameterized.TestCase):
         args = (_random((m, k), BF16), _random((k, n), BF16, 1))
         support.assert_close(self, _run_packed_as_loops(_matmul, args, [DPBF16_ROWS_ONLY]),
                              support.xla_cpu(_matmul, *args))
+
+    @parameterized.parameters((1, 64, 128), (3, 40, 64), (5, 66, 70), (4, 33, 64), (16, 64, 100))
+    def test_int8_matmul_on_rhs_rows_is_exact(self, m, k, n):
+        args = (_random((m, k), np.int8), _random((k, n), np.int8, 1))
+        support.assert_close(self, _run_packed_as_loops(_int8_dot, args, [VNNI]), support.xla_cpu(_int8_dot, *args))
 
     @parameterized.parameters(*SHAPES)
     def test_int8_matmul_is_exact(self, m, k, n):
@@ -518,6 +546,27 @@ class HostPathsTest(parameterized.TestCase):
                 (batched, (_random((3, 4, 64), BF16), _random((3, 64, 48), BF16, 1)), None)]:
             support.assert_close(self, _run_on(fn, args, [DPBF16_ROWS_ONLY]), support.xla_cpu(fn, *args),
                                  rtol=tolerance, atol=tolerance)
+
+    @absltest.skipUnless(host().has_avx512_vnni, NO_AVX512_VNNI)
+    def test_few_int8_rows_on_vpdpbusd(self):
+        # Where the cost model picks VPDPBUSD by itself, then the kernel alone on ragged
+        # shapes (k not a multiple of 4, padded columns), a nonzero accumulator, a batch;
+        # int8 extremes (-128 x -128 summed) included: exact, as XLA.
+        for m, k, n in [(1, 64, 128), (4, 1024, 512)]:
+            x, y = _random((m, k), np.int8), _random((k, n), np.int8, 1)
+            text = str(support.module_after("matrix-units", _int8_dot, x, y, hardware=host().hardware()))
+            self.assertIn('rhs_rows = true, tile = array<i64: 1, 64, 4>, unit = "avx512vnni"', text)
+            support.check_against_xla(self, _int8_dot, x, y)
+        extremes = np.full((2, 4096), -128, np.int8)
+        support.check_against_xla(self, _int8_dot, extremes, np.full((4096, 64), -128, np.int8))
+        plus = lambda x, y, z: z + _int8_dot(x, y)  # noqa: E731
+        batched = lambda x, y: jnp.einsum("bmk,bkn->bmn", x, y, preferred_element_type=jnp.int32)  # noqa: E731
+        for fn, args in [(_int8_dot, (_random((5, 66), np.int8), _random((66, 70), np.int8, 1))),
+                         (plus, (_random((3, 64), np.int8), _random((64, 64), np.int8, 1),
+                                 _random((3, 64), np.int8, 2).astype(np.int32))),
+                         (batched, (_random((3, 4, 64), np.int8), _random((3, 64, 48), np.int8, 1)))]:
+            support.assert_close(self, _run_on(fn, args, [VNNI]), support.xla_cpu(fn, *args))
+
 
 if __name__ == "__main__":
     absltest.main()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from polyblocks_jax.cpu import amx, avx512_bf16
+from polyblocks_jax.cpu import amx, avx512_bf16, avx512_vnni
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import templates
 from polyblocks_jax.passes.arena import identity_layout
@@ -18,7 +18,7 @@ from polyblocks_jax.passes.transform import walk
 
 # (unit, whether the rhs is read as stored rows) -> kernel
 KERNELS = {("amx", False): amx.kernel, ("avx512bf16", False): avx512_bf16.kernel,
-           ("avx512bf16", True): avx512_bf16.rows_kernel}
+           ("avx512bf16", True): avx512_bf16.rows_kernel, ("avx512vnni", True): avx512_vnni.rows_kernel}
 
 
 def lower_matrix_units(module: ir.Module, options: Options) -> bool:

@@ -165,15 +165,17 @@ def _mapping(c: Contraction, unit: MatrixUnit, op: UnitOp) -> MatrixMapping | No
 def _cycles(c: Contraction, op: UnitOp, blocking: tuple[int, int], padded: tuple[int, int, int]) -> float:
     """The time model: the padded products at the unit's rate, plus the copies made per call
     (the rhs packed into k-panels; an operand padded to whole blocks) at
-    ``_COPY_BYTES_PER_CYCLE``, plus a rhs read as rows streamed again for each further block
-    of rows at ``_STREAM_BYTES_PER_CYCLE`` (its columns' rows lie a row apart: 16 x 1024 x
-    1024 in blocks of 2 rows ran 2.5x as long as AMX). A unit of unknown rate takes 1
-    multiply-add a cycle."""
+    ``_COPY_BYTES_PER_CYCLE``, plus the rhs streamed again at ``_STREAM_BYTES_PER_CYCLE``: a
+    packed copy read back, or a rhs read as rows once more for each further block of rows
+    (16 x 1024 x 1024 bf16 in blocks of 2 rows ran 2.5x as long as AMX; int8 4 x 1024 x 1024
+    on AMX, B packed then read back, 2.6x as long as on VPDPBUSD reading B once). A unit of
+    unknown rate takes 1 multiply-add a cycle."""
     pm, pn, pk = padded
     products = pm * pn * pk / (op.macs_per_cycle or 1)
     copied = c.k * c.n if not op.rhs_rows or (pk, pn) != (c.k, c.n) else 0
     copied += c.m * c.k if (pm, pk) != (c.m, c.k) else 0
-    streamed = (pm // blocking[0] - 1) * c.k * c.n if op.rhs_rows else 0
+    # The rhs again from memory: a packed copy read back by the kernel; rows read again per block of rows.
+    streamed = (pm // blocking[0] - 1 if op.rhs_rows else 1) * c.k * c.n
     size = _BYTES.get(op.lhs, 4)
     return c.batch * (products + copied * size / _COPY_BYTES_PER_CYCLE + streamed * size / _STREAM_BYTES_PER_CYCLE)
 
