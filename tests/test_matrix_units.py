@@ -28,6 +28,7 @@ AMX = amx.amx_unit()
 DPBF16 = avx512_bf16.unit()
 DPBF16_ROWS_ONLY = MatrixUnit("avx512bf16", (avx512_bf16.DPBF16_ROWS,), avx512_bf16.VECTOR_REGISTERS)
 VNNI = avx512_vnni.unit()
+AMX_ROWS_ONLY = MatrixUnit("amx", (amx.AMX_BF16_ROWS, amx.AMX_INT8_ROWS), amx.TILE_REGISTERS)
 FMA_MACS = host().hardware().fma_macs_per_cycle
 BF16 = ml_dtypes.bfloat16
 NO_AMX = "no AMX on this CPU"
@@ -195,6 +196,22 @@ class SelectionTest(parameterized.TestCase):
         m = choose_unit_mapping(Contraction(64, 1024, 1024, "i8", "i8", "i32"), (AMX, DPBF16, VNNI), FMA_MACS)
         self.assertEqual(m.unit, "amx")
 
+    @parameterized.parameters(("bf16", "f32"), ("i8", "i32"))
+    def test_amx_packs_b_block_by_block_for_16_rows(self, operand, accumulate):
+        # One block of rows: a packed copy of B written and read back costs more than packing
+        # each block of columns into cache as the kernel goes.
+        units = (AMX, DPBF16, VNNI)
+        m = choose_unit_mapping(Contraction(16, 1024, 1024, operand, operand, accumulate), units, FMA_MACS)
+        self.assertEqual((m.unit, m.op.rhs_rows), ("amx", True))
+        self.assertLessEqual(m.blocking[1] * m.op.tile.n * 1024 * (2 if operand == "bf16" else 1),
+                             amx.BLOCK_BUFFER_BYTES)
+        # Many blocks of rows: A read again per block of columns costs more than one packed copy.
+        m = choose_unit_mapping(Contraction(1024, 1024, 1024, operand, operand, accumulate), units, FMA_MACS)
+        self.assertEqual((m.unit, m.op.rhs_rows), ("amx", False))
+        # No block of B's columns fits the kernel's buffer: the packed copy.
+        m = choose_unit_mapping(Contraction(16, 16384, 16384, operand, operand, accumulate), (AMX,), FMA_MACS)
+        self.assertEqual((m.unit, m.op.rhs_rows), ("amx", False))
+
     def test_the_fma_path_when_no_unit_is_faster(self):
         self.assertIsNone(choose_unit_mapping(Contraction(1, 4096, 4096, "i8", "i8", "i32"), (AMX,), FMA_MACS))
         self.assertIsNone(choose_unit_mapping(Contraction(1, 4096, 4096, "bf16", "bf16", "f32"), (AMX,), FMA_MACS))
@@ -243,7 +260,7 @@ class DetectionTest(absltest.TestCase):
     def test_units_follow_the_features(self):
         units = self._target(self.FEATURES - {"amx_int8"}, True).matrix_units()
         self.assertEqual([u.name for u in units], ["amx", "avx512bf16"])
-        self.assertEqual([(op.lhs, op.accumulate) for op in units[0].ops], [("bf16", "f32")])
+        self.assertEqual({(op.lhs, op.accumulate) for op in units[0].ops}, {("bf16", "f32")})
 
     def test_vnni_needs_avx512bw(self):
         self.assertIn("avx512vnni", self._target({"avx512f", "avx512bw", "avx512_vnni"}, False).matrix_unit_names)
@@ -378,6 +395,16 @@ class X86CodeTest(parameterized.TestCase):
             self.assertIn(instruction, code)
         self.assertNotIn("tdpbf16ps", code)
 
+    def test_amx_packs_b_in_the_kernel(self):
+        # B as stored reaches the kernel (no packing transpose before it), which packs each
+        # block of columns onto its stack and loads the tiles from there.
+        args = (_random((16, 256), BF16), _random((256, 512), BF16))
+        hw = dataclasses.replace(host().hardware(), matrix_units=(AMX,))
+        self.assertNotIn("linalg.transpose", str(support.module_after("matrix-units", _matmul, *args, hardware=hw)))
+        code = _machine_code(_llvm_ir(_matmul, args, [AMX]), self.AMX_FEATURES + ",+avx512bw")
+        for instruction in ("vpermt2w", "tdpbf16ps"):  # rows interleaved into pairs; the products
+            self.assertIn(instruction, code)
+
     def test_few_int8_rows_on_vpdpbusd(self):
         # B as stored: four rows of k interleaved into quads by VPUNPCK*BW and VPUNPCK*WD.
         args = (_random((4, 256), np.int8), _random((256, 128), np.int8))
@@ -414,6 +441,14 @@ class PackedFormTest(parameterized.TestCase):
     def test_int8_matmul_on_rhs_rows_is_exact(self, m, k, n):
         args = (_random((m, k), np.int8), _random((k, n), np.int8, 1))
         support.assert_close(self, _run_packed_as_loops(_int8_dot, args, [VNNI]), support.xla_cpu(_int8_dot, *args))
+
+    @parameterized.parameters((16, 64, 100), (20, 70, 33), (1, 64, 16))
+    def test_amx_on_rhs_rows(self, m, k, n):
+        args = (_random((m, k), BF16), _random((k, n), BF16, 1))
+        support.assert_close(self, _run_packed_as_loops(_matmul, args, [AMX_ROWS_ONLY]), support.xla_cpu(_matmul, *args))
+        args = (_random((m, k), np.int8), _random((k, n), np.int8, 1))
+        support.assert_close(self, _run_packed_as_loops(_int8_dot, args, [AMX_ROWS_ONLY]),
+                             support.xla_cpu(_int8_dot, *args))
 
     @parameterized.parameters(*SHAPES)
     def test_int8_matmul_is_exact(self, m, k, n):
@@ -566,6 +601,28 @@ class HostPathsTest(parameterized.TestCase):
                                  _random((3, 64), np.int8, 2).astype(np.int32))),
                          (batched, (_random((3, 4, 64), np.int8), _random((3, 64, 48), np.int8, 1)))]:
             support.assert_close(self, _run_on(fn, args, [VNNI]), support.xla_cpu(fn, *args))
+
+
+    @absltest.skipUnless(host().has_amx, NO_AMX)
+    def test_amx_packing_b_block_by_block(self):
+        # Where the cost model picks it by itself, then the kernel alone on ragged shapes,
+        # two blocks of rows, a nonzero accumulator, a batch; bf16 and int8.
+        for fn, operand in ((_matmul, BF16), (_int8_dot, np.int8)):
+            x, y = _random((16, 1024), operand), _random((1024, 1024), operand, 1)
+            text = str(support.module_after("matrix-units", fn, x, y, hardware=host().hardware()))
+            self.assertRegex(text, r'rhs_rows = true, tile = array<i64: 16, 16, \d+>, unit = "amx"')
+            support.check_against_xla(self, fn, x, y)
+        plus = lambda x, y, z: z + jnp.matmul(x, y, preferred_element_type=z.dtype)  # noqa: E731
+        batched = lambda x, y: jnp.einsum("bmk,bkn->bmn", x, y, preferred_element_type=jnp.float32)  # noqa: E731
+        for operand, result in ((BF16, np.float32), (np.int8, np.int32)):
+            for fn, args in [(_matmul if operand is BF16 else _int8_dot,
+                              (_random((40, 66), operand), _random((66, 70), operand, 1))),
+                             (plus, (_random((20, 64), operand), _random((64, 64), operand, 1),
+                                     _random((20, 64), operand, 2).astype(result))),
+                             (batched, (_random((3, 16, 64), operand), _random((3, 64, 48), operand, 1)))]:
+                tolerance = 1e-5 if result is np.float32 else None
+                support.assert_close(self, _run_on(fn, args, [AMX_ROWS_ONLY]), support.xla_cpu(fn, *args),
+                                     rtol=tolerance, atol=tolerance)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from polyblocks_jax.passes.matrix_units import TileShape
 from polyblocks_jax.passes.transform import walk
 
 # (unit, whether the rhs is read as stored rows) -> kernel
-KERNELS = {("amx", False): amx.kernel, ("avx512bf16", False): avx512_bf16.kernel,
+KERNELS = {("amx", False): amx.kernel, ("amx", True): amx.rows_kernel, ("avx512bf16", False): avx512_bf16.kernel,
            ("avx512bf16", True): avx512_bf16.rows_kernel, ("avx512vnni", True): avx512_vnni.rows_kernel}
 
 

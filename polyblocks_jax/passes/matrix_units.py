@@ -45,6 +45,10 @@ class UnitOp:
     # The rhs read as stored, (K, N) rows, its pairs of k interleaved in registers: no packed
     # copy of it per call, which a few rows of lhs do not amortize.
     rhs_rows: bool = False
+    # With ``rhs_rows``: the kernel packs each block of columns of the rhs it computes into a
+    # buffer of at most this many bytes (in cache, read by every block of rows), instead of
+    # reading the rows into registers (0).
+    rhs_block_bytes: int = 0
     registers: int = 1  # registers one accumulator (and one rhs) tile takes
 
 
@@ -97,6 +101,9 @@ class MatrixMapping:
 MIN_EFFICIENCY = 0.25
 _COPY_BYTES_PER_CYCLE = 16  # a padded copy, read and written once, per core
 _STREAM_BYTES_PER_CYCLE = 8  # an operand read again from memory
+# A kernel packing the rhs: a load, an interleave and a store share per tile row (16 columns)
+# (int8 4 x 1024 x 1024: AMX packing as it went took 1.6x VPDPBUSD's time on B's rows).
+_PACK_CYCLES_PER_ROW = 2
 _BYTES = {"bf16": 2, "f16": 2, "i8": 1}
 
 
@@ -144,7 +151,8 @@ def _mapping(c: Contraction, unit: MatrixUnit, op: UnitOp) -> MatrixMapping | No
     best: tuple[tuple[float, float], tuple[int, int], tuple[int, int]] | None = None
     for mb in range(1, unit.tile_registers):
         for nb in range(1, unit.tile_registers):
-            if (mb * nb + nb) * op.registers + mb > unit.tile_registers:
+            if ((mb * nb + nb) * op.registers + mb > unit.tile_registers
+                    or op.rhs_block_bytes and nb * t.n * pk * _BYTES[op.rhs] > op.rhs_block_bytes):
                 continue
             padded = (_round_up(c.m, mb * t.m), _round_up(c.n, nb * t.n))
             reuse = mb * nb / (mb + nb)
@@ -165,19 +173,28 @@ def _mapping(c: Contraction, unit: MatrixUnit, op: UnitOp) -> MatrixMapping | No
 def _cycles(c: Contraction, op: UnitOp, blocking: tuple[int, int], padded: tuple[int, int, int]) -> float:
     """The time model: the padded products at the unit's rate, plus the copies made per call
     (the rhs packed into k-panels; an operand padded to whole blocks) at
-    ``_COPY_BYTES_PER_CYCLE``, plus the rhs streamed again at ``_STREAM_BYTES_PER_CYCLE``: a
-    packed copy read back, or a rhs read as rows once more for each further block of rows
-    (16 x 1024 x 1024 bf16 in blocks of 2 rows ran 2.5x as long as AMX; int8 4 x 1024 x 1024
-    on AMX, B packed then read back, 2.6x as long as on VPDPBUSD reading B once). A unit of
-    unknown rate takes 1 multiply-add a cycle."""
+    ``_COPY_BYTES_PER_CYCLE``, plus operands streamed again at ``_STREAM_BYTES_PER_CYCLE``: a
+    packed copy of the rhs read back, a rhs read as rows once more for each further block of
+    rows (16 x 1024 x 1024 bf16 in blocks of 2 rows ran 2.5x as long as AMX; int8 4 x 1024 x
+    1024 on AMX, B packed then read back, 2.6x as long as on VPDPBUSD reading B once), or,
+    where the kernel packs the rhs block by block, the lhs once more for each further block
+    of columns. A unit of unknown rate takes 1 multiply-add a cycle."""
     pm, pn, pk = padded
+    mb, nb = blocking
     products = pm * pn * pk / (op.macs_per_cycle or 1)
     copied = c.k * c.n if not op.rhs_rows or (pk, pn) != (c.k, c.n) else 0
     copied += c.m * c.k if (pm, pk) != (c.m, c.k) else 0
-    # The rhs again from memory: a packed copy read back by the kernel; rows read again per block of rows.
-    streamed = (pm // blocking[0] - 1 if op.rhs_rows else 1) * c.k * c.n
+    packing = 0.0
+    if op.rhs_block_bytes:  # each block of B packed in cache as the kernel goes; A read again per block
+        packing = c.k * c.n / op.tile.n * _PACK_CYCLES_PER_ROW
+        streamed = (pn // (nb * op.tile.n) - 1) * c.m * c.k
+    elif op.rhs_rows:  # B's rows read again per block of rows
+        streamed = (pm // mb - 1) * c.k * c.n
+    else:  # the packed copy of B read back
+        streamed = c.k * c.n
     size = _BYTES.get(op.lhs, 4)
-    return c.batch * (products + copied * size / _COPY_BYTES_PER_CYCLE + streamed * size / _STREAM_BYTES_PER_CYCLE)
+    return c.batch * (products + packing + copied * size / _COPY_BYTES_PER_CYCLE
+                      + streamed * size / _STREAM_BYTES_PER_CYCLE)
 
 
 def _unpadded_share(c: Contraction, op: UnitOp, padded: tuple[int, int]) -> float:
