@@ -65,7 +65,9 @@ def kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: Til
         f"%a = memref.collapse_shape %lhs {_groups(r, [[r], [r + 1, r + 2]])} : {lhs} into {a_type}",
         f"%b = memref.collapse_shape %rhs {_groups(r, [[r], [r + 1], [r + 2, r + 3]])} : {rhs} into {b_type}",
         f"%c = memref.collapse_shape %acc {_groups(r, [[r], [r + 1, r + 2]])} : {acc} into {c_type}",
-        templates.block_loop(lead, (pm, mb * tile.m), (pn, nb * tile.n), index),
+        f"scf.parallel ({', '.join(lead_ix + ['%i', '%j'])}) = ({', '.join([index.const(0)] * (r + 2))}) "
+        f"to ({', '.join(index.const(d) for d in [*lead, pm, pn])}) "
+        f"step ({', '.join([index.const(1)] * r + [index.const(mb * tile.m), index.const(nb * tile.n)])}) {{",
         *[f"  {row} = arith.addi %i, {index.const(i * tile.m)} : index" for i, row in enumerate(rows)],
         *[f"  {col} = arith.addi %j, {index.const(j * tile.n)} : index" for j, col in enumerate(cols)],
         *[f"  %panel{j} = arith.divui {col}, {index.const(tile.n)} : index" for j, col in enumerate(cols)],

@@ -76,7 +76,9 @@ def kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: Til
     body = [
         f"%b = memref.collapse_shape %rhs {[[d] for d in range(r)] + [[r], [r + 1], [r + 2, r + 3]]} : {rhs} into {b_type}",
         f"%c = memref.collapse_shape %acc {[[d] for d in range(r)] + [[r], [r + 1, r + 2]]} : {acc} into {c_type}",
-        templates.block_loop(lead, (pm, mb), (pn, nb * lanes), index),
+        f"scf.parallel ({', '.join(lead_ix + ['%i', '%j'])}) = ({', '.join([index.const(0)] * (r + 2))}) "
+        f"to ({', '.join(index.const(d) for d in [*lead, pm, pn])}) "
+        f"step ({', '.join([index.const(1)] * r + [index.const(mb), index.const(nb * lanes)])}) {{",
         *[f"  %row{i} = arith.addi %i, {index.const(i)} : index" for i in range(mb)],
         *[f"  %col{j} = arith.addi %j, {index.const(j * lanes)} : index" for j in range(nb)],
         *[f"  %panel{j} = arith.divui %col{j}, {index.const(lanes)} : index" for j in range(nb)],
