@@ -17,17 +17,23 @@ from absl.testing import absltest, parameterized
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import cpu, passes
-from polyblocks_jax.cpu import amx, avx512_bf16
+from polyblocks_jax.cpu import amx, avx512_bf16, avx512_vnni
 from polyblocks_jax.cpu.target import CpuTarget, host
 from polyblocks_jax.errors import PolyblocksError
-from polyblocks_jax.passes.matrix_forms import select_unit
-from polyblocks_jax.passes.matrix_units import (MIXED_BF16_FP32, Contraction, choose_matrix_mapping)
+from polyblocks_jax.passes.matrix_forms import select_units
+from polyblocks_jax.passes.matrix_units import (MIXED_BF16_FP32, Contraction, MatrixUnit, choose_matrix_mapping,
+                                                choose_unit_mapping)
 
 AMX = amx.amx_unit()
 DPBF16 = avx512_bf16.unit()
+DPBF16_ROWS_ONLY = MatrixUnit("avx512bf16", (avx512_bf16.DPBF16_ROWS,), avx512_bf16.VECTOR_REGISTERS)
+VNNI = avx512_vnni.unit()
+AMX_ROWS_ONLY = MatrixUnit("amx", (amx.AMX_BF16_ROWS, amx.AMX_INT8_ROWS), amx.TILE_REGISTERS)
+FMA_MACS = host().hardware().fma_macs_per_cycle
 BF16 = ml_dtypes.bfloat16
 NO_AMX = "no AMX on this CPU"
 NO_AVX512_BF16 = "no AVX-512 BF16 on this CPU"
+NO_AVX512_VNNI = "no AVX-512 VNNI on this CPU"
 # Shapes (m, k, n): multiples of the AMX tiles, and not.
 SHAPES = [(64, 64, 64), (32, 128, 48), (40, 72, 48), (20, 40, 60)]
 # mixed_bf16_fp32: each operand is rounded to bf16 (relative error <= 2**-9), so a product is
@@ -70,7 +76,12 @@ def _compiled_module(fn, args, units, options=pb.Options(), drop_stages=()):
 def _run_packed_as_loops(fn, args, units, options=pb.Options()):
     """Results of ``fn`` mapped onto ``units`` but with the packed contractions run as plain
     loops (no unit kernel): the packing, padding and VNNI layouts, checked on any CPU."""
-    context, imported = _compiled_module(fn, args, units, options, drop_stages=("unit-kernels",))
+    return _run_on(fn, args, units, options, drop_stages=("unit-kernels",))
+
+
+def _run_on(fn, args, units, options=pb.Options(), drop_stages=()):
+    """Results of ``fn`` compiled for a host whose matrix units are ``units``."""
+    context, imported = _compiled_module(fn, args, units, options, drop_stages)
     with context:
         exe = cpu.build(imported.module, imported.inputs, imported.outputs, options)
     return list(exe(*args))
@@ -163,6 +174,48 @@ class SelectionTest(parameterized.TestCase):
         m = choose_matrix_mapping(Contraction(2048, 2048, 2048, operand, operand, accumulate), AMX)
         self.assertEqual(m.blocking, (2, 2))
 
+    @parameterized.parameters(1, 4)
+    def test_few_rows_read_the_rhs_as_stored(self, rows):
+        # A packed copy of B per call costs more than a few rows' products: VDPBF16PS on B's
+        # rows, all rows in one block (B streamed once), rather than AMX (or f32 FMAs).
+        m = choose_unit_mapping(Contraction(rows, 1024, 1024, "bf16", "bf16", "f32"), (AMX, DPBF16), FMA_MACS)
+        self.assertEqual((m.unit, m.op.rhs_rows, m.blocking[0], m.padded), ("avx512bf16", True, rows, (rows, 1024, 1024)))
+
+    @parameterized.parameters((16, 1024, 1024), (64, 64, 64), (1024, 1024, 1024), (1024, 256, 1024))
+    def test_amx_where_its_rate_pays_for_the_copies(self, m, k, n):
+        c = Contraction(m, n, k, "bf16", "bf16", "f32")
+        self.assertEqual(choose_unit_mapping(c, (AMX, DPBF16), FMA_MACS).unit, "amx")
+        self.assertEqual(choose_unit_mapping(c, (DPBF16, AMX), FMA_MACS).unit, "amx")  # not by the order
+
+    @parameterized.parameters(1, 4)
+    def test_few_int8_rows_on_vpdpbusd(self, rows):
+        # AMX packs B (a copy, then read back) for 16 rows of products: more than VPDPBUSD's
+        # time on B as stored.
+        m = choose_unit_mapping(Contraction(rows, 1024, 1024, "i8", "i8", "i32"), (AMX, DPBF16, VNNI), FMA_MACS)
+        self.assertEqual((m.unit, m.op.rhs_rows, m.blocking[0]), ("avx512vnni", True, rows))
+        m = choose_unit_mapping(Contraction(64, 1024, 1024, "i8", "i8", "i32"), (AMX, DPBF16, VNNI), FMA_MACS)
+        self.assertEqual(m.unit, "amx")
+
+    @parameterized.parameters(("bf16", "f32"), ("i8", "i32"))
+    def test_amx_packs_b_block_by_block_for_16_rows(self, operand, accumulate):
+        # One block of rows: a packed copy of B written and read back costs more than packing
+        # each block of columns into cache as the kernel goes.
+        units = (AMX, DPBF16, VNNI)
+        m = choose_unit_mapping(Contraction(16, 1024, 1024, operand, operand, accumulate), units, FMA_MACS)
+        self.assertEqual((m.unit, m.op.rhs_rows), ("amx", True))
+        self.assertLessEqual(m.blocking[1] * m.op.tile.n * 1024 * (2 if operand == "bf16" else 1),
+                             amx.BLOCK_BUFFER_BYTES)
+        # Many blocks of rows: A read again per block of columns costs more than one packed copy.
+        m = choose_unit_mapping(Contraction(1024, 1024, 1024, operand, operand, accumulate), units, FMA_MACS)
+        self.assertEqual((m.unit, m.op.rhs_rows), ("amx", False))
+        # No block of B's columns fits the kernel's buffer: the packed copy.
+        m = choose_unit_mapping(Contraction(16, 16384, 16384, operand, operand, accumulate), (AMX,), FMA_MACS)
+        self.assertEqual((m.unit, m.op.rhs_rows), ("amx", False))
+
+    def test_the_fma_path_when_no_unit_is_faster(self):
+        self.assertIsNone(choose_unit_mapping(Contraction(1, 4096, 4096, "i8", "i8", "i32"), (AMX,), FMA_MACS))
+        self.assertIsNone(choose_unit_mapping(Contraction(1, 4096, 4096, "bf16", "bf16", "f32"), (AMX,), FMA_MACS))
+
     def test_matrix_vector_products_stay_off(self):
         self.assertIsNone(choose_matrix_mapping(Contraction(1, 4096, 4096, "bf16", "bf16", "f32"), AMX))
 
@@ -183,12 +236,12 @@ class SelectionTest(parameterized.TestCase):
         self.assertEqual(choose_matrix_mapping(c, AMX).unit, "amx")
 
     def test_unit_selection(self):
-        self.assertIs(select_unit("auto", (AMX, DPBF16)), AMX)
-        self.assertIs(select_unit("avx512bf16", (AMX, DPBF16)), DPBF16)
-        self.assertIsNone(select_unit("fma", (AMX,)))
-        self.assertIsNone(select_unit("auto", ()))
+        self.assertEqual(select_units("auto", (AMX, DPBF16)), (AMX, DPBF16))
+        self.assertEqual(select_units("avx512bf16", (AMX, DPBF16)), (DPBF16,))
+        self.assertEqual(select_units("fma", (AMX,)), ())
+        self.assertEqual(select_units("auto", ()), ())
         with self.assertRaisesRegex(PolyblocksError, "no amx unit"):
-            select_unit("amx", (DPBF16,))
+            select_units("amx", (DPBF16,))
 
 
 class DetectionTest(absltest.TestCase):
@@ -207,7 +260,11 @@ class DetectionTest(absltest.TestCase):
     def test_units_follow_the_features(self):
         units = self._target(self.FEATURES - {"amx_int8"}, True).matrix_units()
         self.assertEqual([u.name for u in units], ["amx", "avx512bf16"])
-        self.assertEqual([(op.lhs, op.accumulate) for op in units[0].ops], [("bf16", "f32")])
+        self.assertEqual({(op.lhs, op.accumulate) for op in units[0].ops}, {("bf16", "f32")})
+
+    def test_vnni_needs_avx512bw(self):
+        self.assertIn("avx512vnni", self._target({"avx512f", "avx512bw", "avx512_vnni"}, False).matrix_unit_names)
+        self.assertNotIn("avx512vnni", self._target({"avx512f", "avx512_vnni"}, False).matrix_unit_names)
 
     def test_this_host(self):
         target = host()
@@ -327,6 +384,35 @@ class X86CodeTest(parameterized.TestCase):
         self.assertIn(init_load, text)
         self.assertNotIn(zero, text)
 
+    def test_few_rows_interleave_the_rhs_rows(self):
+        # The rhs as stored: no packing transpose; two rows of k interleaved by VPUNPCKLWD /
+        # VPUNPCKHWD into the pairs VDPBF16PS reads.
+        args = (_random((4, 256), BF16), _random((256, 128), BF16))
+        hw = dataclasses.replace(host().hardware(), matrix_units=(AMX, DPBF16))
+        self.assertNotIn("linalg.transpose", str(support.module_after("matrix-units", _matmul, *args, hardware=hw)))
+        code = _machine_code(_llvm_ir(_matmul, args, [AMX, DPBF16]), "+avx512f,+avx512bw,+avx512bf16")
+        for instruction in ("vpunpcklwd", "vpunpckhwd", "vdpbf16ps"):
+            self.assertIn(instruction, code)
+        self.assertNotIn("tdpbf16ps", code)
+
+    def test_amx_packs_b_in_the_kernel(self):
+        # B as stored reaches the kernel (no packing transpose before it), which packs each
+        # block of columns onto its stack and loads the tiles from there.
+        args = (_random((16, 256), BF16), _random((256, 512), BF16))
+        hw = dataclasses.replace(host().hardware(), matrix_units=(AMX,))
+        self.assertNotIn("linalg.transpose", str(support.module_after("matrix-units", _matmul, *args, hardware=hw)))
+        code = _machine_code(_llvm_ir(_matmul, args, [AMX]), self.AMX_FEATURES + ",+avx512bw")
+        for instruction in ("vpermt2w", "tdpbf16ps"):  # rows interleaved into pairs; the products
+            self.assertIn(instruction, code)
+
+    def test_few_int8_rows_on_vpdpbusd(self):
+        # B as stored: four rows of k interleaved into quads by VPUNPCK*BW and VPUNPCK*WD.
+        args = (_random((4, 256), np.int8), _random((256, 128), np.int8))
+        code = _machine_code(_llvm_ir(_int8_dot, args, [AMX, VNNI]), "+avx512f,+avx512bw,+avx512vnni")
+        for instruction in ("vpunpcklbw", "vpunpckhwd", "vpdpbusd"):
+            self.assertIn(instruction, code)
+        self.assertNotIn("tdpbssd", code)
+
     def test_avx512_bf16_uses_vdpbf16ps(self):
         ir_text = _llvm_ir(_matmul, (_random((40, 64), BF16), _random((64, 48), BF16)), [DPBF16])
         self.assertIn("llvm.x86.avx512bf16.dpbf16ps.512", ir_text)
@@ -343,6 +429,26 @@ class PackedFormTest(parameterized.TestCase):
         self.assertIsNotNone(choose_matrix_mapping(Contraction(m, n, k, "bf16", "bf16", "f32"), unit))
         args = (_random((m, k), BF16), _random((k, n), BF16, 1))
         support.assert_close(self, _run_packed_as_loops(_matmul, args, [unit]), support.xla_cpu(_matmul, *args))
+
+    @parameterized.parameters((1, 64, 96), (3, 40, 64), (5, 66, 70), (4, 33, 32), (16, 64, 100))
+    def test_bf16_matmul_on_rhs_rows(self, m, k, n):
+        # k odd and columns not a multiple of 32: the rhs padded; rows not a multiple of the block.
+        args = (_random((m, k), BF16), _random((k, n), BF16, 1))
+        support.assert_close(self, _run_packed_as_loops(_matmul, args, [DPBF16_ROWS_ONLY]),
+                             support.xla_cpu(_matmul, *args))
+
+    @parameterized.parameters((1, 64, 128), (3, 40, 64), (5, 66, 70), (4, 33, 64), (16, 64, 100))
+    def test_int8_matmul_on_rhs_rows_is_exact(self, m, k, n):
+        args = (_random((m, k), np.int8), _random((k, n), np.int8, 1))
+        support.assert_close(self, _run_packed_as_loops(_int8_dot, args, [VNNI]), support.xla_cpu(_int8_dot, *args))
+
+    @parameterized.parameters((16, 64, 100), (20, 70, 33), (1, 64, 16))
+    def test_amx_on_rhs_rows(self, m, k, n):
+        args = (_random((m, k), BF16), _random((k, n), BF16, 1))
+        support.assert_close(self, _run_packed_as_loops(_matmul, args, [AMX_ROWS_ONLY]), support.xla_cpu(_matmul, *args))
+        args = (_random((m, k), np.int8), _random((k, n), np.int8, 1))
+        support.assert_close(self, _run_packed_as_loops(_int8_dot, args, [AMX_ROWS_ONLY]),
+                             support.xla_cpu(_int8_dot, *args))
 
     @parameterized.parameters(*SHAPES)
     def test_int8_matmul_is_exact(self, m, k, n):
@@ -452,6 +558,71 @@ class HostPathsTest(parameterized.TestCase):
     @absltest.skipUnless(host().has_avx512_bf16, NO_AVX512_BF16)
     def test_avx512_bf16(self):
         self._bf16_matmuls("avx512bf16")
+
+    @absltest.skipUnless(host().has_avx512_bf16, NO_AVX512_BF16)
+    def test_few_rows_on_rhs_rows(self):
+        # Where the cost model picks the rows kernel by itself (bf16 and f32 results), then
+        # the kernel alone on ragged shapes: k odd, columns padded, rows not a multiple of
+        # the block, a nonzero accumulator (a dot added to), a batch.
+        f32_result = lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32)  # noqa: E731
+        for m, k, n in [(1, 64, 96), (4, 1024, 512)]:
+            x, y = _random((m, k), BF16), _random((k, n), BF16, 1)
+            text = str(support.module_after("matrix-units", _matmul, x, y, hardware=host().hardware()))
+            self.assertIn("rhs_rows = true", text)
+            support.check_against_xla(self, _matmul, x, y)
+            # f32 sums of k products in another order: |error| ~ k * 2^-24 * sum |x y| (1e-4 at k = 1024)
+            support.check_against_xla(self, f32_result, x, y, rtol=1e-5, atol=1e-7 * k)
+        plus = lambda x, y, z: z + jnp.matmul(x, y, preferred_element_type=jnp.float32)  # noqa: E731
+        batched = lambda x, y: jnp.einsum("bmk,bkn->bmn", x, y)  # noqa: E731
+        for fn, args, tolerance in [
+                (_matmul, (_random((5, 66), BF16), _random((66, 70), BF16, 1)), None),
+                (f32_result, (_random((16, 63), BF16), _random((63, 40), BF16, 1)), 1e-5),
+                (plus, (_random((3, 64), BF16), _random((64, 64), BF16, 1), _random((3, 64), np.float32, 2)), 1e-5),
+                (batched, (_random((3, 4, 64), BF16), _random((3, 64, 48), BF16, 1)), None)]:
+            support.assert_close(self, _run_on(fn, args, [DPBF16_ROWS_ONLY]), support.xla_cpu(fn, *args),
+                                 rtol=tolerance, atol=tolerance)
+
+    @absltest.skipUnless(host().has_avx512_vnni, NO_AVX512_VNNI)
+    def test_few_int8_rows_on_vpdpbusd(self):
+        # Where the cost model picks VPDPBUSD by itself, then the kernel alone on ragged
+        # shapes (k not a multiple of 4, padded columns), a nonzero accumulator, a batch;
+        # int8 extremes (-128 x -128 summed) included: exact, as XLA.
+        for m, k, n in [(1, 64, 128), (4, 1024, 512)]:
+            x, y = _random((m, k), np.int8), _random((k, n), np.int8, 1)
+            text = str(support.module_after("matrix-units", _int8_dot, x, y, hardware=host().hardware()))
+            self.assertIn('rhs_rows = true, tile = array<i64: 1, 64, 4>, unit = "avx512vnni"', text)
+            support.check_against_xla(self, _int8_dot, x, y)
+        extremes = np.full((2, 4096), -128, np.int8)
+        support.check_against_xla(self, _int8_dot, extremes, np.full((4096, 64), -128, np.int8))
+        plus = lambda x, y, z: z + _int8_dot(x, y)  # noqa: E731
+        batched = lambda x, y: jnp.einsum("bmk,bkn->bmn", x, y, preferred_element_type=jnp.int32)  # noqa: E731
+        for fn, args in [(_int8_dot, (_random((5, 66), np.int8), _random((66, 70), np.int8, 1))),
+                         (plus, (_random((3, 64), np.int8), _random((64, 64), np.int8, 1),
+                                 _random((3, 64), np.int8, 2).astype(np.int32))),
+                         (batched, (_random((3, 4, 64), np.int8), _random((3, 64, 48), np.int8, 1)))]:
+            support.assert_close(self, _run_on(fn, args, [VNNI]), support.xla_cpu(fn, *args))
+
+
+    @absltest.skipUnless(host().has_amx, NO_AMX)
+    def test_amx_packing_b_block_by_block(self):
+        # Where the cost model picks it by itself, then the kernel alone on ragged shapes,
+        # two blocks of rows, a nonzero accumulator, a batch; bf16 and int8.
+        for fn, operand in ((_matmul, BF16), (_int8_dot, np.int8)):
+            x, y = _random((16, 1024), operand), _random((1024, 1024), operand, 1)
+            text = str(support.module_after("matrix-units", fn, x, y, hardware=host().hardware()))
+            self.assertRegex(text, r'rhs_rows = true, tile = array<i64: 16, 16, \d+>, unit = "amx"')
+            support.check_against_xla(self, fn, x, y)
+        plus = lambda x, y, z: z + jnp.matmul(x, y, preferred_element_type=z.dtype)  # noqa: E731
+        batched = lambda x, y: jnp.einsum("bmk,bkn->bmn", x, y, preferred_element_type=jnp.float32)  # noqa: E731
+        for operand, result in ((BF16, np.float32), (np.int8, np.int32)):
+            for fn, args in [(_matmul if operand is BF16 else _int8_dot,
+                              (_random((40, 66), operand), _random((66, 70), operand, 1))),
+                             (plus, (_random((20, 64), operand), _random((64, 64), operand, 1),
+                                     _random((20, 64), operand, 2).astype(result))),
+                             (batched, (_random((3, 16, 64), operand), _random((3, 64, 48), operand, 1)))]:
+                tolerance = 1e-5 if result is np.float32 else None
+                support.assert_close(self, _run_on(fn, args, [AMX_ROWS_ONLY]), support.xla_cpu(fn, *args),
+                                     rtol=tolerance, atol=tolerance)
 
 
 if __name__ == "__main__":

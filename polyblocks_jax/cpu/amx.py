@@ -16,6 +16,8 @@ tiles and issues mb * nb products. Blocks run in an scf.parallel over the thread
 """
 from __future__ import annotations
 
+import dataclasses
+
 from mlir import ir
 
 from polyblocks_jax.passes import templates
@@ -23,12 +25,18 @@ from polyblocks_jax.passes.matrix_units import MatrixUnit, TileShape, UnitOp
 
 AMX_BF16 = UnitOp("bf16", "bf16", "f32", TileShape(16, 16, 32), pack=2, macs_per_cycle=512)  # TDPBF16PS: 16 cycles
 AMX_INT8 = UnitOp("i8", "i8", "i32", TileShape(16, 16, 64), pack=4, macs_per_cycle=1024)  # TDPBSSD: 16 cycles
+# The same products on B as stored, packed by the kernel one block of columns at a time into
+# a stack buffer that every block of rows then reads from cache (``rows_kernel``).
+BLOCK_BUFFER_BYTES = 128 << 10
+AMX_BF16_ROWS = dataclasses.replace(AMX_BF16, rhs_rows=True, rhs_block_bytes=BLOCK_BUFFER_BYTES)
+AMX_INT8_ROWS = dataclasses.replace(AMX_INT8, rhs_rows=True, rhs_block_bytes=BLOCK_BUFFER_BYTES)
 TILE_REGISTERS = 8
 
 
 def amx_unit(bf16: bool = True, int8: bool = True) -> MatrixUnit:
     """AMX with the products this CPU has (AMX-BF16, AMX-INT8)."""
-    ops = tuple(op for op, present in ((AMX_BF16, bf16), (AMX_INT8, int8)) if present)
+    ops = tuple(op for ops, present in (((AMX_BF16, AMX_BF16_ROWS), bf16), ((AMX_INT8, AMX_INT8_ROWS), int8))
+                if present for op in ops)
     return MatrixUnit("amx", ops, TILE_REGISTERS)
 
 
@@ -93,6 +101,98 @@ def kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: Til
     ]
     return templates.function([f"%lhs: {lhs}", f"%rhs: {rhs}", f"%acc: {acc}"], [],
                               index.lines + body)
+
+
+def rows_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: TileShape, pack: int,
+                blocking: tuple[int, int], zero_init: bool) -> str:
+    """The template computing lhs (.., M', K'/p, p) @ rhs (.., K'/p, p, N') into (.., M', N')
+    on AMX tiles (identity-layout buffers): the threads share out the blocks of columns; each
+    packs its block of B into VNNI panels on its stack (p rows of k interleaved in
+    registers), then runs every block of rows on it."""
+    *lead, pm, k2, _ = lhs.shape
+    pn = rhs.shape[-1]
+    operand, accumulate = str(lhs.element_type), str(acc.element_type)
+    mb, nb = blocking
+    r = len(lead)
+    a_type = templates.shape_type("memref", [*lead, pm, k2 * pack], operand)
+    panels = templates.shape_type("memref", [nb, k2, tile.n * pack], operand)
+    a_tile = f"!amx.tile<{tile.m}x{tile.k}x{operand}>"
+    b_tile = f"!amx.tile<{tile.k // pack}x{tile.n * pack}x{operand}>"
+    c_tile = f"!amx.tile<{tile.m}x{tile.n}x{accumulate}>"
+    mul = "amx.tile_mulf" if accumulate.startswith("f") else "amx.tile_muli"
+    lead_ix = [f"%b{d}" for d in range(r)]
+    rows = [f"%row{i}" for i in range(mb)]
+    cols = [f"%col{j}" for j in range(nb)]
+    accs = [(i, j) for i in range(mb) for j in range(nb)]
+    index = templates.IndexConstants()
+    body = [
+        f"%a = memref.collapse_shape %lhs {_groups(r, [[r], [r + 1, r + 2]])} : {lhs} into {a_type}",
+        f"scf.parallel ({', '.join(lead_ix + ['%j'])}) = ({', '.join([index.const(0)] * (r + 1))}) "
+        f"to ({', '.join(index.const(d) for d in [*lead, pn])}) "
+        f"step ({', '.join([index.const(1)] * r + [index.const(nb * tile.n)])}) {{",
+        *[f"  {col} = arith.addi %j, {index.const(j * tile.n)} : index" for j, col in enumerate(cols)],
+        "  memref.alloca_scope {",
+        f"  %panels = memref.alloca() {{alignment = 64 : i64}} : {panels}",
+        f"  scf.for %k2 = {index.const(0)} to {index.const(k2)} step {index.const(1)} {{",
+    ]
+    for j, col in enumerate(cols):
+        loaded = [f"%r{j}_{q}" for q in range(pack)]
+        body += [f"    {v} = vector.load %rhs[{_ix(lead_ix, '%k2', index.const(q), col)}] : {rhs}, "
+                 f"vector<{tile.n}x{operand}>" for q, v in enumerate(loaded)]
+        body += _interleave_rows(loaded, f"%v{j}", operand, tile.n)
+        body.append(f"    vector.store %v{j}, %panels[{index.const(j)}, %k2, {index.const(0)}] : {panels}, "
+                    f"vector<{tile.n * pack}x{operand}>")
+    body += [
+        "  }",
+        f"  scf.for %i = {index.const(0)} to {index.const(pm)} step {index.const(mb * tile.m)} {{",
+        *[f"    {row} = arith.addi %i, {index.const(i * tile.m)} : index" for i, row in enumerate(rows)],
+    ]
+    if zero_init:
+        body += [f"    %zero{i}_{j} = amx.tile_zero : {c_tile}" for i, j in accs]
+        inits = [f"%zero{i}_{j}" for i, j in accs]
+    else:
+        body += [f"    %init{i}_{j} = amx.tile_load %acc[{_ix(lead_ix, rows[i], cols[j])}] : {acc} into {c_tile}"
+                 for i, j in accs]
+        inits = [f"%init{i}_{j}" for i, j in accs]
+    carried = ", ".join(f"%c{i}_{j} = {init}" for (i, j), init in zip(accs, inits))
+    body += [
+        f"    %sums:{len(accs)} = scf.for %k2 = {index.const(0)} to {index.const(k2)} "
+        f"step {index.const(tile.k // pack)} iter_args({carried}) -> ({', '.join([c_tile] * len(accs))}) {{",
+        f"      %k = arith.muli %k2, {index.const(pack)} : index",
+        *[f"      %ta{i} = amx.tile_load %a[{_ix(lead_ix, row, '%k')}] : {a_type} into {a_tile}"
+          for i, row in enumerate(rows)],
+        *[f"      %tb{j} = amx.tile_load %panels[{index.const(j)}, %k2, {index.const(0)}] : {panels} into {b_tile}"
+          for j in range(nb)],
+        *[f"      %d{i}_{j} = {mul} %ta{i}, %tb{j}, %c{i}_{j} : {a_tile}, {b_tile}, {c_tile}" for i, j in accs],
+        f"      scf.yield {', '.join(f'%d{i}_{j}' for i, j in accs)} : {', '.join([c_tile] * len(accs))}",
+        "    }",
+        *[f"    amx.tile_store %acc[{_ix(lead_ix, rows[i], cols[j])}], %sums#{n} : {acc}, {c_tile}"
+          for n, (i, j) in enumerate(accs)],
+        "  }",
+        "  }",
+        "  scf.reduce",
+        "}",
+        "return",
+    ]
+    return templates.function([f"%lhs: {lhs}", f"%rhs: {rhs}", f"%acc: {acc}"], [], index.lines + body)
+
+
+def _interleave_rows(rows: list[str], out: str, element: str, lanes: int) -> list[str]:
+    """Lines interleaving ``rows`` (2 or 4 vectors of ``lanes`` elements: rows of k) into
+    ``out``, their VNNI form: element c of each row in turn. Four rows: pairs of rows, then
+    pairs of those pairs as elements twice as wide."""
+    mask = [e for c in range(lanes) for e in (c, lanes + c)]
+    row, pair = f"vector<{lanes}x{element}>", f"vector<{2 * lanes}x{element}>"
+    if len(rows) == 2:
+        return [f"    {out} = vector.shuffle {rows[0]}, {rows[1]} {mask} : {row}, {row}"]
+    wide = f"i{2 * int(element.lstrip('bfi'))}"
+    lines = []
+    for q in (0, 2):
+        lines += [f"    {out}_p{q} = vector.shuffle {rows[q]}, {rows[q + 1]} {mask} : {row}, {row}",
+                  f"    {out}_w{q} = vector.bitcast {out}_p{q} : {pair} to vector<{lanes}x{wide}>"]
+    return lines + [
+        f"    {out}_q = vector.shuffle {out}_w0, {out}_w2 {mask} : vector<{lanes}x{wide}>, vector<{lanes}x{wide}>",
+        f"    {out} = vector.bitcast {out}_q : vector<{2 * lanes}x{wide}> to vector<{4 * lanes}x{element}>"]
 
 
 def _groups(lead: int, rest: list[list[int]]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from polyblocks_jax.cpu import amx, avx512_bf16
+from polyblocks_jax.cpu import amx, avx512_bf16, avx512_vnni
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import templates
 from polyblocks_jax.passes.arena import identity_layout
@@ -16,7 +16,9 @@ from polyblocks_jax.passes.matrix_forms import MATRIX_UNIT_ATTR
 from polyblocks_jax.passes.matrix_units import TileShape
 from polyblocks_jax.passes.transform import walk
 
-KERNELS = {"amx": amx.kernel, "avx512bf16": avx512_bf16.kernel}
+# (unit, whether the rhs is read as stored rows) -> kernel
+KERNELS = {("amx", False): amx.kernel, ("amx", True): amx.rows_kernel, ("avx512bf16", False): avx512_bf16.kernel,
+           ("avx512bf16", True): avx512_bf16.rows_kernel, ("avx512vnni", True): avx512_vnni.rows_kernel}
 
 
 def lower_matrix_units(module: ir.Module, options: Options) -> bool:
@@ -26,12 +28,13 @@ def lower_matrix_units(module: ir.Module, options: Options) -> bool:
     for op in marked:
         attr = ir.DictAttr(op.attributes[MATRIX_UNIT_ATTR])
         unit = ir.StringAttr(attr["unit"]).value
+        kernel = KERNELS.get((unit, ir.BoolAttr(attr["rhs_rows"]).value))
         types = [ir.MemRefType(v.type) for v in op.operands]
-        if unit not in KERNELS or not all(identity_layout(t) for t in types):
+        if kernel is None or not all(identity_layout(t) for t in types):
             continue
         if unit == "amx" and options.opt_level == 0:
             continue  # LLVM 22 at -O0 (X86LowerAMXType) crashes on tiles carried around a loop
-        text = KERNELS[unit](*types, TileShape(*ir.DenseI64ArrayAttr(attr["tile"])),
+        text = kernel(*types, TileShape(*ir.DenseI64ArrayAttr(attr["tile"])),
                              ir.IntegerAttr(attr["pack"]).value, tuple(ir.DenseI64ArrayAttr(attr["blocking"])),
                              ir.BoolAttr(attr["zero_init"]).value)
         if ir.BoolAttr(attr["zero_init"]).value:

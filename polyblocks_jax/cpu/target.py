@@ -3,8 +3,9 @@
 Matrix units are detected at run time, preferred first: AMX (CPU flags amx_tile with
 amx_bf16 and/or amx_int8, and Linux's permission for this process to use tile data, asked
 for with ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``: without it the first tile
-instruction is an illegal instruction), then AVX-512 BF16 (VDPBF16PS); without either,
-matmuls run on the vector FMA path. The choice shows in the device kind.
+instruction is an illegal instruction), then AVX-512 BF16 (VDPBF16PS) and AVX-512 VNNI
+(VPDPBUSD); the matrix-unit stage picks among them and the vector FMA path per contraction.
+The first shows in the device kind.
 """
 from __future__ import annotations
 
@@ -42,14 +43,19 @@ class CpuTarget:
         return {"avx512f", "avx512_bf16"} <= self.features
 
     @property
+    def has_avx512_vnni(self) -> bool:
+        return {"avx512f", "avx512bw", "avx512_vnni"} <= self.features
+
+    @property
     def matrix_unit_names(self) -> tuple[str, ...]:
         """The usable matrix units, preferred first (``Options.matrix_unit`` names)."""
-        return (("amx",) if self.has_amx else ()) + (("avx512bf16",) if self.has_avx512_bf16 else ())
+        return (("amx",) if self.has_amx else ()) + (("avx512bf16",) if self.has_avx512_bf16 else ()) + (
+            ("avx512vnni",) if self.has_avx512_vnni else ())
 
     def matrix_units(self) -> tuple["MatrixUnit", ...]:  # noqa: F821 (compiler side, like hardware)
-        from polyblocks_jax.cpu import amx, avx512_bf16
+        from polyblocks_jax.cpu import amx, avx512_bf16, avx512_vnni
         units = {"amx": lambda: amx.amx_unit("amx_bf16" in self.features, "amx_int8" in self.features),
-                 "avx512bf16": avx512_bf16.unit}
+                 "avx512bf16": avx512_bf16.unit, "avx512vnni": avx512_vnni.unit}
         return tuple(units[name]() for name in self.matrix_unit_names)
 
     def hardware(self) -> "Hardware":  # noqa: F821 (imported below: the runtime loads no MLIR)

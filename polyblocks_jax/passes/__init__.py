@@ -14,7 +14,7 @@ from polyblocks_jax.passes.copies import strided_copies_to_linalg
 from polyblocks_jax.passes.empty_loops import fold_empty_loops
 from polyblocks_jax.passes.fusion import fuse_elementwise
 from polyblocks_jax.passes.in_place import compute_in_place
-from polyblocks_jax.passes.matrix_forms import inline_matrix_units, map_matrix_units, select_unit
+from polyblocks_jax.passes.matrix_forms import inline_matrix_units, map_matrix_units, select_units
 from polyblocks_jax.passes.pipeline import Stage, run_stages
 from polyblocks_jax.passes.results import drop_aliased_results, prepare_results, reshaped_results_in_place
 from polyblocks_jax.passes.shared_layers import inline_shared_layers, share_repeated_layers
@@ -53,10 +53,12 @@ def shared_stages(options: Options, hardware: Hardware, small: bool = False) -> 
         # A layer traced n times: one function called n times through bufferization, so
         # that the tensor stages and bufferization transform it once.
         stages.append(Stage("shared-layers", share_repeated_layers))
-    # Before tiling: matmuls and convolutions the target's matrix unit takes leave the FMA path.
-    # The unit is selected here: forcing one the target lacks fails before any stage runs.
+    # Before tiling: matmuls and convolutions that one of the target's matrix units computes
+    # faster (by the time model) leave the FMA path. The candidate units are selected here:
+    # forcing one the target lacks fails before any stage runs.
     stages.append(Stage("matrix-units", functools.partial(
-        map_matrix_units, unit=select_unit(options.matrix_unit, hardware.matrix_units))))
+        map_matrix_units, units=select_units(options.matrix_unit, hardware.matrix_units),
+        fma_macs_per_cycle=hardware.fma_macs_per_cycle)))
     # Tile fusion is cache tiling of fused groups: with both fusion and tiling (GPU tiles are
     # their target's own).
     tile_fusion = options.fusion and options.tiling

@@ -1,10 +1,10 @@
 """The matrix-unit stage: contractions rewritten into the packed form a matrix unit computes.
 
-Runs on tensors, before tiling. It picks the target's unit from
-``Options.matrix_unit`` (auto: the target's preferred one; ``fma``: none; a named unit the
-target lacks is an error, never an illegal instruction later), asks the cost model
-(``matrix_units.choose_matrix_mapping``) about every matmul, batch matmul and 2-D NHWC
-convolution, and rewrites each mapped one into its packed form:
+Runs on tensors, before tiling. It takes the candidate units from ``Options.matrix_unit``
+(auto: all the target's; ``fma``: none; a named unit the target lacks is an error, never an
+illegal instruction later), asks the time model (``matrix_units.choose_unit_mapping``) about
+every matmul, batch matmul and 2-D NHWC convolution which of them, if any, beats the FMA
+path, and rewrites each mapped one into its packed form:
 
     lhs  -> [convert] -> pad to (M', K')  -> (M', K'/p, p)              rows of k
     rhs  -> [convert] -> pad to (K', N')  -> (N'/t, K'/p, t, p)         VNNI: p k's per column,
@@ -12,14 +12,16 @@ convolution, and rewrites each mapped one into its packed form:
     init -> pad to (M', N')  -> (M', N'/t, t) -> call @polyblocks_matrix_unit_<i> -> (M', N') -> slice (M, N)
 
 (a convolution first gathers its input into (images x pixels, taps x channels) rows, im2col,
-and reads its kernel as (taps x channels, F)). The called function holds one
+and reads its kernel as (taps x channels, F)). A product that reads the rhs as stored
+(``UnitOp.rhs_rows``) takes it as (K'/p, p, N'), a copy only where padded, and the
+accumulator as (M', N'). The called function holds one
 ``linalg.contract`` marked ``polyblocks.matrix_unit`` with the unit, tile, blocking: the
 elementwise fusion that runs after this stage would fold the reshapes around a contraction
 in reach into it, making it a generic of other dims without the mark, so the contraction
 waits in its function until ``inline_matrix_units`` puts it back, before bufferization.
 Any target can run the marked contraction as loops; the host lowers it to AMX tiles or
-VDPBF16PS (cpu/). The chosen unit is written on the module and on every mapped op, so
-dumps show it.
+VDPBF16PS (cpu/). The candidate units are written on the module and the chosen one on every
+mapped op, so dumps show them.
 
 With ``precision=mixed_bf16_fp32`` f32 contractions take bf16 operands: packed as bf16 when
 mapped, otherwise rounded to bf16 values in f32 (the FMA path then computes the same
@@ -34,7 +36,7 @@ from mlir import ir
 from polyblocks_jax.errors import PolyblocksError
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import templates
-from polyblocks_jax.passes.matrix_units import (Contraction, MatrixMapping, MatrixUnit, choose_matrix_mapping,
+from polyblocks_jax.passes.matrix_units import (Contraction, MatrixMapping, MatrixUnit, choose_unit_mapping,
                                                 unit_operand_types)
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.transform import callee, walk
@@ -46,29 +48,32 @@ _CONTRACTIONS = ("linalg.matmul", "linalg.batch_matmul", "linalg.conv_2d_nhwc_hw
 _CALLEE_PREFIX = "polyblocks_matrix_unit_"
 
 
-def select_unit(choice: str, units: Sequence[MatrixUnit]) -> MatrixUnit | None:
-    """The unit ``Options.matrix_unit`` asks for among the target's usable ``units``."""
+def select_units(choice: str, units: Sequence[MatrixUnit]) -> tuple[MatrixUnit, ...]:
+    """The units ``Options.matrix_unit`` lets the cost model choose from among the target's
+    usable ``units``: all of them (auto), none (fma), or the one it names."""
     if choice == NO_UNIT:
-        return None
+        return ()
     if choice == "auto":
-        return units[0] if units else None
+        return tuple(units)
     unit = next((u for u in units if u.name == choice), None)
     if unit is None:
         usable = ", ".join([u.name for u in units] + [NO_UNIT])
         raise PolyblocksError(f"matrix_unit={choice!r} was forced, but this target has no {choice} unit "
                               f"(usable here: {usable}); use matrix_unit=auto")
-    return unit
+    return (unit,)
 
 
-def map_matrix_units(module: ir.Module, options: Options, unit: MatrixUnit | None) -> None:
-    """Rewrite every contraction the cost model maps onto ``unit`` into its packed form."""
-    module.operation.attributes[MATRIX_UNIT_ATTR] = ir.StringAttr.get(unit.name if unit else NO_UNIT)
+def map_matrix_units(module: ir.Module, options: Options, units: Sequence[MatrixUnit],
+                     fma_macs_per_cycle: int) -> None:
+    """Rewrite every contraction the cost model maps onto one of ``units`` into its packed
+    form; the others stay on the vector FMA path (``fma_macs_per_cycle`` per core)."""
+    module.operation.attributes[MATRIX_UNIT_ATTR] = ir.StringAttr.get(",".join(u.name for u in units) or NO_UNIT)
     mapped = 0
     for op in [op for op in walk(module.operation) if op.name in _CONTRACTIONS]:
         c = contraction_of(op)
         if c is None:
             continue
-        mapping = choose_matrix_mapping(c, unit, options.precision) if unit else None
+        mapping = choose_unit_mapping(c, units, fma_macs_per_cycle, options.precision)
         if mapping is not None:
             form, function = _packed_form(op, c, mapping, f"{_CALLEE_PREFIX}{mapped}")
             parsed = ir.Module.parse(f"{form}\n{function}", module.context)  # owns the template until spliced
@@ -137,21 +142,17 @@ def _packed_form(op: ir.Operation, c: Contraction, mapping: MatrixMapping, calle
     lhs = body.reshape("expand", lhs, _tensor(lead + [pm, pk], operand),
                        [[d] for d in range(r + 1)] + [[r + 1, r + 2]], lead + [pm, pk // p, p], operand)
     rhs = body.pad(rhs, lead + [c.k, c.n], lead + [pk, pn], operand)
-    tn = mapping.op.tile.n
-    rhs = body.reshape("expand", rhs, _tensor(lead + [pk, pn], operand),
-                       [[d] for d in range(r)] + [[r, r + 1], [r + 2, r + 3]], lead + [pk // p, p, pn // tn, tn],
-                       operand)
-    rhs = body.transpose(rhs, lead + [pk // p, p, pn // tn, tn], list(range(r)) + [r + 2, r, r + 3, r + 1], operand)
     zero_init = zero_filled(op.operands[2])
     acc = (body.zeros(lead + [pm, pn], c.accumulate) if zero_init
            else body.pad(acc, lead + [c.m, c.n], lead + [pm, pn], c.accumulate))
-    columns = [[d] for d in range(r + 1)] + [[r + 1, r + 2]]  # (.., m, n) as (.., m, n / tn, tn)
-    acc = body.reshape("expand", acc, _tensor(lead + [pm, pn], c.accumulate), columns, lead + [pm, pn // tn, tn],
-                       c.accumulate)
-    out = body.contract(lhs, rhs, acc, lead + [pm, pn // tn, tn, pk // p, p], operand, c.accumulate,
-                        _unit_attr(mapping, zero_init), callee)
-    out = body.reshape("collapse", out, _tensor(lead + [pm, pn // tn, tn], c.accumulate), columns, lead + [pm, pn],
-                       c.accumulate)
+    if mapping.op.rhs_rows:  # rows of the rhs as stored, p rows of k at a time
+        rhs = body.reshape("expand", rhs, _tensor(lead + [pk, pn], operand),
+                           [[d] for d in range(r)] + [[r, r + 1], [r + 2]], lead + [pk // p, p, pn], operand)
+        out = body.contract_rows(lhs, rhs, acc, lead + [pm, pn, pk // p, p], operand, c.accumulate,
+                                 _unit_attr(mapping, zero_init), callee)
+    else:
+        out = body.contract_panels(lhs, rhs, acc, lead, mapping, operand, c.accumulate,
+                                   _unit_attr(mapping, zero_init), callee)
     out = body.slice(out, lead + [pm, pn], lead + [c.m, c.n], c.accumulate)
     if conv:
         out = body.reshape("expand", out, _tensor([c.m, c.n], c.accumulate), [[0, 1, 2], [3]],
@@ -164,7 +165,8 @@ def _packed_form(op: ir.Operation, c: Contraction, mapping: MatrixMapping, calle
 def _unit_attr(mapping: MatrixMapping, zero_init: bool) -> str:
     (t, pack), (mb, nb) = (mapping.op.tile, mapping.op.pack), mapping.blocking
     return (f'{{unit = "{mapping.unit}", tile = array<i64: {t.m}, {t.n}, {t.k}>, pack = {pack} : i64, '
-            f"blocking = array<i64: {mb}, {nb}>, zero_init = {str(zero_init).lower()}}}")
+            f"blocking = array<i64: {mb}, {nb}>, zero_init = {str(zero_init).lower()}, "
+            f"rhs_rows = {str(mapping.op.rhs_rows).lower()}}}")
 
 
 def _round_operands(op: ir.Operation, to: str) -> None:
@@ -307,6 +309,25 @@ class _Body:
             f"outs({empty} : {_tensor(permuted, element)}) permutation = [{', '.join(map(str, perm))}]"]
         return out
 
+    def contract_panels(self, lhs: str, rhs: str, acc: str, lead: list[int], mapping: MatrixMapping,
+                        operand: str, accumulate: str, unit_attr: str, callee: str) -> str:
+        """The contraction on the rhs in VNNI panels: (.., K', N') -> (.., N'/t, K'/p, t, p),
+        the accumulator as (.., M', N'/t, t)."""
+        pm, pn, pk = mapping.padded
+        p, tn, r = mapping.op.pack, mapping.op.tile.n, len(lead)
+        rhs = self.reshape("expand", rhs, _tensor(lead + [pk, pn], operand),
+                           [[d] for d in range(r)] + [[r, r + 1], [r + 2, r + 3]], lead + [pk // p, p, pn // tn, tn],
+                           operand)
+        rhs = self.transpose(rhs, lead + [pk // p, p, pn // tn, tn], list(range(r)) + [r + 2, r, r + 3, r + 1],
+                             operand)
+        columns = [[d] for d in range(r + 1)] + [[r + 1, r + 2]]  # (.., m, n) as (.., m, n / tn, tn)
+        acc = self.reshape("expand", acc, _tensor(lead + [pm, pn], accumulate), columns, lead + [pm, pn // tn, tn],
+                           accumulate)
+        out = self.contract(lhs, rhs, acc, lead + [pm, pn // tn, tn, pk // p, p], operand, accumulate,
+                            unit_attr, callee)
+        return self.reshape("collapse", out, _tensor(lead + [pm, pn // tn, tn], accumulate), columns,
+                            lead + [pm, pn], accumulate)
+
     def contract(self, lhs: str, rhs: str, acc: str, loops: Sequence[int], operand: str, accumulate: str,
                  unit_attr: str, callee: str) -> str:
         """acc[.., m, n1, n2] += lhs[.., m, k, q] * rhs[.., n1, k, n2, q] over the loops (.., m, n1,
@@ -321,6 +342,11 @@ class _Body:
         lead_sizes, (pm, panels, tn, k2, p) = list(loops[:r]), loops[r:]
         types = [_tensor(lead_sizes + [pm, k2, p], operand), _tensor(lead_sizes + [panels, k2, tn, p], operand),
                  _tensor(lead_sizes + [pm, panels, tn], accumulate)]
+        return self._call_contraction(maps, types, unit_attr, callee, lhs, rhs, acc)
+
+    def _call_contraction(self, maps: str, types: list[str], unit_attr: str, callee: str,
+                          lhs: str, rhs: str, acc: str) -> str:
+        """The function ``callee`` (``self.callee``) holding the marked linalg.contract, and its call."""
         self.callee = templates.function(
             [f"%a: {types[0]}", f"%b: {types[1]}", f"%c: {types[2]}"], [types[2]],
             [f"%r = linalg.contract indexing_maps = {maps} {{{MATRIX_UNIT_ATTR} = {unit_attr}}} "
@@ -329,6 +355,19 @@ class _Body:
         out = self._name()
         self.lines.append(f"{out} = func.call @{callee}({lhs}, {rhs}, {acc}) : ({', '.join(types)}) -> {types[2]}")
         return out
+
+    def contract_rows(self, lhs: str, rhs: str, acc: str, loops: Sequence[int], operand: str, accumulate: str,
+                      unit_attr: str, callee: str) -> str:
+        """acc[.., m, n] += lhs[.., m, k, q] * rhs[.., k, q, n] over the loops (.., m, n, k, q):
+        the rhs as stored, as a call of ``callee`` holding the linalg.contract (see ``contract``)."""
+        r = len(loops) - 4
+        lead = [f"d{i}" for i in range(r)]
+        m, n, k, q = (f"d{r + i}" for i in range(4))
+        maps = _maps(len(loops), lead + [m, k, q], lead + [k, q, n], lead + [m, n])
+        lead_sizes, (pm, pn, k2, p) = list(loops[:r]), loops[r:]
+        types = [_tensor(lead_sizes + [pm, k2, p], operand), _tensor(lead_sizes + [k2, p, pn], operand),
+                 _tensor(lead_sizes + [pm, pn], accumulate)]
+        return self._call_contraction(maps, types, unit_attr, callee, lhs, rhs, acc)
 
     def slice(self, value: str, shape: Sequence[int], sizes: Sequence[int], element: str) -> str:
         if list(shape) == list(sizes):

@@ -3,7 +3,8 @@
 Target-neutral. A target describes each unit it has as a ``MatrixUnit`` (the host supplies
 AMX's and AVX-512 BF16's, a GPU mma.sync's); ``choose_matrix_mapping`` is the cost model,
 a pure function of one contraction (a matmul, or a convolution in its matmul form) and a
-unit, testable on its own. The stage that applies the choices is ``matrix_forms``.
+unit, testable on its own; ``choose_unit_mapping`` compares the estimated times of every
+unit and of the vector FMA path. The stage that applies the choices is ``matrix_forms``.
 
 A mapped contraction runs on padded, packed operands: the lhs as (M, K) rows and the rhs
 in the unit's k-packed layout (VNNI: pairs of k for bf16, quads for int8, side by side per
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Sequence
 
 # ``Options.precision``: how f32 matmuls and convolutions are computed.
 FP32 = "fp32"                        # exact f32 math
@@ -40,6 +42,14 @@ class UnitOp:
     tile: TileShape
     pack: int = 1
     macs_per_cycle: int = 0  # multiply-adds a core issues per cycle (0: unknown, copies cost nothing)
+    # The rhs read as stored, (K, N) rows, its pairs of k interleaved in registers: no packed
+    # copy of it per call, which a few rows of lhs do not amortize.
+    rhs_rows: bool = False
+    # With ``rhs_rows``: the kernel packs each block of columns of the rhs it computes into a
+    # buffer of at most this many bytes (in cache, read by every block of rows), instead of
+    # reading the rows into registers (0).
+    rhs_block_bytes: int = 0
+    registers: int = 1  # registers one accumulator (and one rhs) tile takes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +88,7 @@ class MatrixMapping:
     op: UnitOp
     blocking: tuple[int, int]
     padded: tuple[int, int, int]  # (m, n, k)
+    cycles: float = 0.0  # the cost model's time per core for the whole contraction
 
     @property
     def operand(self) -> str:
@@ -89,6 +100,10 @@ class MatrixMapping:
 # quarter keeps a margin; a matrix-vector product (one row padded to 16) stays off.
 MIN_EFFICIENCY = 0.25
 _COPY_BYTES_PER_CYCLE = 16  # a padded copy, read and written once, per core
+_STREAM_BYTES_PER_CYCLE = 8  # an operand read again from memory
+# A kernel packing the rhs: a load, an interleave and a store share per tile row (16 columns)
+# (int8 4 x 1024 x 1024: AMX packing as it went took 1.6x VPDPBUSD's time on B's rows).
+_PACK_CYCLES_PER_ROW = 2
 _BYTES = {"bf16": 2, "f16": 2, "i8": 1}
 
 
@@ -99,9 +114,20 @@ def unit_operand_types(c: Contraction, precision: str) -> tuple[str, str]:
     return c.lhs, c.rhs
 
 
+def choose_unit_mapping(c: Contraction, units: Sequence[MatrixUnit], fma_macs_per_cycle: int,
+                        precision: str = FP32) -> MatrixMapping | None:
+    """The fastest of ``units`` for ``c`` by the time model (``MatrixMapping.cycles``), or None
+    when the vector FMA path, ``fma_macs_per_cycle`` multiply-adds a cycle on the unpadded
+    problem, is estimated faster (a matrix-vector product; an int8 one of few rows)."""
+    mappings = [m for unit in units for m in [choose_matrix_mapping(c, unit, precision)] if m is not None]
+    best = min(mappings, key=lambda m: m.cycles, default=None)
+    fma_cycles = c.batch * c.m * c.n * c.k / fma_macs_per_cycle
+    return best if best is not None and best.cycles < fma_cycles else None
+
+
 def choose_matrix_mapping(c: Contraction, unit: MatrixUnit, precision: str = FP32) -> MatrixMapping | None:
-    """Map ``c`` onto ``unit``, or None when the unit does not compute its types or would waste
-    most of its work on padding.
+    """Map ``c`` onto the fastest of ``unit``'s products for its types, or None when the unit
+    does not compute them or would waste most of its work on padding.
 
     The unit's product must take the (precision-adjusted) operand types and accumulate in the
     contraction's own accumulator type, so the result is what the program asks for. Register
@@ -112,26 +138,63 @@ def choose_matrix_mapping(c: Contraction, unit: MatrixUnit, precision: str = FP3
     2 lhs + 2 rhs tiles).
     """
     lhs, rhs = unit_operand_types(c, precision)
-    op = unit.op_for(lhs, rhs)
-    if op is None or op.accumulate != c.accumulate or min(c.m, c.n, c.k) < 1:
+    mappings = [m for op in unit.ops if (op.lhs, op.rhs) == (lhs, rhs) and op.accumulate == c.accumulate
+                for m in [_mapping(c, unit, op)] if m is not None]
+    return min(mappings, key=lambda m: m.cycles, default=None)
+
+
+def _mapping(c: Contraction, unit: MatrixUnit, op: UnitOp) -> MatrixMapping | None:
+    if min(c.m, c.n, c.k) < 1:
         return None
     t = op.tile
-    best: tuple[float, tuple[int, int], tuple[int, int]] | None = None
+    pk = _round_up(c.k, t.k)
+    best: tuple[tuple[float, float], tuple[int, int], tuple[int, int]] | None = None
     for mb in range(1, unit.tile_registers):
         for nb in range(1, unit.tile_registers):
-            if mb * nb + mb + nb > unit.tile_registers:
+            if ((mb * nb + nb) * op.registers + mb > unit.tile_registers
+                    or op.rhs_block_bytes and nb * t.n * pk * _BYTES[op.rhs] > op.rhs_block_bytes):
                 continue
             padded = (_round_up(c.m, mb * t.m), _round_up(c.n, nb * t.n))
-            score = (mb * nb / (mb + nb)) * (c.m / padded[0]) * (c.n / padded[1]) * _unpadded_share(c, op, padded)
-            if best is None or score > best[0] + 1e-9:
+            reuse = mb * nb / (mb + nb)
+            if op.rhs_rows:  # the fastest block (the rhs is streamed once per block of rows), then the most reuse
+                score = (-round(_cycles(c, op, (mb, nb), (*padded, pk))), reuse)
+            else:
+                score = (round(reuse * (c.m / padded[0]) * (c.n / padded[1]) * _unpadded_share(c, op, padded), 9), 0)
+            if best is None or score > best[0]:
                 best = (score, (mb, nb), padded)
     if best is None:
         return None
     _, blocking, (pm, pn) = best
-    pk = _round_up(c.k, t.k)
     if c.m * c.n * c.k < MIN_EFFICIENCY * pm * pn * pk:
         return None
-    return MatrixMapping(unit.name, op, blocking, (pm, pn, pk))
+    return MatrixMapping(unit.name, op, blocking, (pm, pn, pk), _cycles(c, op, blocking, (pm, pn, pk)))
+
+
+def _cycles(c: Contraction, op: UnitOp, blocking: tuple[int, int], padded: tuple[int, int, int]) -> float:
+    """The time model: the padded products at the unit's rate, plus the copies made per call
+    (the rhs packed into k-panels; an operand padded to whole blocks) at
+    ``_COPY_BYTES_PER_CYCLE``, plus operands streamed again at ``_STREAM_BYTES_PER_CYCLE``: a
+    packed copy of the rhs read back, a rhs read as rows once more for each further block of
+    rows (16 x 1024 x 1024 bf16 in blocks of 2 rows ran 2.5x as long as AMX; int8 4 x 1024 x
+    1024 on AMX, B packed then read back, 2.6x as long as on VPDPBUSD reading B once), or,
+    where the kernel packs the rhs block by block, the lhs once more for each further block
+    of columns. A unit of unknown rate takes 1 multiply-add a cycle."""
+    pm, pn, pk = padded
+    mb, nb = blocking
+    products = pm * pn * pk / (op.macs_per_cycle or 1)
+    copied = c.k * c.n if not op.rhs_rows or (pk, pn) != (c.k, c.n) else 0
+    copied += c.m * c.k if (pm, pk) != (c.m, c.k) else 0
+    packing = 0.0
+    if op.rhs_block_bytes:  # each block of B packed in cache as the kernel goes; A read again per block
+        packing = c.k * c.n / op.tile.n * _PACK_CYCLES_PER_ROW
+        streamed = (pn // (nb * op.tile.n) - 1) * c.m * c.k
+    elif op.rhs_rows:  # B's rows read again per block of rows
+        streamed = (pm // mb - 1) * c.k * c.n
+    else:  # the packed copy of B read back
+        streamed = c.k * c.n
+    size = _BYTES.get(op.lhs, 4)
+    return c.batch * (products + packing + copied * size / _COPY_BYTES_PER_CYCLE
+                      + streamed * size / _STREAM_BYTES_PER_CYCLE)
 
 
 def _unpadded_share(c: Contraction, op: UnitOp, padded: tuple[int, int]) -> float:
@@ -142,10 +205,12 @@ def _unpadded_share(c: Contraction, op: UnitOp, padded: tuple[int, int]) -> floa
     if not op.macs_per_cycle:
         return 1.0
     products = padded[0] * padded[1] * _round_up(c.k, op.tile.k) / op.macs_per_cycle
+    # A packed rhs is copied anyway; one read as rows is copied by any padding of it.
+    unpadded_n = c.n if op.rhs_rows else _round_up(c.n, op.tile.n)
     copied = 0
     if padded[0] != _round_up(c.m, op.tile.m):
         copied += c.m * c.k
-    if padded[1] != _round_up(c.n, op.tile.n):
+    if padded[1] != unpadded_n:
         copied += c.k * c.n
     return products / (products + copied * _BYTES[op.lhs] / _COPY_BYTES_PER_CYCLE)
 

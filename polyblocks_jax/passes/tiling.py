@@ -80,6 +80,11 @@ class Hardware:
     cores: int = 1  # that parallel loops share out
     scales_by_exponent: bool = False  # y * 2^n on a vector is one instruction (AVX-512 VSCALEFPS)
 
+    @property
+    def fma_macs_per_cycle(self) -> int:
+        """f32 multiply-adds a core issues per cycle on vectors."""
+        return FMA_PER_CYCLE * self.vector_bits // 32
+
     def lanes(self, elem_bytes: int, extent: int = 0) -> int:
         """Elements per vector; for a dim of ``extent`` elements that the full width does not
         divide, the widest narrower vector that does, down to 128 bits: AVX-512 runs a layer
