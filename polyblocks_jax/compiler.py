@@ -86,7 +86,7 @@ def compile(program, options: Options | None = None,  # noqa: A001 (public API n
     if not options.in_process and runtime_callbacks.TARGET not in text:
         with logs.CompileReport(name, "compile worker") as report:
             exe = compile_workers.compile(compile_workers.Job(source, options, key, marks, donate_argnums), text,
-                                          report.stage)
+                                          report.follow)
             if exe is not None:
                 report.note = _objects_note(exe.timings)
     if exe is None:  # in process, or no worker could start (logged)
