@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from mlir import ir
 
+from polyblocks_jax import contexts
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.stablehlo_import import reader
 from polyblocks_jax.stablehlo_import.importer import ImportedProgram, Importer
@@ -22,7 +23,7 @@ __all__ = ["import_program", "ImportedProgram", "COMPLEX_CONVERTERS", "CONVERTER
 def import_program(program, context: ir.Context) -> ImportedProgram:
     """Convert ``program`` (text, VHLO bytes or jax Lowered) into a module owned by ``context``."""
     source = reader.program_source(program)
-    jctx = reader.new_context()
+    jctx = contexts.program_context()
     jmodule = reader.parse(source, jctx)
     with jctx, context, ir.Location.unknown(context):
         imported = Importer(jmodule).import_main()
