@@ -55,9 +55,13 @@ _OPTIMIZER_OPTIONS = ("-unroll-threshold=50", "-unroll-max-iteration-count-to-an
 # already; without it the models run as fast. x86's cmov converter (a select in a loop made
 # a jump over a move, when its condition looks predictable) is off: our scalar loops select
 # on data (a merge sort's next element), where a jump mispredicts half the time on random
-# data (sorting int32 rows ran 3x slower).
+# data (sorting int32 rows ran 3x slower). At -O0 (a tiny program, passes/work.py) the
+# instruction selection of whole blocks, not FastISel: FastISel fuses no multiply and add
+# marked contractible (passes/vectorize.py), so a*b+c differed in its last bit from the
+# code of the other levels and from XLA's; as fast (llc on tiny programs 1-2 ms either way,
+# where -O2 takes 6-15 ms; Xeon, loaded).
 _CODEGEN_OPTIONS = ("-combiner-store-merging=0", "-dag-maps-huge-region=100", "-disable-lsr",
-                    "-x86-cmov-converter=false")
+                    "-x86-cmov-converter=false", "-fast-isel=false")
 # Below this much IR a second part (a thread, or opt and llc processes) costs more than it saves.
 _SPLIT_BYTES = 256 << 10
 _LINKER = os.environ.get("CC", "cc")
