@@ -86,12 +86,13 @@ def compile(program, options: Options | None = None,  # noqa: A001 (public API n
     if not options.in_process and runtime_callbacks.TARGET not in text:
         with logs.CompileReport(name, "compile worker") as report:
             exe = compile_workers.compile(compile_workers.Job(source, options, key, marks, donate_argnums), text,
-                                          report.stage)
+                                          report.follow)
             if exe is not None:
                 report.note = _objects_note(exe.timings)
     if exe is None:  # in process, or no worker could start (logged)
         with logs.CompileReport(name, "in process") as report:
             exe = compile_in_process(source, options, key, marks, donate_argnums, report.stage)
+            exe.load()
             report.note = _objects_note(exe.timings)
     CACHE.put(key, exe)
     return exe
@@ -105,7 +106,8 @@ def _objects_note(timings: dict[str, float]) -> str:
 def compile_in_process(source: str | bytes, options: Options, key: str, marks: dict[int, int | None],
                        donate_argnums: Sequence[int] | None,
                        on_stage: Callable[[str], None] | None = None) -> Executable:
-    """Compile here, uncached (what a compile worker runs); ``on_stage`` is told each stage's name."""
+    """Compile here, uncached (what a compile worker runs), the code not loaded yet (the
+    worker only sends it); ``on_stage`` is told each stage's name."""
     with _cyclic_gc_paused():
         return _compile_uncached(source, options, key, marks, donate_argnums, on_stage or _ignore)
 

@@ -16,6 +16,7 @@ import os
 import re
 import threading
 import time
+from typing import Callable
 
 logger = logging.getLogger("polyblocks_jax")
 
@@ -48,19 +49,29 @@ def program_name(text: str) -> str:
 class CompileReport:
     """One compile's log lines: progress while it runs, then its outcome.
 
-    ``stage(name)`` records the stage under way (any thread); leaving the ``with`` block
-    logs the time taken, and ``note`` if set."""
+    ``stage(name)`` records the stage under way (any thread), or ``follow(stage_of)`` has it
+    read where it is kept (a compile worker's); leaving the ``with`` block logs the time
+    taken, and ``note`` if set."""
 
     def __init__(self, name: str, where: str) -> None:
         self.name, self.where = name, where
         self.note = ""
-        self.current: str | None = None
+        self._stage: str | None = None
+        self._stage_of: Callable[[], str | None] | None = None
         self._start = time.perf_counter()
         self._done = threading.Event()
         self._watcher: threading.Thread | None = None
 
     def stage(self, name: str) -> None:
-        self.current = name
+        self._stage = name
+
+    def follow(self, stage_of: Callable[[], str | None]) -> None:
+        self._stage_of = stage_of
+
+    @property
+    def current(self) -> str | None:
+        """The stage under way."""
+        return self._stage_of() if self._stage_of is not None else self._stage
 
     def __enter__(self) -> "CompileReport":
         if logger.isEnabledFor(logging.WARNING):

@@ -179,6 +179,19 @@ class CodegenTest(parameterized.TestCase):
         self.assertNotIn("NEEDED", dynamic)
         support.assert_close(self, list(exe(x)), [x * 2.0 + 1.0])
 
+    def test_a_link_names_only_the_libraries_defining_what_the_code_calls(self):
+        from polyblocks_jax.cpu.executable import openmp_runtime
+        libm, libc = codegen._system_libraries(codegen._LINKER)
+        self.assertEqual(codegen._libraries(set(), openmp_runtime()), ())
+        self.assertEqual(codegen._libraries({"sinf"}, openmp_runtime()), (libm,))
+        self.assertEqual(codegen._libraries({"memcpy", "expf"}, openmp_runtime()), (libm, libc))
+        with_openmp = codegen._libraries({"__kmpc_fork_call", "memset"}, openmp_runtime())
+        self.assertIn("-lomp", with_openmp)
+        self.assertNotIn(libm, with_openmp)
+        # a builtin none of them defines: every library, libgcc's builtins among them
+        self.assertEqual(codegen._libraries({"__udivti3", "memcpy"}, openmp_runtime())[-3:],
+                         codegen._linker(codegen._LINKER)[1][-3:])
+
     def test_undefined_symbols_of_objects(self):
         library = codegen.in_process_llvm()
         caller = library.object_code("declare float @expf(float)\ndeclare void @g()\n"

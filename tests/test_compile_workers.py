@@ -230,5 +230,18 @@ class ConcurrencyTest(absltest.TestCase):
         self.assertIn("bufferize", exe.timings)
 
 
+class LoadTest(absltest.TestCase):
+    def test_a_worker_never_loads_the_code_it_sends_and_the_caller_loads_it_at_once(self):
+        fn = lambda a: jnp.sin(a) * 3.0
+        x = np.linspace(-2, 2, 64, dtype=np.float32)
+        source = _lowered(fn, x).as_text()
+        built = compiler.compile_in_process(source, pb.Options(), "k", {}, None)  # what a worker runs
+        self.assertIsNone(built._exe._dll)
+        received = compiler.deserialize(built.serialize())
+        self.assertIsNotNone(received._exe._dll)
+        support.assert_close(self, list(received(x)), support.xla_cpu(fn, x))
+        support.assert_close(self, list(built(x)), support.xla_cpu(fn, x))  # loaded at its first call
+
+
 if __name__ == "__main__":
     absltest.main()

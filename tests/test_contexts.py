@@ -1,6 +1,6 @@
 """The upstream MLIR context compiles build their IR in (polyblocks_jax/contexts.py): kept
-by a thread for its next compiles, with its pass managers, and replaced after a bounded
-number; programs compiled one after another in it compute what XLA computes."""
+by a thread for its next compiles, with its pass managers and the jaxlib context programs
+are read in, and replaced after a bounded number; programs compiled one after another in it compute what XLA computes."""
 import threading
 from unittest import mock
 
@@ -25,6 +25,18 @@ class CompileContextTest(absltest.TestCase):
             with contexts.compile_context() as third:  # the third compile: a fresh context
                 self.assertIsNot(third, first)
                 self.assertIsNot(contexts.pass_manager("builtin.module(canonicalize)", third), pm)
+
+    def test_a_thread_keeps_its_program_context_as_long_as_its_compile_context(self):
+        with mock.patch.object(contexts, "MAX_COMPILES", 2), mock.patch.object(contexts, "_slot", contexts._Slot()), \
+                mock.patch.object(contexts, "_keep", True):
+            with contexts.compile_context():
+                first = contexts.program_context()
+            with contexts.compile_context():
+                self.assertIs(contexts.program_context(), first)
+            with contexts.compile_context():
+                self.assertIsNot(contexts.program_context(), first)
+        with mock.patch.object(contexts, "_keep", False):
+            self.assertIsNot(contexts.program_context(), contexts.program_context())
 
     def test_outside_a_worker_each_compile_has_a_fresh_context(self):
         with mock.patch.object(contexts, "_keep", False):

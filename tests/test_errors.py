@@ -147,6 +147,23 @@ class InvalidIrTest(absltest.TestCase):
                                      "  return %c : f32\n}")
             timings = run_stages(module, [Stage("unverified", break_result_type_quietly)], Options())
             self.assertEqual(list(timings), ["unverified"])
+
+    def test_stage_of_upstream_pipelines_only_is_not_verified(self):
+        # Stage(verify=False) signs that only upstream pipelines change the module (to-llvm):
+        # this one lies too, to show that nothing checks after it.
+        from mlir import ir
+        from polyblocks_jax.options import Options
+        from polyblocks_jax.passes import Stage, run_stages
+
+        def break_result_type(module, options):
+            function = module.body.operations[0]
+            function.attributes["function_type"] = ir.TypeAttr.get(
+                ir.FunctionType.get([], [ir.IntegerType.get_signless(32)]))
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse("func.func @f() -> f32 {\n  %c = arith.constant 1.0 : f32\n"
+                                     "  return %c : f32\n}")
+            timings = run_stages(module, [Stage("upstream-only", break_result_type, verify=False)], Options())
+            self.assertEqual(list(timings), ["upstream-only"])
             with self.assertRaises(ir.MLIRError):  # invalid indeed, and run_stages did not look
                 module.operation.verify()
 

@@ -122,6 +122,30 @@ class FastTierTest(absltest.TestCase):
         for stage in _SKIPPED:
             self.assertIn(stage, exe.timings)
 
+    def test_the_fast_tier_computes_bit_for_bit_what_the_whole_pipeline_does(self):
+        # Skipped stages and LLVM's level change no numerics: no new contraction of a
+        # multiply and an add, no other order of a sum. Each program is small or tiny.
+        x, y, z = _normal(8, 16), _normal(8, 16), _normal(8, 16)
+        programs = {
+            "multiply-add": (lambda a, b, c: a * b + c, (x, y, z)),
+            "softmax": (lambda a: jax.nn.softmax(a, axis=-1), (x,)),
+            "row sums": (lambda a, b, c: (a * b).sum(axis=1) + c.sum(axis=1), (x, y, z)),
+            "mean of squares": (lambda a, b: jnp.mean(jnp.square(a - b)), (x, y)),
+            "matmul-add": (lambda a, b: a @ b.T + 1.5, (x, y)),
+            "tanh-gelu": (lambda a, b, c: jax.nn.gelu(a) * jnp.tanh(b) - c, (x, y, z)),
+            "cumsum": (lambda a, b: jnp.cumsum(a * b, axis=1), (x, y)),
+        }
+        full = pb.Options(fast_tier=False)
+        for name, (fn, args) in programs.items():
+            with self.subTest(name):
+                fast_exe, _ = self._compiled(fn, *args)
+                self.assertNotIn("outline", fast_exe.timings)
+                full_exe, _ = self._compiled(fn, *args, options=full)
+                self.assertIn("outline", full_exe.timings)
+                for got, want in zip(fast_exe(*args), full_exe(*args)):
+                    np.testing.assert_array_equal(got, want)
+                support.assert_close(self, list(fast_exe(*args)), support.xla_cpu(fn, *args))
+
     def test_the_estimate_shows_in_the_dump(self):
         x = _normal(8, 8)
         with tempfile.TemporaryDirectory() as dump:

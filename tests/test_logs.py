@@ -1,6 +1,7 @@
 """Logging: one INFO line per compile with its time and cache outcome, progress for long
 compiles, POLYBLOCKS_LOG setting the level, silence by default."""
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -49,6 +50,16 @@ class CompileLogTest(absltest.TestCase):
         self.assertLen(warnings, 1)
         self.assertRegex(warnings[0], r"compiling jit__layers has taken \d+ s so far \(stage [\w-]+\)")
         self.assertRegex(logged.output[-1], r"compiled jit__layers in [0-9.]+ s \(in process; objects cached: \d of \d\)")
+
+    def test_a_compile_in_a_worker_reports_the_stage_the_worker_is_in(self):
+        # the worker sends no message per stage: the report reads its stage slot
+        lowered = _lowered(_layers, np.ones((80, 80), np.float32))
+        with mock.patch.object(logs, "PROGRESS_S", 0.01), self.assertLogs("polyblocks_jax", "INFO") as logged:
+            pb.compile(lowered)
+        progress = [line for line in logged.output if line.startswith("INFO") and "compiling jit__layers" in line]
+        self.assertTrue(progress, logged.output)
+        self.assertTrue(any(re.search(r", stage [\w-]+$", line) for line in progress), progress)
+        self.assertRegex(logged.output[-1], r"compiled jit__layers in [0-9.]+ s \(compile worker; ")
 
     def test_program_name(self):
         self.assertEqual(logs.program_name('module @jit_f attributes {x = 1} {\n}'), "jit_f")

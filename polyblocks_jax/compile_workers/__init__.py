@@ -29,11 +29,12 @@ from polyblocks_jax.runtime.executable import Executable
 __all__ = ["Job", "compile", "prestart"]
 
 
-def compile(job: Job, text: str, on_stage: Callable[[str], None] | None = None  # noqa: A001 (the driver's verb)
-            ) -> Executable | None:
+def compile(job: Job, text: str,  # noqa: A001 (the driver's verb)
+            follow: Callable[[Callable[[], str | None]], None] | None = None) -> Executable | None:
     """``job`` compiled in a worker (``text``: the program without locations, for a reproducer;
-    ``on_stage``: told each stage's name as the worker starts it); None when no worker can start."""
-    return POOL.compile(job, text, on_stage)
+    ``follow``: given, once a worker has the job, the function that reads the stage it is in);
+    None when no worker can start."""
+    return POOL.compile(job, text, follow)
 
 
 def prestart() -> None:

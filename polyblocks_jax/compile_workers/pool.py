@@ -35,11 +35,12 @@ class Worker:
     def __init__(self, memory_limit: int) -> None:
         job_out, job_in = os.pipe()
         reply_out, reply_in = os.pipe()
+        self._stage, stage_fd = protocol.StageSlot.create()
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-P", "-X", "faulthandler", "-m", "polyblocks_jax.compile_workers.worker",
-                 str(job_out), str(reply_in)],
-                pass_fds=(job_out, reply_in), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                 str(job_out), str(reply_in), str(stage_fd)],
+                pass_fds=(job_out, reply_in, stage_fd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, env=_environment(), start_new_session=True)
         except BaseException:
             os.close(job_in)
@@ -48,13 +49,13 @@ class Worker:
         finally:  # the worker's ends
             os.close(job_out)
             os.close(reply_in)
+            os.close(stage_fd)
         self._jobs, self._replies = protocol.writer(job_in), protocol.reader(reply_out)
         self.memory_limit = memory_limit
         self.memory_exceeded: int | None = None  # the resident bytes it was stopped at
         self._job_running = False
         self._job_started = threading.Event()  # wakes the memory watcher from its idle wait
         self.ready = False
-        self.stage: str | None = None  # the stage of the job under way, as the worker reported it
         self._output: collections.deque[bytes] = collections.deque(maxlen=_OUTPUT_LINES)
         self._forwarder = threading.Thread(target=self._forward_output, name="polyblocks-compile-worker-output",
                                            daemon=True)
@@ -62,6 +63,11 @@ class Worker:
         if memory_limit:
             threading.Thread(target=self._watch_memory, name="polyblocks-compile-worker-memory",
                              daemon=True).start()
+
+    @property
+    def stage(self) -> str | None:
+        """The stage of the job under way (or of the last job), as the worker wrote it."""
+        return self._stage.read()
 
     @property
     def pid(self) -> int:
@@ -89,20 +95,19 @@ class Worker:
         self.ready = True
         return None
 
-    def compile(self, job: protocol.Job, text: str, on_stage: Callable[[str], None] | None = None) -> Executable:
-        """Run ``job``; raises what the compile raised, or a CompilationError if the worker died."""
-        self.stage = None
+    def compile(self, job: protocol.Job, text: str,
+                follow: Callable[[Callable[[], str | None]], None] | None = None) -> Executable:
+        """Run ``job``; raises what the compile raised, or a CompilationError if the worker died.
+        ``follow`` is given the function that reads the stage under way."""
+        self._stage.write(None)
         self._output.clear()
         self._job_running = True
         self._job_started.set()
+        if follow is not None:
+            follow(self._stage.read)
         try:
             self._jobs.send(job)
             reply = self._replies.recv()
-            while reply[0] == protocol.STAGE:
-                self.stage = reply[1]
-                if on_stage is not None:
-                    on_stage(self.stage)
-                reply = self._replies.recv()
         except (EOFError, OSError):
             raise self._crash_error(job, text) from None
         except BaseException:  # interrupted here: the worker's state is unknown
@@ -196,8 +201,8 @@ class Pool:
         self._changed = threading.Condition()
 
     def compile(self, job: protocol.Job, text: str,
-                on_stage: Callable[[str], None] | None = None) -> Executable | None:
-        """Compile ``job`` in a worker; None if no worker can start."""
+                follow: Callable[[Callable[[], str | None]], None] | None = None) -> Executable | None:
+        """Compile ``job`` in a worker (``follow``: see ``Worker.compile``); None if no worker can start."""
         worker = self._acquire()
         if worker is None:
             return None
@@ -206,7 +211,7 @@ class Pool:
             if failure is not None:
                 self._give_up(failure)
                 return None
-            return worker.compile(job, text, on_stage)
+            return worker.compile(job, text, follow)
         finally:
             self._release(worker)
 

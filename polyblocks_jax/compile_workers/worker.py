@@ -1,19 +1,23 @@
-"""A compile worker's process: ``python -m polyblocks_jax.compile_workers.worker REQUESTS REPLIES``.
+"""A compile worker's process: ``python -m polyblocks_jax.compile_workers.worker REQUESTS REPLIES STAGE``.
 
-Reads jobs from the pipe ``REQUESTS`` and answers on ``REPLIES`` (file descriptors its
-parent passed; see ``protocol``) until its parent closes the requests. It imports the
+Reads jobs from the pipe ``REQUESTS`` and answers on ``REPLIES``, writing the stage under
+way in the slot ``STAGE`` (file descriptors its parent passed; see ``protocol``) until its
+parent closes the requests. It imports the
 compiler, not jax: it compiles what it is handed, with the options it is handed, and runs
 LLVM in its own process (``cpu.codegen.load_llvm``).
 """
 from __future__ import annotations
 
+import os
 import sys
 
 from polyblocks_jax.compile_workers import protocol
 
 
-def main(requests_fd: int, replies_fd: int) -> None:
+def main(requests_fd: int, replies_fd: int, stage_fd: int) -> None:
     requests, replies = protocol.reader(requests_fd), protocol.writer(replies_fd)
+    stage = protocol.StageSlot(stage_fd)
+    os.close(stage_fd)  # mapped
     from polyblocks_jax import compiler, contexts
     from polyblocks_jax.cpu import codegen, host
     codegen.load_llvm()  # a crash of LLVM here ends this process, not the user's
@@ -24,7 +28,7 @@ def main(requests_fd: int, replies_fd: int) -> None:
             job = requests.recv()
         except EOFError:  # the parent closed the pipe, or exited
             return
-        replies.send(_compile(compiler, job, lambda stage: replies.send((protocol.STAGE, stage))))
+        replies.send(_compile(compiler, job, stage.write))
 
 
 def _compile(compiler, job: protocol.Job, on_stage) -> tuple:
@@ -36,4 +40,4 @@ def _compile(compiler, job: protocol.Job, on_stage) -> tuple:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))

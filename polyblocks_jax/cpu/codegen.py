@@ -55,9 +55,13 @@ _OPTIMIZER_OPTIONS = ("-unroll-threshold=50", "-unroll-max-iteration-count-to-an
 # already; without it the models run as fast. x86's cmov converter (a select in a loop made
 # a jump over a move, when its condition looks predictable) is off: our scalar loops select
 # on data (a merge sort's next element), where a jump mispredicts half the time on random
-# data (sorting int32 rows ran 3x slower).
+# data (sorting int32 rows ran 3x slower). At -O0 (a tiny program, passes/work.py) the
+# instruction selection of whole blocks, not FastISel: FastISel fuses no multiply and add
+# marked contractible (passes/vectorize.py), so a*b+c differed in its last bit from the
+# code of the other levels and from XLA's; as fast (llc on tiny programs 1-2 ms either way,
+# where -O2 takes 6-15 ms; Xeon, loaded).
 _CODEGEN_OPTIONS = ("-combiner-store-merging=0", "-dag-maps-huge-region=100", "-disable-lsr",
-                    "-x86-cmov-converter=false")
+                    "-x86-cmov-converter=false", "-fast-isel=false")
 # Below this much IR a second part (a thread, or opt and llc processes) costs more than it saves.
 _SPLIT_BYTES = 256 << 10
 _LINKER = os.environ.get("CC", "cc")
@@ -115,14 +119,8 @@ def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int,
             _run([_LINKER, "-c", constants.assembly(blobs, tmp), "-o", data], "constants", timings)
             objects.append(data)
         library = os.path.join(tmp, "main.so")
-        linker, libraries = _linker(_LINKER)
-        # Code that calls nothing outside itself (most small programs) links alone: --as-needed
-        # would drop every library anyway, after the linker had read them all.
-        if elf.undefined_symbols(codes):
-            runtime = os.path.dirname(openmp_runtime)
-            libraries = (f"-L{runtime}", "-lomp", "-rpath", runtime, *libraries)
-        else:
-            libraries = ()
+        linker = _linker(_LINKER)[0]
+        libraries = _libraries(elf.undefined_symbols(codes), openmp_runtime)
         _run([*linker, "-o", library, *objects, *libraries], "link", timings)
         with open(library, "rb") as f:
             return f.read()
@@ -202,6 +200,40 @@ def _linker(driver: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
                      if line.startswith("libraries: =")), "")
     folders = [f"-L{folder}" for folder in searched.split(":") if folder]
     return (ld, "-shared", "--eh-frame-hdr", "--as-needed"), (*folders, "-lm", builtins, "-lc")
+
+
+def _libraries(undefined: set[str], openmp_runtime: str) -> tuple[str, ...]:
+    """What the link of code calling ``undefined`` names: no library for code that calls
+    nothing outside itself (--as-needed would drop them all, after the linker had read them);
+    else those of the OpenMP runtime, libm and libc that define something it calls, by path;
+    all of ``_linker``'s if something it calls is in none of those (a builtin of libgcc's).
+    The linker's time is mostly reading the libraries' symbols: a small program calling sinf
+    and the OpenMP runtime linked in 11 ms with them all, 5 ms with those two."""
+    if not undefined:
+        return ()
+    runtime = os.path.dirname(openmp_runtime)
+    openmp = (f"-L{runtime}", "-lomp", "-rpath", runtime)
+    named: list[str] = []
+    covered: set[str] = set()
+    for path, arguments in ((openmp_runtime, openmp), *((path, (path,)) for path in _system_libraries(_LINKER))):
+        symbols = _defined_symbols(path)
+        if undefined & symbols:
+            named += arguments
+            covered |= symbols
+    return tuple(named) if undefined <= covered else (*openmp, *_linker(_LINKER)[1])
+
+
+@functools.cache
+def _system_libraries(driver: str) -> tuple[str, ...]:
+    """The paths of libm and libc that ``driver`` (the C compiler) links, those it finds."""
+    paths = (_run([driver, f"-print-file-name={name}"], "link").strip() for name in ("libm.so.6", "libc.so.6"))
+    return tuple(path for path in paths if os.path.isabs(path))
+
+
+@functools.cache
+def _defined_symbols(path: str) -> frozenset[str]:
+    with open(path, "rb") as f:
+        return elf.defined_dynamic_symbols(f.read())
 
 
 def _run(command: list[str], stage: str, timings: dict[str, float] | None = None, name: str | None = None) -> str:

@@ -139,12 +139,27 @@ class CpuExecutable:
         self._idle_arenas: list[np.ndarray] = []
         self._arena_lock = threading.Lock()
         arena = [TensorSpec((arena_bytes,), dtypes.dtype("ui8"))] if arena_bytes else []
-        specs = self.inputs + fresh_outputs + arena
-        self._dll = _load(library)  # owns the code that _entry points into
-        self.descriptors = hasattr(self._dll, _DESCRIPTOR_ENTRY)
-        self._factories = [DescriptorFactory(s) for s in specs] if self.descriptors else None
-        self._entry = getattr(self._dll, _DESCRIPTOR_ENTRY if self.descriptors else _BARE_ENTRY)
-        self._entry.restype, self._entry.argtypes = None, [ctypes.c_void_p] * len(specs)
+        self._specs = self.inputs + fresh_outputs + arena
+        self._load_lock = threading.Lock()
+        self._dll: ctypes.CDLL | None = None  # owns the code that _entry points into
+
+    def load(self) -> None:
+        """``dlopen`` the library, once: at the first call, unless done before. A compile
+        worker builds executables only to send their bytes, and never loads them."""
+        with self._load_lock:
+            if self._dll is not None:
+                return
+            dll = _load(self.library)
+            self._descriptors = hasattr(dll, _DESCRIPTOR_ENTRY)
+            self._factories = [DescriptorFactory(s) for s in self._specs] if self._descriptors else None
+            self._entry = getattr(dll, _DESCRIPTOR_ENTRY if self._descriptors else _BARE_ENTRY)
+            self._entry.restype, self._entry.argtypes = None, [ctypes.c_void_p] * len(self._specs)
+            self._dll = dll
+
+    @property
+    def descriptors(self) -> bool:
+        self.load()
+        return self._descriptors
 
     @property
     def entry_address(self) -> int | None:
@@ -167,6 +182,8 @@ class CpuExecutable:
 
     def run_addresses(self, data: Sequence[int]) -> None:
         """``run`` on data addresses: the inputs, then the outputs that alias no input (the plugin's path)."""
+        if self._dll is None:
+            self.load()
         arena = self._take_arena() if self.arena_bytes else None
         choose_teams()
         try:

@@ -49,6 +49,10 @@ class Executable:
         self.donated = frozenset(donated)
         self.host_callbacks = tuple(host_callbacks)
 
+    def load(self) -> None:
+        """Load the code now rather than at the first call: a library that cannot load fails here."""
+        self._exe.load()
+
     @property
     def inputs(self) -> list[TensorSpec]:
         return self._exe.inputs
@@ -146,6 +150,7 @@ def deserialize(data: bytes) -> Executable:
         raise InvalidProgramError(f"polyblocks executable built for {target!r}, "
                                   f"this host is {host().description()!r}")
     code = CpuExecutable(library, inputs, outputs, aliases, overwritten, arena)
+    code.load()  # a library that does not load: an error now, not at the first call
     return Executable(code, key, {}, donated)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from mlir import ir
 
+from polyblocks_jax import contexts
 from polyblocks_jax.errors import CompilationError
 from polyblocks_jax.stablehlo_import import reader
 from polyblocks_jax.stablehlo_import.importer import ImportedProgram, Importer
@@ -19,7 +20,7 @@ from polyblocks_jax.stablehlo_import import (  # noqa: F401
 def import_program(program, context: ir.Context) -> ImportedProgram:
     """Convert ``program`` (text, VHLO bytes or jax Lowered) into a module owned by ``context``."""
     source = reader.program_source(program)
-    jctx = reader.new_context()
+    jctx = contexts.program_context()
     jmodule = reader.parse(source, jctx)
     with jctx, context, ir.Location.unknown(context):
         imported = Importer(jmodule).import_main()
