@@ -49,6 +49,14 @@ class RegisterTileTest(parameterized.TestCase):
         # that divide the width with two of AVX2's 16 registers kept for scheduled loads.
         self.assertEqual(choose_conv_tiles(56, 64, 64, 4, AVX2, depthwise=True).width, 8)
 
+    def test_pooling_prefers_channels(self):
+        # A pooling has no kernel vector to reuse over pixels: all 64 channels of a pixel
+        # (contiguous) per step, as many pixels as its latency needs, on either target.
+        for hw in (AVX2, AVX512):
+            t = choose_conv_tiles(56, 64, 64, 4, hw, depthwise=True, pooling=True)
+            self.assertEqual(t.channels, min(64, 4 * hw.lanes(4)), hw)
+            self.assertGreaterEqual(t.width * t.channels // hw.lanes(4), 8)
+
 
 def _conv_after_stage(lhs_shape, rhs_shape, strides=(1, 1), padding="VALID", hw: Hardware = AVX2,
                       numbers=_NHWC, stage: str = "convs-to-matmuls") -> str:

@@ -141,6 +141,23 @@ class ElementwiseFusionTest(absltest.TestCase):
         self.assertNotIn("tensor.extract", str(exps[0]))
         support.check_against_xla(self, lookup, table, ids)
 
+    def test_gathers_of_gathers_are_one_gather(self):
+        # A nearest-neighbour upsampling gathers rows, then columns of the gathered rows
+        # (each read twice): fused, one gather from the image and no intermediate; an
+        # embedding lookup of a lookup (out-of-range rows filled) too.
+        rng = np.random.default_rng(8)
+        x = rng.standard_normal((2, 8, 8, 4), np.float32)
+        table, ids = rng.standard_normal((8, 16), np.float32), rng.integers(-2, 10, (3, 12)).astype(np.int32)
+
+        def gathers(x, table, ids):
+            return (jax.image.resize(x, (2, 16, 24, 4), "nearest"),
+                    jnp.take(jnp.take(table, ids[0], axis=0, mode="clip"), ids[1:], axis=0))
+        module = _after("fusion", gathers, x, table, ids)
+        gathers_seen = [op for op in walk(module.operation)
+                        if op.name == "linalg.generic" and "tensor.extract" in str(op)]
+        self.assertLen(gathers_seen, 2)
+        support.check_against_xla(self, gathers, x, table, ids)
+
     def test_shared_functions_of_constants_are_copied_within_a_budget(self):
         # Each step reads the last twice: copying every function of constants to each use
         # gave every path through this DAG generics of its own (jax.scipy.linalg.invpascal's

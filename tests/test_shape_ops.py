@@ -7,6 +7,7 @@ each test checks several cases in one compile (one output per case).
 import ml_dtypes
 import numpy as np
 from absl.testing import absltest, parameterized
+import jax.numpy as jnp
 from jax import lax
 
 import support
@@ -153,6 +154,25 @@ class SliceConcatenateTest(parameterized.TestCase):
             ((2, 3, 4), lambda x: lax.concatenate([x, lax.rev(x, (2,))], 2)),
             ((2, 3, 1, 2), lambda x: lax.concatenate([x, x], 2)),
             ((0, 3), lambda x: lax.concatenate([x, x], 1)),
+        ])
+
+    @parameterized.named_parameters(*DTYPE_PARAMS)
+    def test_slices_of_concatenations(self, dtype):
+        # Read from the parts (passes/sliced_concatenations.py): within one part, across
+        # parts, a concatenation read besides its slices, of concatenations, rank-reducing.
+        def both(x):
+            c = lax.concatenate([x, lax.rev(x, (1,))], 1)
+            return c, lax.slice(c, (0, 2), (3, 6))
+        _check_cases(self, dtype, [
+            ((2, 9, 7, 3), lambda x: jnp.pad(x, ((0, 0), (3, 3), (3, 3), (0, 0)), mode="reflect")),
+            ((5, 6), lambda x: jnp.pad(x, ((2, 4), (5, 1)), mode="symmetric")),
+            ((4, 5), lambda x: jnp.pad(x, ((3, 3), (6, 2)), mode="wrap")),
+            ((3, 4), lambda x: jnp.pad(x, ((1, 2), (2, 1)), mode="edge")),
+            ((4, 5), lambda x: lax.slice(lax.concatenate([x, lax.rev(x, (0,)), x], 0), (3, 1), (9, 4))),
+            ((4, 5), lambda x: lax.concatenate([lax.concatenate([x, lax.rev(x, (1,))], 1), x], 1)[:, 3:8]),
+            ((3, 4), both),
+            ((3, 4), lambda x: lax.concatenate([x, lax.rev(x, (1,))], 0)[4]),
+            ((3, 4), lambda x: lax.concatenate([x, lax.rev(x, (1,))], 0)[:, 1]),
         ])
 
 

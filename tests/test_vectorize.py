@@ -405,6 +405,32 @@ def _max_pool_3x3_2(x):
     return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))
 
 
+class PrivateInitsTest(absltest.TestCase):
+    def test_parallel_iterations_fill_their_own_accumulators(self):
+        # Pairwise IoU: per image (the cores' loop), the product over each pair's two
+        # overlaps starts from a fill of ones, made in the loop, not copied from one shared.
+        boxes = np.abs(np.random.default_rng(9).standard_normal((4, 64, 4), np.float32))
+
+        def iou(b):
+            lo = jnp.maximum(b[:, :, None, :2], b[:, None, :, :2])
+            hi = jnp.minimum(b[:, :, None, 2:], b[:, None, :, 2:])
+            inter = jnp.prod(jnp.clip(hi - lo, 0), -1)
+            area = jnp.prod(b[..., 2:] - b[..., :2], -1)
+            return inter / (area[:, :, None] + area[:, None, :] - inter)
+        module = support.module_after("vectorize", iou, boxes, hardware=AVX512)
+        foralls = [op for op in walk(module.operation) if op.name == "scf.forall"]
+        self.assertNotEmpty(foralls)
+        for loop in foralls:
+            for op in walk(loop):
+                if op.name == "scf.for":
+                    for init in list(op.operands)[3:]:
+                        fill = init.owner
+                        if isinstance(fill, ir.OpView) and fill.name == "linalg.fill":
+                            self.assertTrue(any(fill.operation == o for o in walk(loop)),
+                                            "a fill shared by the iterations")
+        support.check_against_xla(self, iou, boxes)
+
+
 class CopyVectorsTest(parameterized.TestCase):
     """Copies between views and fills of other values than zero, as vector loops
     (``passes/copies.py`` ``vectorize_copies``); LLVM's loop idioms turn the rest into

@@ -18,6 +18,7 @@ from polyblocks_jax.passes.matrix_forms import inline_matrix_units, map_matrix_u
 from polyblocks_jax.passes.pipeline import Stage, run_stages
 from polyblocks_jax.passes.results import drop_aliased_results, prepare_results, reshaped_results_in_place
 from polyblocks_jax.passes.shared_layers import inline_shared_layers, share_repeated_layers
+from polyblocks_jax.passes.sliced_concatenations import slice_concatenations
 from polyblocks_jax.passes.tile_fusion import contractions_into_groups, tile_and_fuse
 from polyblocks_jax.passes.tiling import Hardware, tile_contractions
 from polyblocks_jax.passes.transposed_products import swap_transposed_products
@@ -46,6 +47,9 @@ def shared_stages(options: Options, hardware: Hardware, small: bool = False) -> 
         # Ops over tensors of no elements give their inits back: no stage after tiles a loop
         # of no iterations (upstream tiling aborts on one).
         Stage("empty-loops", fold_empty_loops),
+        # Slices of a concatenation read from its parts (a reflection padding's edges): the
+        # concatenation is then read once, and built in its reader's buffer.
+        Stage("sliced-concatenations", slice_concatenations),
     ]
     # A transposed product computed transposed (B^T A^T): no pass over the result to move it.
     stages.append(Stage("transposed-products", swap_transposed_products))

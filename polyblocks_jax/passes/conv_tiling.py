@@ -52,13 +52,17 @@ class ConvTiles:
 
 
 def choose_conv_tiles(out_width: int, out_channels: int, in_channels: int, elem_bytes: int,
-                      hw: Hardware, depthwise: bool = False) -> ConvTiles | None:
-    """Tiles for an NHWC convolution, or None when the channels do not fill a vector.
+                      hw: Hardware, depthwise: bool = False, pooling: bool = False) -> ConvTiles | None:
+    """Tiles for an NHWC convolution (a ``pooling``: depthwise, without kernel), or None when
+    the channels do not fill a vector.
 
     Pixels (dividing the width) by vectors (dividing the channels), with registers left for
     the kernel vectors, one input operand and the loads LLVM schedules ahead in the unrolled
     input channels (an eighth of the registers: without them the accumulators spill); input
     channels: the largest divisor up to a bound (each is one unrolled outer product per pixel).
+    A pooling loads one input vector per add whatever the tile (no kernel vector serves its
+    pixels); of its tiles of equal cost, the most vectors of channels: each pixel's contiguous
+    channels read in one go, not a cache line of each of many pixels apart.
     """
     lanes = hw.lanes(elem_bytes, out_channels)
     registers = hw.vector_registers - hw.vector_registers // 8
@@ -67,7 +71,10 @@ def choose_conv_tiles(out_width: int, out_channels: int, in_channels: int, elem_
              and width * vectors + vectors + 1 <= registers]
     if not tiles:
         return None
-    width, vectors = min(tiles, key=lambda t: (cycles_per_fma(*t, depthwise), -t[0] * t[1]))
+    if pooling:
+        width, vectors = min(tiles, key=lambda t: (cycles_per_fma(*t, True, kernel=False), -t[1], -t[0]))
+    else:
+        width, vectors = min(tiles, key=lambda t: (cycles_per_fma(*t, depthwise), -t[0] * t[1]))
     reduce = 1 if depthwise else _largest_divisor(in_channels, _MAX_INPUT_CHANNELS)
     return ConvTiles(width, vectors * lanes, reduce)
 
@@ -89,7 +96,7 @@ def loop_tiles(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozens
         return None
     _, _, ow, f = types[2].shape
     c = types[0].shape[-1]
-    t = choose_conv_tiles(ow, f, c, 4, hw, depthwise)
+    t = choose_conv_tiles(ow, f, c, 4, hw, depthwise, op.name in POOLINGS)
     if t is None:
         return None
     # Loops: conv (n, oh, ow, f, kh, kw, c); depthwise (n, oh, ow, c, kh, kw).

@@ -9,7 +9,11 @@ left without uses is dead code.
 Upstream fusion leaves these alone: it fuses through operands, not through extracts.
 
 Only where the gather reads no more elements than the producer writes (a gather reading the
-same element many times, an embedding table's rows, would compute it many times).
+same element many times, an embedding table's rows, would compute it many times), or where
+the producer only moves data: a gather itself, whose element costs a few integer ops and a
+load wherever it is read, as much as reading it back. A nearest-neighbour resize gathers
+rows, then columns of the gathered rows: the columns read each row twice, and fused, the
+resize is one gather from the image, with no intermediate of half the result's size.
 """
 from __future__ import annotations
 
@@ -61,7 +65,22 @@ def _fusible(extract: ir.Operation, producer: ir.Operation) -> bool:
         return False
     consumer = extract.parent
     result_type = ir.RankedTensorType(producer.results[0].type)
-    return result_type.has_static_shape and _iterations(consumer) <= math.prod(result_type.shape)
+    return result_type.has_static_shape and (_iterations(consumer) <= math.prod(result_type.shape)
+                                             or _moves_data(block))
+
+
+def _moves_data(block: ir.Block) -> bool:
+    """Whether a generic's body computes nothing but where to read: loop indices, loads
+    (``tensor.extract``), integer or index arithmetic, and selects (a fill value for the
+    indices out of range)."""
+    for op in list(block.operations)[:-1]:
+        if op.name in ("linalg.index", "tensor.extract", "arith.select"):
+            continue
+        types = [v.type for v in (*op.operands, *op.results)]
+        if not op.name.startswith("arith.") or not all(
+                isinstance(t, (ir.IndexType, ir.IntegerType)) for t in types):
+            return False
+    return True
 
 
 def _iterations(generic: ir.Operation) -> int:

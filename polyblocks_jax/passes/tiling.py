@@ -149,12 +149,13 @@ def register_tile(m: int, elem_bytes: int, hw: Hardware, n: int = 0) -> tuple[in
     return mr, vectors * lanes
 
 
-def cycles_per_fma(rows: int, vectors: int, depthwise: bool = False, latency: float = FMA_LATENCY) -> float:
+def cycles_per_fma(rows: int, vectors: int, depthwise: bool = False, latency: float = FMA_LATENCY,
+                   kernel: bool = True) -> float:
     """Estimated cycles per FMA of a register tile of ``rows`` (output rows or pixels) by
-    ``vectors``: the slowest of FMA issue, loads (a B or kernel vector per row, an A or input
-    element broadcast per vector column, or an input vector per FMA when depthwise), and the
-    ``latency`` each accumulator's chain waits on."""
-    loads = 1 / rows + (1 if depthwise else 1 / vectors)
+    ``vectors``: the slowest of FMA issue, loads (a B or kernel vector per row, unless there
+    is no ``kernel`` (a pooling), an A or input element broadcast per vector column, or an
+    input vector per FMA when depthwise), and the ``latency`` each accumulator's chain waits on."""
+    loads = (1 / rows if kernel else 0) + (1 if depthwise else 1 / vectors)
     return max(1 / FMA_PER_CYCLE, loads / LOADS_PER_CYCLE, latency / (rows * vectors))
 
 

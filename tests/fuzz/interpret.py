@@ -127,6 +127,8 @@ def _apply(op: dict, v: list):
         return lax.rev(x, op["dims"])
     if k == "concat":
         return lax.concatenate([v[i] for i in op["xs"]], op["axis"])
+    if k == "pad" and op.get("mode", "constant") != "constant":
+        return jnp.pad(x, [tuple(w) for w in op["widths"]], mode=op["mode"])
     if k == "pad":
         return lax.pad(x, np.array(0, x.dtype), [tuple(c) for c in op["config"]])
     if k == "cond":

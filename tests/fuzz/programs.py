@@ -336,6 +336,14 @@ def _gen_concat(p: Program, x: int) -> None:
 
 def _gen_pad(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
+    mode = p.draw(st.sampled_from(("constant", "reflect", "symmetric", "wrap", "edge")))
+    if mode != "constant" and shape:
+        # jnp.pad's modes that copy the value's own edges: slices of the concatenation built
+        # so far, one side after the other (wider than the value: several rounds).
+        widths = [[p.draw(st.integers(0, 3)), p.draw(st.integers(0, 3))] for _ in shape]
+        out = [n + lo + hi for n, (lo, hi) in zip(shape, widths)]
+        p.add({"op": "pad", "x": x, "mode": mode, "widths": widths}, out, dtype)
+        return
     config = []
     for n in shape:
         interior = p.draw(st.integers(0, 1))
