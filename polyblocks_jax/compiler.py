@@ -14,6 +14,7 @@ import collections
 import contextlib
 import gc
 import hashlib
+import re
 import threading
 import time
 from typing import Callable, Sequence
@@ -30,6 +31,7 @@ from polyblocks_jax.runtime.executable import Executable, deserialize  # noqa: F
 from polyblocks_jax.stablehlo_import import ImportedProgram, host_callbacks, import_program, reader
 
 CACHE_CAPACITY = 256
+_SEVERAL_DEVICES = re.compile(r"mhlo\.num_(replicas|partitions) = ([2-9]|\d\d)")
 
 
 class _Cache:
@@ -81,9 +83,9 @@ def compile(program, options: Options | None = None,  # noqa: A001 (public API n
         logs.logger.info("%s: in the compile cache", name)
         return cached
     exe = None
-    # A program calling back into Python compiles here: its callbacks are objects of this
-    # process, and its code calls them at this process's addresses.
-    if not options.in_process and runtime_callbacks.TARGET not in text:
+    # A program calling back into Python, or for several devices, compiles here: its code
+    # calls this process's callbacks, or runtime of collectives, at this process's addresses.
+    if not options.in_process and runtime_callbacks.TARGET not in text and not _SEVERAL_DEVICES.search(text):
         with logs.CompileReport(name, "compile worker") as report:
             exe = compile_workers.compile(compile_workers.Job(source, options, key, marks, donate_argnums), text,
                                           report.stage)
@@ -209,4 +211,5 @@ def _compile_imported(imported: ImportedProgram, options: Options, key: str,
                     options.replace(opt_level=0) if tier.tiny else options, aliases,
                     overwritten=donated.aliases, timings=timings, dump=dump)  # the donors bufferization may write
     dump.timings(timings)
-    return Executable(exe, key, timings, donated.donated, callbacks)
+    return Executable(exe, key, timings, donated.donated, callbacks, imported.replicas, imported.partitions,
+                      imported.collectives)

@@ -3,7 +3,9 @@
 ``Executable`` is what ``polyblocks_jax.compile`` returns and the PJRT plugin runs;
 ``serialize`` / ``deserialize`` carry it to another process as a shared library plus a
 header (signature, donation, arena size, target, checksum). Loading needs no MLIR, LLVM or jax.
-A program that calls back into Python runs in the process that compiled it only.
+A program that calls back into Python runs in the process that compiled it only. A program
+for several devices (``replicas`` x ``partitions``) carries its collectives' descriptions;
+the plugin runs one instance per device (runtime/collectives.py).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from polyblocks_jax.cpu.target import host
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
 from polyblocks_jax.runtime import host_callbacks as callbacks
+from polyblocks_jax.runtime.collectives import Collective
 from polyblocks_jax.runtime.specs import spec_from_json, spec_to_json
 
 # Serialized executables: magic, format version, header length, JSON header, shared library.
@@ -42,12 +45,15 @@ class Executable:
 
     def __init__(self, target_executable: CpuExecutable, fingerprint: str, timings: dict[str, float],
                  donated: frozenset[int] = frozenset(),
-                 host_callbacks: Sequence[callbacks.HostCallback] = ()) -> None:
+                 host_callbacks: Sequence[callbacks.HostCallback] = (), replicas: int = 1, partitions: int = 1,
+                 collectives: Sequence[Collective] = ()) -> None:
         self._exe = target_executable
         self.fingerprint = fingerprint
         self.timings = timings
         self.donated = frozenset(donated)
         self.host_callbacks = tuple(host_callbacks)
+        self.replicas, self.partitions = replicas, partitions
+        self.collectives = tuple(collectives)
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -101,8 +107,9 @@ class Executable:
         The code travels as the shared library it runs from, so loading needs no MLIR and
         no recompilation; the header pins the target it was built for.
         """
-        if self.host_callbacks:
-            raise UnsupportedError("serialize", "the program calls back into Python functions of this process")
+        if self.host_callbacks or self.collectives:
+            raise UnsupportedError("serialize", "the program calls back into Python functions of this process"
+                                   if self.host_callbacks else "the program's collectives call this process's runtime")
         library = self._exe.library
         header = json.dumps({
             "fingerprint": self.fingerprint, "target": host().description(),
@@ -110,6 +117,7 @@ class Executable:
             "aliases": list(self.aliases), "overwritten": sorted(self.overwritten),
             "donated": sorted(self.donated), "arena_bytes": self._exe.arena_bytes,
             "sha256": hashlib.sha256(library).hexdigest(),
+            "devices": [self.replicas, self.partitions],
         }).encode()
         return _PREFIX.pack(_MAGIC, _FORMAT, len(header)) + header + library
 
@@ -132,6 +140,7 @@ def deserialize(data: bytes) -> Executable:
         donated = frozenset(_index(i, len(inputs)) for i in header["donated"])
         arena = _size(header["arena_bytes"]) if version >= 3 else 0
         checksum, target, key = header["sha256"], header["target"], header["fingerprint"]
+        replicas, partitions = (_count(n) for n in header.get("devices", [1, 1]))
     except (ValueError, KeyError, TypeError) as e:
         raise InvalidProgramError(f"corrupted polyblocks executable header: {e}") from None
     if hashlib.sha256(library).hexdigest() != checksum:
@@ -140,7 +149,7 @@ def deserialize(data: bytes) -> Executable:
         raise InvalidProgramError(f"polyblocks executable built for {target!r}, "
                                   f"this host is {host().description()!r}")
     code = CpuExecutable(library, inputs, outputs, aliases, overwritten, arena)
-    return Executable(code, key, {}, donated)
+    return Executable(code, key, {}, donated, replicas=replicas, partitions=partitions)
 
 
 def _aliases_from_json(value, inputs: int, outputs: int) -> list[int | None]:
@@ -156,6 +165,12 @@ def _aliases_from_json(value, inputs: int, outputs: int) -> list[int | None]:
 def _index(value, bound: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < bound:
         raise ValueError(f"bad input index {value!r}")
+    return value
+
+
+def _count(value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"bad device count {value!r}")
     return value
 
 
