@@ -154,7 +154,8 @@ def _trampoline(index: int, pointers: int) -> None:
             run.barrier.wait()  # every instance has read the posted operands
         for spec, address, value in zip(collective.results, outputs, values):
             if spec.nbytes:
-                ctypes.memmove(address, data_address(np.ascontiguousarray(value, spec.dtype.numpy)), spec.nbytes)
+                value = np.ascontiguousarray(value, spec.dtype.numpy)  # alive until copied
+                ctypes.memmove(address, data_address(value), spec.nbytes)
     except BaseException as e:  # noqa: BLE001 (a broken barrier, a bad shape: raised by run_instances)
         _zero(collective.results, outputs)
         if not isinstance(e, threading.BrokenBarrierError):

@@ -1,0 +1,190 @@
+"""Several host devices (POLYBLOCKS_NUM_DEVICES) and programs for several devices (shard_map,
+pmap) against XLA CPU with as many devices (jax_num_cpu_devices), at support's per-dtype
+tolerances. Device counts are fixed when the backends start: each test runs a child process
+that calls ``check(name, devices)`` of this module."""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest, parameterized
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import polyblocks_jax as pb
+import support
+
+DTYPES = (np.float32, jnp.bfloat16, np.int32)
+
+
+def _collectives(n: int):
+    """Every collective of one device's (4, 8) block over the mesh axis "d" of ``n`` devices."""
+    ring = [(i, (i + 1) % n) for i in range(n)]
+
+    def fn(x):
+        floats = jnp.issubdtype(x.dtype, jnp.floating)
+        return {
+            "psum": lax.psum(x, "d"), "pmax": lax.pmax(x, "d"), "pmin": lax.pmin(x, "d"),
+            "pmean": lax.pmean(x, "d") if floats else x,
+            "all_gather": lax.all_gather(x, "d"), "all_gather_tiled": lax.all_gather(x, "d", axis=1, tiled=True),
+            "psum_scatter": lax.psum_scatter(x, "d", tiled=True),
+            "psum_scatter_1": lax.psum_scatter(x, "d", scatter_dimension=1, tiled=True),
+            "all_to_all": lax.all_to_all(x, "d", 0, 1, tiled=True),
+            "ppermute": lax.ppermute(x, "d", ring), "ppermute_partial": lax.ppermute(x, "d", ring[:1]),
+            "axis_index": x + lax.axis_index("d").astype(x.dtype),
+        }
+    return fn
+
+
+def _mesh_2d(x):
+    """A 2 x 2 mesh: collectives over one axis are groups of two devices."""
+    return lax.psum(x, "x"), lax.all_gather(x, "y", tiled=True), lax.ppermute(x, "y", [(0, 1), (1, 0)]), \
+        x * lax.axis_index("x").astype(x.dtype) + lax.axis_index("y").astype(x.dtype)
+
+
+def _on(platform: str, fn, mesh_shape: tuple[int, ...], names: tuple[str, ...], in_specs, out_specs):
+    mesh = Mesh(np.array(jax.devices(platform)[:int(np.prod(mesh_shape))]).reshape(mesh_shape), names)
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+
+
+def _compare(got, want, what: str) -> None:
+    got, want = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    assert len(got) == len(want), what
+    for i, (g, w) in enumerate(zip(got, want)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape, f"{what} result {i}: {g.dtype}{g.shape} != {w.dtype}{w.shape}"
+        rtol, atol = support.tolerance(w.dtype)
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol,
+                                   err_msg=f"{what} result {i}")
+
+
+def _check_collectives(n: int) -> None:
+    rng = np.random.default_rng(n)
+    for dtype in DTYPES:
+        x = support.random_array(rng, (4 * n, 8), dtype, edge=False)
+        specs = (P("d"),), P("d")
+        want = _on("cpu", _collectives(n), (n,), ("d",), *specs)(x)
+        got = _on("polyblocks", _collectives(n), (n,), ("d",), *specs)(x)
+        _compare(got, want, f"collectives of {np.dtype(dtype).name} on {n} devices")
+    if n == 4:
+        x = support.random_array(rng, (8, 6), np.float32, edge=False)
+        specs = (P("x", "y"),), P("x", "y")
+        _compare(_on("polyblocks", _mesh_2d, (2, 2), ("x", "y"), *specs)(x),
+                 _on("cpu", _mesh_2d, (2, 2), ("x", "y"), *specs)(x), "a 2 x 2 mesh")
+
+
+def _check_pmap(n: int) -> None:
+    x = support.random_array(np.random.default_rng(0), (n, 3, 5), np.float32, edge=False)
+
+    def fn(a):
+        return lax.psum(a, "i") * a + lax.axis_index("i"), lax.pmax(a.sum(), "i")
+    _compare(jax.pmap(fn, axis_name="i", devices=jax.devices("polyblocks")[:n])(x),
+             jax.pmap(fn, axis_name="i", devices=jax.devices("cpu")[:n])(x), f"pmap on {n} devices")
+
+
+def _mlp_step(params, x, y):
+    """One data-parallel SGD step of a two-layer MLP: gradients averaged over "d"."""
+    def loss(p):
+        h = jnp.tanh(x @ p["w1"] + p["b1"])
+        return jnp.mean((h @ p["w2"] + p["b2"] - y) ** 2)
+    value, grads = jax.value_and_grad(loss)(params)
+    grads = lax.pmean(grads, "d")
+    return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads), lax.pmean(value, "d")
+
+
+def _check_mlp(n: int) -> None:
+    rng = np.random.default_rng(1)
+    params = {"w1": rng.standard_normal((16, 32), np.float32) * 0.3, "b1": np.zeros(32, np.float32),
+              "w2": rng.standard_normal((32, 4), np.float32) * 0.3, "b2": np.zeros(4, np.float32)}
+    x, y = rng.standard_normal((8 * n, 16), np.float32), rng.standard_normal((8 * n, 4), np.float32)
+    specs = (P(), P("d"), P("d")), (P(), P())
+    _compare(_on("polyblocks", _mlp_step, (n,), ("d",), *specs)(params, x, y),
+             _on("cpu", _mlp_step, (n,), ("d",), *specs)(params, x, y), f"an MLP step on {n} devices")
+
+
+def _check_devices(n: int) -> None:
+    devices = jax.devices("polyblocks")
+    assert [d.id for d in devices] == list(range(n)), devices
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    placed = [jax.device_put(x, d) for d in devices]
+    doubled = [jax.jit(lambda a: a * 2 + 1)(a) for a in placed]  # runs where its argument is
+    for d, a in zip(devices, doubled):
+        assert a.devices() == {d}, (a.devices(), d)
+        np.testing.assert_array_equal(np.asarray(a), x * 2 + 1)
+    moved = jax.device_put(doubled[0], devices[-1])  # PJRT_Buffer_CopyToDevice
+    assert moved.devices() == {devices[-1]}
+    np.testing.assert_array_equal(np.asarray(moved), x * 2 + 1)
+
+
+def _check_automatic_sharding(n: int) -> None:
+    mesh = Mesh(np.array(jax.devices("polyblocks")), ("d",))
+    x = jax.device_put(np.ones((4 * n, 2), np.float32), NamedSharding(mesh, P("d")))
+    try:
+        jax.jit(lambda a: a * 2)(x)
+    except Exception as e:  # noqa: BLE001 (JaxRuntimeError carries our UnsupportedError's message)
+        assert "shard_map" in str(e), e
+    else:
+        raise AssertionError("a program to partition compiled")
+
+
+CHECKS = {"collectives": _check_collectives, "pmap": _check_pmap, "mlp": _check_mlp, "devices": _check_devices,
+          "automatic_sharding": _check_automatic_sharding}
+
+
+def check(name: str, devices: int) -> None:
+    """In a fresh process: XLA CPU and polyblocks with ``devices`` devices each, then ``name``'s check."""
+    jax.config.update("jax_num_cpu_devices", devices)
+    CHECKS[name](devices)
+
+
+class DevicesTest(parameterized.TestCase):
+    def _run(self, name: str, devices: int) -> None:
+        code = f"""
+            import sys
+            sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+            import test_devices
+            test_devices.check({name!r}, {devices})
+            print("checked")
+        """
+        done = support.run_python(code, env={"POLYBLOCKS_NUM_DEVICES": str(devices),
+                                             "JAX_PLATFORMS": "cpu,polyblocks"}, timeout=600)
+        self.assertEqual(done.returncode, 0, done.stderr[-4000:])
+        self.assertIn("checked", done.stdout)
+
+    @parameterized.parameters(1, 2, 4)
+    def test_collectives(self, devices):
+        self._run("collectives", devices)
+
+    @parameterized.parameters(2, 4)
+    def test_pmap(self, devices):
+        self._run("pmap", devices)
+
+    def test_mlp_gradient_step(self):
+        self._run("mlp", 4)
+
+    def test_devices_and_copies(self):
+        self._run("devices", 4)
+
+    def test_automatic_sharding_names_shard_map(self):
+        self._run("automatic_sharding", 2)
+
+    def test_replicas_program_compiles_with_its_collectives(self):
+        """A program for two replicas (no Shardy: main is each replica's) describes its collectives."""
+        exe = pb.compile("""
+        module attributes {mhlo.num_replicas = 2 : i32, mhlo.num_partitions = 1 : i32} {
+          func.func public @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+            %0 = "stablehlo.collective_permute"(%arg0) <{source_target_pairs = dense<[[0, 1], [1, 0]]>
+                : tensor<2x2xi64>}> : (tensor<4xf32>) -> tensor<4xf32>
+            return %0 : tensor<4xf32>
+          }
+        }""")
+        self.assertEqual((exe.replicas, exe.partitions), (2, 1))
+        self.assertEqual([c.peers for c in exe.collectives], [((1,), (0,))])
+
+
+if __name__ == "__main__":
+    absltest.main()
