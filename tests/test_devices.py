@@ -131,8 +131,52 @@ def _check_automatic_sharding(n: int) -> None:
         raise AssertionError("a program to partition compiled")
 
 
+def _check_replicated(n: int) -> None:
+    """A program of whole arrays on every device needs no partitioning: each device runs it."""
+    def on(platform):
+        replicated = NamedSharding(Mesh(np.array(jax.devices(platform)), ("d",)), P())
+        x = jax.device_put(np.linspace(-1, 1, 6, dtype=np.float32), replicated)
+        return jax.jit(lambda a: jnp.sin(a) * 2, out_shardings=replicated)(x)
+    _compare(on("polyblocks"), on("cpu"), f"a replicated program on {n} devices")
+
+
+def _check_donation(n: int) -> None:
+    x = np.arange(8 * n, dtype=np.float32).reshape(4 * n, 2)
+    specs = (P("d"),), P("d")
+    step = lambda a: lax.psum(a, "d") + a  # noqa: E731
+    want = _on("cpu", step, (n,), ("d",), *specs)(x)
+    mesh = Mesh(np.array(jax.devices("polyblocks")), ("d",))
+    placed = jax.device_put(x, NamedSharding(mesh, P("d")))
+    got = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=specs[0], out_specs=specs[1]), donate_argnums=0)(placed)
+    _compare(got, want, "a donating program")
+    assert placed.is_deleted()
+
+
+def _check_instance_error(n: int) -> None:
+    """A callback raising on one device ends the call with its error on every device (no instance
+    waits for ever at a collective), and the next call runs."""
+    def fail_on_one(i):
+        if int(i) == n - 1:
+            raise ValueError("device failed")
+
+    def step(a):
+        jax.debug.callback(fail_on_one, lax.axis_index("d"))
+        return lax.psum(a, "d")
+    mapped = _on("polyblocks", step, (n,), ("d",), (P("d"),), P("d"))
+    x = np.ones((n, 3), np.float32)
+    try:
+        jax.block_until_ready(mapped(x))
+    except Exception as e:  # noqa: BLE001 (JaxRuntimeError carries the CallbackError)
+        assert "device failed" in str(e), e
+    else:
+        raise AssertionError("the callback's error was lost")
+    works = _on("polyblocks", lambda a: lax.psum(a, "d"), (n,), ("d",), (P("d"),), P("d"))
+    np.testing.assert_array_equal(np.asarray(works(x)), np.full((n, 3), n, np.float32))
+
+
 CHECKS = {"collectives": _check_collectives, "pmap": _check_pmap, "mlp": _check_mlp, "devices": _check_devices,
-          "automatic_sharding": _check_automatic_sharding}
+          "automatic_sharding": _check_automatic_sharding, "replicated": _check_replicated,
+          "donation": _check_donation, "instance_error": _check_instance_error}
 
 
 def check(name: str, devices: int) -> None:
@@ -171,6 +215,15 @@ class DevicesTest(parameterized.TestCase):
 
     def test_automatic_sharding_names_shard_map(self):
         self._run("automatic_sharding", 2)
+
+    def test_replicated_program(self):
+        self._run("replicated", 2)
+
+    def test_donation(self):
+        self._run("donation", 2)
+
+    def test_error_on_one_device(self):
+        self._run("instance_error", 2)
 
     def test_replicas_program_compiles_with_its_collectives(self):
         """A program for two replicas (no Shardy: main is each replica's) describes its collectives."""

@@ -4,8 +4,9 @@
 buffers' data pointers in a stack array and calls the runtime's trampoline with the key and
 that array; ``@polyblocks.host_callback.failed`` asks the runtime whether a callback of the
 running program raised. A collective's ``@polyblocks.collective.<index>.run`` calls the
-collectives' trampoline the same way, with its index (runtime/collectives.py). Both are called through their addresses in this process, so an
-executable that calls back is never serialized (runtime/executable.py).
+collectives' trampoline the same way, with its index (runtime/collectives.py). They are
+called through their addresses in this process, so an executable that calls back, or has
+collectives, compiles in this process and is never serialized (runtime/executable.py).
 
 Callbacks run on the calling thread: a call inside a parallel loop would run on OpenMP's
 workers, in no order, so finding one is a compilation error (no stage puts one there:

@@ -111,18 +111,12 @@ def as_partitioned(module: jir.Module) -> None:
                 and jir.StringAttr(op.operation.attributes["sym_name"]).value == "main")
     block = main.regions[0].blocks[0]
     ops = [op.operation for op in block.operations]
-    if len(ops) != 2 or ops[0].name != "sdy.manual_computation":
-        return  # main is what each device runs (per_device_program): whole arrays
-    computation, sizes = ops[0], _mesh_axes(main)
-    arguments, results = list(block.arguments), list(computation.results)
-    given = dict(zip((arguments.index(v) for v in computation.operands),
-                     _per_value(computation.attributes["in_shardings"])))
-    returned = [_per_value(computation.attributes["out_shardings"])[results.index(v)] for v in ops[1].operands]
-    _inline(computation, block)
-    main.attributes["function_type"] = jir.TypeAttr.get(jir.FunctionType.get(
-        [a.type for a in block.arguments], [v.type for v in [op.operation for op in block.operations][-1].operands]))
-    parameters = [_hlo_sharding(given[k], sizes) if k in given else "{replicated}" for k in range(len(arguments))]
-    outputs = [_hlo_sharding(d, sizes) for d in returned]
+    if len(ops) == 2 and ops[0].name == "sdy.manual_computation":
+        parameters, outputs = _inline(ops[0], block, ops[1], _mesh_axes(main))
+        main.attributes["function_type"] = jir.TypeAttr.get(jir.FunctionType.get(
+            [a.type for a in block.arguments], [v.type for v in ops[1].operands]))
+    else:  # main is what each device runs (per_device_program): whole arrays
+        parameters, outputs = ["{replicated}"] * len(block.arguments), ["{replicated}"] * len(ops[-1].operands)
     for attributes in ("arg_attrs", "res_attrs"):  # Shardy's, of global arrays
         if attributes in main.attributes:
             del main.attributes[attributes]
@@ -140,10 +134,17 @@ def _per_value(shardings: jir.Attribute) -> list[str]:
     return re.findall(r"<@[\w.]+, (\[[^\]]*\])", str(shardings))
 
 
-def _inline(computation: jir.Operation, block: jir.Block) -> None:
-    """Replace ``computation`` (a manual computation of main's ``block``) by its body, on shards."""
+def _inline(computation: jir.Operation, block: jir.Block, ret: jir.Operation,
+            sizes: dict[str, int]) -> tuple[list[str], list[str]]:
+    """Replace ``computation`` (main's manual computation, in ``block``, whose results ``ret``
+    returns) by its body, on shards; the HLO shardings of main's arguments and results."""
+    arguments, results = list(block.arguments), list(computation.results)
+    given = dict(zip((arguments.index(v) for v in computation.operands),
+                     _per_value(computation.attributes["in_shardings"])))
+    parameters = [_hlo_sharding(given[k], sizes) if k in given else "{replicated}" for k in range(len(arguments))]
+    returned = _per_value(computation.attributes["out_shardings"])
+    outputs = [_hlo_sharding(returned[results.index(v)], sizes) for v in ret.operands]
     body = computation.regions[0].blocks[0]
-    arguments = list(block.arguments)
     for j, value in enumerate(computation.operands):
         argument = arguments[arguments.index(value)]
         argument.set_type(body.arguments[j].type)
@@ -155,6 +156,7 @@ def _inline(computation: jir.Operation, block: jir.Block) -> None:
         result.replace_all_uses_with(value)
     terminator.erase()
     computation.erase()
+    return parameters, outputs
 
 
 def _hlo_sharding(dimensions: str, sizes: dict[str, int]) -> str:
@@ -173,4 +175,5 @@ def _hlo_sharding(dimensions: str, sizes: dict[str, int]) -> str:
     replicated = math.prod(sizes[a] for a in rest)
     shape = tiles + ([replicated] if replicated > 1 else [])
     listed = ",".join(str(int(i)) for i in devices.reshape(shape).flatten())
-    return "{devices=[" + ",".join(map(str, shape)) + "]" + listed + (" last_tile_dim_replicate}" if replicated > 1 else "}")
+    suffix = " last_tile_dim_replicate" if replicated > 1 else ""
+    return "{devices=[" + ",".join(map(str, shape)) + "]" + listed + suffix + "}"
