@@ -6,9 +6,10 @@ C-callable trampoline with the collective's index in the program and an array of
 buffers' data pointers, operands then results (cpu/host_callbacks.py emits it); the index
 names a ``Collective``, the plain description the importer wrote
 (stablehlo_import/collectives.py), which the executable holds. The trampoline posts
-the instance's operands (copies) to the run's slots, waits at a barrier for every instance,
-computes its results from its group's operands with numpy, and waits again before slots
-are posted anew. Every instance calls the same collectives in the same order, as on XLA.
+views of the instance's operands to the run's slots, waits at a barrier for every instance,
+computes its results from its group's operands with numpy into its result buffers, and
+waits again: until then no instance returns to code that could overwrite its operands,
+and no slot is posted anew. Every instance calls the same collectives in the same order, as on XLA.
 
 Compiled code cannot unwind: the first exception (of a collective or of an instance) is
 kept, the barrier is broken so that no instance waits for ever, the collectives after it
@@ -25,7 +26,6 @@ from typing import Callable, Sequence
 import ml_dtypes  # noqa: F401 (registers bfloat16 and the float8 types with numpy)
 import numpy as np
 
-from polyblocks_jax.cpu.array_pool import data_address
 from polyblocks_jax.dtypes import TensorSpec
 
 
@@ -147,26 +147,26 @@ def _trampoline(index: int, pointers: int) -> None:
             _zero(collective.results, outputs)
             return
         if collective.kind != "device_id":
-            run.posted[process] = [_read(s, a) for s, a in zip(collective.operands, addresses)]
+            # Views of the operands' memory: alive until every instance passed the second barrier.
+            run.posted[process] = [_view(s, a) for s, a in zip(collective.operands, addresses)]
             run.barrier.wait()
         values = results_of(collective, process, run.posted)
+        for spec, address, value in zip(collective.results, outputs, values):
+            np.copyto(_view(spec, address), value, casting="no")
         if collective.kind != "device_id":
             run.barrier.wait()  # every instance has read the posted operands
-        for spec, address, value in zip(collective.results, outputs, values):
-            if spec.nbytes:
-                value = np.ascontiguousarray(value, spec.dtype.numpy)  # alive until copied
-                ctypes.memmove(address, data_address(value), spec.nbytes)
     except BaseException as e:  # noqa: BLE001 (a broken barrier, a bad shape: raised by run_instances)
         _zero(collective.results, outputs)
         if not isinstance(e, threading.BrokenBarrierError):
             run.fail(e)
 
 
-def _read(spec: TensorSpec, address: int | None) -> np.ndarray:
-    data = np.empty(spec.shape, spec.dtype.numpy)
-    if spec.nbytes:
-        ctypes.memmove(data_address(data), address, spec.nbytes)
-    return data
+def _view(spec: TensorSpec, address: int | None) -> np.ndarray:
+    """The buffer at ``address`` as an array (one of no elements has no memory)."""
+    dtype = spec.dtype.numpy
+    if not spec.nbytes:
+        return np.empty(spec.shape, dtype)
+    return np.frombuffer((ctypes.c_char * spec.nbytes).from_address(address), dtype).reshape(spec.shape)
 
 
 def _zero(specs: Sequence[TensorSpec], addresses: Sequence[int | None]) -> None:
