@@ -17,6 +17,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import polyblocks_jax as pb
 import support
+from polyblocks_jax.cpu.memref import aligned_empty
+from polyblocks_jax.runtime.collectives import run_instances
 
 DTYPES = (np.float32, jnp.bfloat16, np.int32)
 
@@ -237,6 +239,69 @@ class DevicesTest(parameterized.TestCase):
         }""")
         self.assertEqual((exe.replicas, exe.partitions), (2, 1))
         self.assertEqual([c.peers for c in exe.collectives], [((1,), (0,))])
+
+
+def _run_devices(exe, arguments: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """Run ``exe`` (a program for several devices) with ``arguments[p]`` on process ``p``."""
+    outputs = [[aligned_empty(s.shape, s.dtype.numpy) for s in exe.outputs] for _ in arguments]
+    run_instances([lambda p=p: exe.run(arguments[p], outputs[p]) for p in range(len(arguments))], exe.collectives)
+    return outputs
+
+
+# Every reduction of an all_reduce's body, JAX's psum, pmax and pmin and those they do not
+# reach; exact on integers and booleans (add: or, multiply: and), so numpy is the reference.
+REDUCTIONS = {"multiply": np.multiply, "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
+              "add": np.add, "maximum": np.maximum, "minimum": np.minimum}
+
+
+class ReductionsTest(parameterized.TestCase):
+    @parameterized.product(op=sorted(REDUCTIONS), dtype=("i32", "ui8", "i1"), devices=(2, 4),
+                           mode=("replicas", "partitions"))
+    def test_all_reduce(self, op, dtype, devices, mode):
+        numpy_dtype = {"i32": np.int32, "ui8": np.uint8, "i1": np.bool_}[dtype]
+        counts = (devices, 1) if mode == "replicas" else (1, devices)
+        # Partitions: the ids of every device (flattened); replicas: groups of replica ids.
+        extra = "channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids, " \
+            if mode == "partitions" else ""
+        ids = ", ".join(map(str, range(devices)))
+        exe = pb.compile(f"""
+        module attributes {{mhlo.num_replicas = {counts[0]} : i32, mhlo.num_partitions = {counts[1]} : i32}} {{
+          func.func public @main(%arg0: tensor<3x5x{dtype}>) -> tensor<3x5x{dtype}> {{
+            %0 = "stablehlo.all_reduce"(%arg0) <{{{extra}replica_groups = dense<[[{ids}]]> : tensor<1x{devices}xi64>}}> ({{
+            ^bb0(%a: tensor<{dtype}>, %b: tensor<{dtype}>):
+              %s = stablehlo.{op} %a, %b : tensor<{dtype}>
+              stablehlo.return %s : tensor<{dtype}>
+            }}) : (tensor<3x5x{dtype}>) -> tensor<3x5x{dtype}>
+            return %0 : tensor<3x5x{dtype}>
+          }}
+        }}""")
+        rng = np.random.default_rng(devices)
+        arguments = [[support.random_array(rng, (3, 5), numpy_dtype, edge=False)] for _ in range(devices)]
+        want = functools.reduce(REDUCTIONS[op], [a[0] for a in arguments])
+        for p, (out,) in enumerate(_run_devices(exe, arguments)):
+            np.testing.assert_array_equal(out, want, err_msg=f"device {p}")
+
+    def test_collective_broadcast_and_groups_of_two(self):
+        """Four replicas in groups {0, 2} and {3, 1}: each receives its group's first member's value."""
+        exe = pb.compile("""
+        module attributes {mhlo.num_replicas = 4 : i32, mhlo.num_partitions = 1 : i32} {
+          func.func public @main(%arg0: tensor<2xf32>) -> (tensor<2xf32>, tensor<2xf32>) {
+            %0 = "stablehlo.collective_broadcast"(%arg0) <{replica_groups = dense<[[0, 2], [3, 1]]>
+                : tensor<2x2xi64>}> : (tensor<2xf32>) -> tensor<2xf32>
+            %1 = "stablehlo.all_reduce"(%arg0) <{replica_groups = dense<[[0, 2], [3, 1]]> : tensor<2x2xi64>}> ({
+            ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+              %s = stablehlo.add %a, %b : tensor<f32>
+              stablehlo.return %s : tensor<f32>
+            }) : (tensor<2xf32>) -> tensor<2xf32>
+            return %0, %1 : tensor<2xf32>, tensor<2xf32>
+          }
+        }""")
+        arguments = [[np.full(2, p + 1, np.float32)] for p in range(4)]
+        first = {0: 1, 2: 1, 3: 4, 1: 4}
+        total = {0: 4, 2: 4, 3: 6, 1: 6}
+        for p, (broadcast, summed) in enumerate(_run_devices(exe, arguments)):
+            np.testing.assert_array_equal(broadcast, np.full(2, first[p], np.float32))
+            np.testing.assert_array_equal(summed, np.full(2, total[p], np.float32))
 
 
 if __name__ == "__main__":
