@@ -1,7 +1,8 @@
 """The PJRT client: the host devices (ids 0 .. N-1), a GPU device per CUDA device (ids N...), compile and load.
 
-Programs are compiled for the device JAX assigns them (the compile options' device
-assignment): the host's through the CPU pipeline, a GPU's to PTX; with the options
+Programs are compiled for the devices JAX assigns them (the compile options' device
+assignment): the host's through the CPU pipeline, a GPU's to PTX, a program for several host
+devices once, run by each (spmd_executable.py); with the options
 ``POLYBLOCKS_FLAGS`` sets and the program's ``compiler_options`` change (compile_options.py).
 """
 from __future__ import annotations
@@ -85,7 +86,6 @@ class Client:
             return gpu_executable.GpuLoadedExecutable(executable, device)
         raise invalid(f"a serialized {executable.target} executable cannot run on "
                       f"{device.description.kind.buffer.value.decode()}")
-
 
     def _assigned_devices(self, options) -> list[list[Device]]:
         """``grid[replica][partition]``: the devices ``options`` (parsed) compile for; without an
