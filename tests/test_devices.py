@@ -78,6 +78,11 @@ def _check_collectives(n: int) -> None:
         specs = (P("x", "y"),), P("x", "y")
         _compare(_on("polyblocks", _mesh_2d, (2, 2), ("x", "y"), *specs)(x),
                  _on("cpu", _mesh_2d, (2, 2), ("x", "y"), *specs)(x), "a 2 x 2 mesh")
+        # A result split over "x" and replicated over "y"; an argument replicated over "x".
+        summed = functools.partial(lax.psum, axis_name="y")
+        specs = (P(None, "y"),), P("x")
+        _compare(_on("polyblocks", summed, (2, 2), ("x", "y"), *specs)(x),
+                 _on("cpu", summed, (2, 2), ("x", "y"), *specs)(x), "a result replicated over one axis")
 
 
 def _check_pmap(n: int) -> None:
@@ -227,6 +232,15 @@ class DevicesTest(parameterized.TestCase):
 
     def test_error_on_one_device(self):
         self._run("instance_error", 2)
+
+    def test_device_assignment_round_trip(self):
+        """The DeviceAssignmentProto we hand jaxlib is the one XLA writes for the same grid."""
+        from jaxlib import xla_client
+        from polyblocks_jax.pjrt import device_assignment
+        grid = [[4, 1, 2], [0, 3, 5]]  # [replica][partition]
+        xla = xla_client.DeviceAssignment.create(np.array(grid)).serialize()
+        self.assertEqual(device_assignment.decode_grid(xla), grid)
+        self.assertEqual(device_assignment.decode_grid(device_assignment.encode_grid(grid)), grid)
 
     def test_replicas_program_compiles_with_its_collectives(self):
         """A program for two replicas (no Shardy: main is each replica's) describes its collectives."""
