@@ -5,11 +5,12 @@ each on its own thread (``run_instances``). Each collective of the program is a 
 C-callable trampoline with the collective's index in the program and an array of its
 buffers' data pointers, operands then results (cpu/host_callbacks.py emits it); the index
 names a ``Collective``, the plain description the importer wrote
-(stablehlo_import/collectives.py), which the executable holds. The trampoline posts
-views of the instance's operands to the run's slots, waits at a barrier for every instance,
-computes its results from its group's operands with numpy into its result buffers, and
-waits again: until then no instance returns to code that could overwrite its operands,
-and no slot is posted anew. Every instance calls the same collectives in the same order, as on XLA.
+(stablehlo_import/collectives.py), which the executable holds. The trampoline posts views
+of the instance's operand and result buffers to the run's slots, waits at a barrier for
+every instance, computes results from its group's operands with numpy, written in place,
+and waits again: until then no instance returns to code that could overwrite its operands
+or read its results, and no slot is posted anew. Every instance calls the same collectives
+in the same order, as on XLA.
 
 Compiled code cannot unwind: the first exception (of a collective or of an instance) is
 kept, the barrier is broken so that no instance waits for ever, the collectives after it
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import functools
 import threading
 from typing import Callable, Sequence
 
@@ -45,38 +45,55 @@ class Collective:
     split_dimension: int = 0   # all_to_all's
 
 
-def results_of(collective: Collective, process: int, posted: Sequence[Sequence[np.ndarray]]) -> list[np.ndarray]:
-    """What ``collective`` gives ``process`` when process ``q`` posted ``posted[q]``."""
+Posted = tuple[list[np.ndarray], list[np.ndarray]]  # views of one instance's operands and results
+
+
+def compute(collective: Collective, process: int, posted: Sequence[Posted]) -> None:
+    """Write what ``collective`` gives ``process``, where process ``q`` posted (its operands,
+    its results) as ``posted[q]``. An all_reduce's work is shared: each member of a group
+    reduces its share of the elements and writes it into every member's results."""
     kind, peers = collective.kind, collective.peers[process]
+    outputs = posted[process][1]
     if kind == "device_id":
-        return [np.array(peers[0], collective.results[0].dtype.numpy)]
-    if kind == "collective_permute":
-        if not peers:
-            return [np.zeros(s.shape, s.dtype.numpy) for s in collective.results]
-        return list(posted[peers[0]])
-    if kind == "collective_broadcast":
-        return list(posted[peers[0]])
-    outputs = []
-    for i in range(len(collective.operands)):
-        values = [posted[q][i] for q in peers]
+        outputs[0][...] = peers[0]
+        return
+    if kind in ("collective_permute", "collective_broadcast"):
+        for i, out in enumerate(outputs):
+            if peers:
+                np.copyto(out, posted[peers[0]][0][i])
+            else:  # no process sends to this one
+                out[...] = 0
+        return
+    position = peers.index(process)
+    for i, out in enumerate(outputs):
+        values = [posted[q][0][i] for q in peers]
         if kind == "all_reduce":
-            outputs.append(_reduce(collective.reduction, values))
+            share = slice(position * out.size // len(peers), (position + 1) * out.size // len(peers))
+            mine = posted[process][1][i].reshape(-1)[share]
+            _reduce_into(collective.reduction, [v.reshape(-1)[share] for v in values], mine)
+            for q in peers:
+                if q != process:
+                    posted[q][1][i].reshape(-1)[share] = mine
         elif kind == "all_gather":
-            outputs.append(np.concatenate(values, axis=collective.dimension))
+            np.concatenate(values, axis=collective.dimension, out=out)
         elif kind == "reduce_scatter":
-            reduced = _reduce(collective.reduction, values)
-            outputs.append(np.split(reduced, len(peers), axis=collective.dimension)[peers.index(process)])
+            parts = [np.split(v, len(peers), axis=collective.dimension)[position] for v in values]
+            _reduce_into(collective.reduction, parts, out)
         else:  # all_to_all: the block of each peer that is meant for this process, concatenated
-            position = peers.index(process)
             blocks = [np.split(v, len(peers), axis=collective.split_dimension)[position] for v in values]
-            outputs.append(np.concatenate(blocks, axis=collective.dimension))
-    return outputs
+            np.concatenate(blocks, axis=collective.dimension, out=out)
 
 
-def _reduce(name: str, values: list[np.ndarray]) -> np.ndarray:
-    """Reduced in group order, each step rounded to the type, as StableHLO applies the body."""
+def _reduce_into(name: str, values: list[np.ndarray], out: np.ndarray) -> None:
+    """``values`` reduced in group order into ``out``, each step rounded to the type, as
+    StableHLO applies the body."""
     ufunc = getattr(np, name)
-    return functools.reduce(lambda a, b: ufunc(a, b).astype(a.dtype, copy=False), values)
+    if len(values) == 1:
+        np.copyto(out, values[0])
+        return
+    ufunc(values[0], values[1], out=out)
+    for value in values[2:]:
+        ufunc(out, value, out=out)
 
 
 class _Run:
@@ -84,7 +101,7 @@ class _Run:
 
     def __init__(self, count: int) -> None:
         self.barrier = threading.Barrier(count)
-        self.posted: list[list[np.ndarray]] = [[] for _ in range(count)]
+        self.posted: list[Posted] = [([], []) for _ in range(count)]
         self.error: BaseException | None = None
         self._lock = threading.Lock()
 
@@ -146,15 +163,14 @@ def _trampoline(index: int, pointers: int) -> None:
         if run.error is not None:
             _zero(collective.results, outputs)
             return
+        # Views of the instance's operands and results: alive until it passes the second barrier.
+        run.posted[process] = ([_view(s, a) for s, a in zip(collective.operands, addresses)],
+                               [_view(s, a) for s, a in zip(collective.results, outputs)])
         if collective.kind != "device_id":
-            # Views of the operands' memory: alive until every instance passed the second barrier.
-            run.posted[process] = [_view(s, a) for s, a in zip(collective.operands, addresses)]
             run.barrier.wait()
-        values = results_of(collective, process, run.posted)
-        for spec, address, value in zip(collective.results, outputs, values):
-            np.copyto(_view(spec, address), value, casting="no")
+        compute(collective, process, run.posted)
         if collective.kind != "device_id":
-            run.barrier.wait()  # every instance has read the posted operands
+            run.barrier.wait()  # every instance has read the operands and written the results
     except BaseException as e:  # noqa: BLE001 (a broken barrier, a bad shape: raised by run_instances)
         _zero(collective.results, outputs)
         if not isinstance(e, threading.BrokenBarrierError):
