@@ -73,6 +73,12 @@ def _check_collectives(n: int) -> None:
         want = _on("cpu", _collectives(n), (n,), ("d",), *specs)(x)
         got = _on("polyblocks", _collectives(n), (n,), ("d",), *specs)(x)
         _compare(got, want, f"collectives of {np.dtype(dtype).name} on {n} devices")
+    x = support.random_array(rng, (4 * n, 8), np.complex64, edge=False)
+    moved = lambda a: (lax.psum(a, "d"), lax.all_gather(a, "d"), lax.ppermute(a, "d", [(0, n - 1)]),  # noqa: E731
+                       lax.psum_scatter(a, "d", tiled=True), lax.all_to_all(a, "d", 0, 1, tiled=True))
+    specs = (P("d"),), P("d")
+    _compare(_on("polyblocks", moved, (n,), ("d",), *specs)(x), _on("cpu", moved, (n,), ("d",), *specs)(x),
+             f"collectives of complex64 on {n} devices")
     if n == 4:
         x = support.random_array(rng, (8, 6), np.float32, edge=False)
         specs = (P("x", "y"),), P("x", "y")

@@ -145,18 +145,21 @@ def _reduction(op) -> str:
 
 
 def _specs(op) -> tuple[tuple, tuple]:
-    if any(s.dtype.is_complex for s in (*op.operand_specs, *op.result_specs)):
-        raise op.unsupported("complex values in a collective on several devices")
-    return tuple(op.operand_specs), tuple(op.result_specs)
+    """The operands' and results' specs, a complex value's as its two parts'."""
+    return tuple(complex_values.flat_specs(op.operand_specs)), tuple(complex_values.flat_specs(op.result_specs))
 
 
 def _runtime_call(cx, op, collective: Collective) -> list:
-    """A call of ``@polyblocks.collective.<index>``, whose body calls the runtime."""
+    """A call of ``@polyblocks.collective.<index>``, whose body calls the runtime. A complex
+    value travels as its parts: every collective moves them alike, and sums them apart."""
+    if collective.reduction not in ("", "add") and any(s.dtype.is_complex for s in op.operand_specs):
+        raise op.unsupported(f"a reduction other than a sum of complex values ({collective.reduction})")
     index = len(cx.collectives)
     cx.collectives.append(collective)
     helper = host_callbacks.runtime_function(f"{COLLECTIVE}.{index}", COLLECTIVE, index,
-                                             list(op.operand_specs), list(op.result_specs))
-    return list(func.CallOp(helper, list(op.operands)).results)
+                                             list(collective.operands), list(collective.results))
+    flat = func.CallOp(helper, complex_values.flatten(op.operands)).results
+    return complex_values.unflatten(list(flat), op.result_specs)
 
 
 def _largest_group(op) -> int | None:
