@@ -14,7 +14,6 @@ import collections
 import contextlib
 import gc
 import hashlib
-import re
 import threading
 import time
 from typing import Callable, Sequence
@@ -31,7 +30,6 @@ from polyblocks_jax.runtime.executable import Executable, deserialize  # noqa: F
 from polyblocks_jax.stablehlo_import import ImportedProgram, host_callbacks, import_program, reader
 
 CACHE_CAPACITY = 256
-_SEVERAL_DEVICES = re.compile(r"mhlo\.num_(replicas|partitions) = ([2-9]|\d\d)")
 
 
 class _Cache:
@@ -83,9 +81,9 @@ def compile(program, options: Options | None = None,  # noqa: A001 (public API n
         logs.logger.info("%s: in the compile cache", name)
         return cached
     exe = None
-    # A program calling back into Python, or for several devices, compiles here: its code
-    # calls this process's callbacks, or runtime of collectives, at this process's addresses.
-    if not options.in_process and runtime_callbacks.TARGET not in text and not _SEVERAL_DEVICES.search(text):
+    # A program calling back into Python compiles here: its callbacks are objects of this
+    # process, and its code calls them at this process's addresses.
+    if not options.in_process and runtime_callbacks.TARGET not in text:
         with logs.CompileReport(name, "compile worker") as report:
             exe = compile_workers.compile(compile_workers.Job(source, options, key, marks, donate_argnums), text,
                                           report.stage)

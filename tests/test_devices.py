@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import polyblocks_jax as pb
 import support
+from polyblocks_jax import compiler
 from polyblocks_jax.cpu.memref import aligned_empty
 from polyblocks_jax.runtime.collectives import run_instances
 
@@ -250,16 +251,28 @@ class DevicesTest(parameterized.TestCase):
 
     def test_replicas_program_compiles_with_its_collectives(self):
         """A program for two replicas (no Shardy: main is each replica's) describes its collectives."""
-        exe = pb.compile("""
-        module attributes {mhlo.num_replicas = 2 : i32, mhlo.num_partitions = 1 : i32} {
-          func.func public @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
-            %0 = "stablehlo.collective_permute"(%arg0) <{source_target_pairs = dense<[[0, 1], [1, 0]]>
-                : tensor<2x2xi64>}> : (tensor<4xf32>) -> tensor<4xf32>
-            return %0 : tensor<4xf32>
-          }
-        }""")
+        exe = pb.compile(SWAP)
         self.assertEqual((exe.replicas, exe.partitions), (2, 1))
         self.assertEqual([c.peers for c in exe.collectives], [((1,), (0,))])
+
+    def test_serialized_program_runs_its_collectives(self):
+        """The collectives' description travels with the executable, and the library loaded in
+        a process finds that process's runtime."""
+        loaded = compiler.deserialize(pb.compile(SWAP).serialize())
+        arguments = [[np.full(4, p + 1, np.float32)] for p in range(2)]
+        for p, (out,) in enumerate(_run_devices(loaded, arguments)):
+            np.testing.assert_array_equal(out, np.full(4, 2 - p, np.float32))
+
+
+# Two replicas exchange their values.
+SWAP = """
+module attributes {mhlo.num_replicas = 2 : i32, mhlo.num_partitions = 1 : i32} {
+  func.func public @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = "stablehlo.collective_permute"(%arg0) <{source_target_pairs = dense<[[0, 1], [1, 0]]>
+        : tensor<2x2xi64>}> : (tensor<4xf32>) -> tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+}"""
 
 
 def _run_devices(exe, arguments: list[list[np.ndarray]]) -> list[list[np.ndarray]]:

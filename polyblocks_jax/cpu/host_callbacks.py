@@ -4,9 +4,10 @@
 buffers' data pointers in a stack array and calls the runtime's trampoline with the key and
 that array; ``@polyblocks.host_callback.failed`` asks the runtime whether a callback of the
 running program raised. A collective's ``@polyblocks.collective.<index>.run`` calls the
-collectives' trampoline the same way, with its index (runtime/collectives.py). They are
-called through their addresses in this process, so an executable that calls back, or has
-collectives, compiles in this process and is never serialized (runtime/executable.py).
+collectives' trampoline the same way, with its index (runtime/collectives.py). Callbacks
+are called through their addresses in this process, so an executable that calls back is
+never serialized (runtime/executable.py); the collectives' trampoline is read from the
+library's global ``polyblocks_collectives``, which the process that loads it sets.
 
 Callbacks run on the calling thread: a call inside a parallel loop would run on OpenMP's
 workers, in no order, so finding one is a compilation error (no stage puts one there:
@@ -24,8 +25,7 @@ from polyblocks_jax.runtime import collectives, host_callbacks
 from polyblocks_jax.stablehlo_import.collectives import COLLECTIVE
 from polyblocks_jax.stablehlo_import.host_callbacks import FAILED, KEY, PREFIX
 
-# The attribute of each kind of placeholder, and the runtime function its body calls.
-_TRAMPOLINES = {KEY: host_callbacks.TRAMPOLINE_ADDRESS, COLLECTIVE: collectives.TRAMPOLINE_ADDRESS}
+_ATTRIBUTES = (KEY, COLLECTIVE)  # of the placeholders whose body calls a trampoline
 
 _PARALLEL = ("scf.parallel", "scf.forall", "omp.parallel", "omp.wsloop")
 
@@ -33,7 +33,7 @@ _PARALLEL = ("scf.parallel", "scf.forall", "omp.parallel", "omp.wsloop")
 def define_host_callbacks(module: ir.Module, options: Options) -> bool:
     """Give every callback placeholder of ``module`` its body; whether there was one."""
     placeholders = [op for op in module.body.operations if isinstance(op, func.FuncOp)
-                    and (any(a in op.attributes for a in _TRAMPOLINES) or op.name.value == FAILED)]
+                    and (any(a in op.attributes for a in _ATTRIBUTES) or op.name.value == FAILED)]
     if not placeholders:
         return False
     _check_sequential(module)
@@ -41,23 +41,35 @@ def define_host_callbacks(module: ir.Module, options: Options) -> bool:
         for op in reversed(list(function.entry_block.operations)):
             op.erase()
         with ir.InsertionPoint(function.entry_block), function.location:
-            attribute = next((a for a in _TRAMPOLINES if a in function.attributes), None)
-            if attribute is not None:
-                _call_trampoline(function, attribute)
+            if KEY in function.attributes:
+                _call_trampoline(function, KEY, _function(host_callbacks.TRAMPOLINE_ADDRESS))
+            elif COLLECTIVE in function.attributes:
+                _call_trampoline(function, COLLECTIVE, _collectives_trampoline(module))
             else:
                 _ask_failed(function)
     return True
 
 
-def _call_trampoline(declaration: func.FuncOp, attribute: str) -> None:
+def _call_trampoline(declaration: func.FuncOp, attribute: str, trampoline: ir.Value) -> None:
     i64, index = ir.IntegerType.get_signless(64), ir.IndexType.get()
     arguments = list(declaration.entry_block.arguments)
     pointers = memref.AllocaOp(ir.MemRefType.get([max(len(arguments), 1)], i64), [], []).result
     for i, buffer in enumerate(arguments):
         memref.store(_address(buffer), pointers, [arith.constant(index, i)])
     key = arith.constant(i64, ir.IntegerAttr(declaration.attributes[attribute]).value)
-    llvm.CallOp(None, [_function(_TRAMPOLINES[attribute]), key, _pointer(_address(pointers))], [], [])
+    llvm.CallOp(None, [trampoline, key, _pointer(_address(pointers))], [], [])
     func.ReturnOp([])
+
+
+def _collectives_trampoline(module: ir.Module) -> ir.Value:
+    """The collectives' trampoline, read from the global that loading the library sets."""
+    i64 = ir.IntegerType.get_signless(64)
+    if collectives.SYMBOL not in ir.SymbolTable(module.operation):
+        with ir.InsertionPoint(module.body), ir.Location.unknown():
+            llvm.GlobalOp(i64, collectives.SYMBOL, ir.Attribute.parse("#llvm.linkage<external>"),
+                          value=ir.IntegerAttr.get(i64, 0))
+    address = llvm.AddressOfOp(ir.Type.parse("!llvm.ptr"), collectives.SYMBOL).result
+    return _pointer(llvm.LoadOp(i64, address).result)
 
 
 def _ask_failed(declaration: func.FuncOp) -> None:

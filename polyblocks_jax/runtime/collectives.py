@@ -5,7 +5,9 @@ each on its own thread (``run_instances``). Each collective of the program is a 
 C-callable trampoline with the collective's index in the program and an array of its
 buffers' data pointers, operands then results (cpu/host_callbacks.py emits it); the index
 names a ``Collective``, the plain description the importer wrote
-(stablehlo_import/collectives.py), which the executable holds. The trampoline posts views
+(stablehlo_import/collectives.py), which the executable holds and serializes. The code
+reads the trampoline's address from its library's global ``SYMBOL``, set when the library
+is loaded, so it compiles in a worker and loads in another process. The trampoline posts views
 of the instance's operand and result buffers to the run's slots, waits at a barrier for
 every instance, computes results from its group's operands with numpy, written in place,
 and waits again: until then no instance returns to code that could overwrite its operands
@@ -27,13 +29,19 @@ import ml_dtypes  # noqa: F401 (registers bfloat16 and the float8 types with num
 import numpy as np
 
 from polyblocks_jax.dtypes import TensorSpec
+from polyblocks_jax.runtime.specs import spec_from_json, spec_to_json
+
+SYMBOL = "polyblocks_collectives"  # the library's global holding the trampoline's address
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute",
+         "collective_broadcast", "device_id")
+REDUCTIONS = ("add", "multiply", "maximum", "minimum", "bitwise_and", "bitwise_or", "bitwise_xor")
 
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
     """One collective op of a program (``kind``: all_reduce, all_gather, reduce_scatter,
     all_to_all, collective_permute, collective_broadcast or device_id; ``reduction``: the
-    numpy function of an all_reduce's or reduce_scatter's body). ``peers[p]``: the processes
+    numpy function of an all_reduce's or reduce_scatter's body, one of ``REDUCTIONS``). ``peers[p]``: the processes
     (flat ids, replica x partitions + partition) whose operands process ``p`` reads, in order:
     its group; for a collective_permute its source (none: zeros); for device_id, the id alone."""
     kind: str
@@ -43,6 +51,23 @@ class Collective:
     reduction: str = ""
     dimension: int = 0         # all_gather_dim, scatter_dimension, all_to_all's concat_dimension
     split_dimension: int = 0   # all_to_all's
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "peers": [list(p) for p in self.peers],
+                "operands": [spec_to_json(s) for s in self.operands],
+                "results": [spec_to_json(s) for s in self.results], "reduction": self.reduction,
+                "dimension": self.dimension, "split_dimension": self.split_dimension}
+
+    @staticmethod
+    def from_json(value: dict) -> Collective:
+        """The inverse of ``to_json``; ValueError, KeyError or TypeError on anything else."""
+        kind, reduction = str(value["kind"]), str(value["reduction"])
+        if kind not in KINDS or reduction not in ("", *REDUCTIONS):
+            raise ValueError(f"bad collective {kind!r} (reduction {reduction!r})")
+        return Collective(kind, tuple(tuple(int(i) for i in p) for p in value["peers"]),
+                          tuple(spec_from_json(s) for s in value["operands"]),
+                          tuple(spec_from_json(s) for s in value["results"]), reduction,
+                          int(value["dimension"]), int(value["split_dimension"]))
 
 
 Posted = tuple[list[np.ndarray], list[np.ndarray]]  # views of one instance's operands and results

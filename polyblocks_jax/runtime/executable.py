@@ -4,8 +4,9 @@
 ``serialize`` / ``deserialize`` carry it to another process as a shared library plus a
 header (signature, donation, arena size, target, checksum). Loading needs no MLIR, LLVM or jax.
 A program that calls back into Python runs in the process that compiled it only. A program
-for several devices (``replicas`` x ``partitions``) carries its collectives' descriptions;
-the plugin runs one instance per device (runtime/collectives.py).
+for several devices (``replicas`` x ``partitions``) carries its collectives' descriptions
+and binds its library to the collectives' runtime; the plugin runs one instance per device
+(runtime/collectives.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from polyblocks_jax.cpu.target import host
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
 from polyblocks_jax.runtime import host_callbacks as callbacks
+from polyblocks_jax.runtime import collectives as collective_runtime
 from polyblocks_jax.runtime.collectives import Collective
 from polyblocks_jax.runtime.specs import spec_from_json, spec_to_json
 
@@ -54,6 +56,8 @@ class Executable:
         self.host_callbacks = tuple(host_callbacks)
         self.replicas, self.partitions = replicas, partitions
         self.collectives = tuple(collectives)
+        if self.collectives:
+            target_executable.set_global(collective_runtime.SYMBOL, collective_runtime.TRAMPOLINE_ADDRESS)
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -107,9 +111,8 @@ class Executable:
         The code travels as the shared library it runs from, so loading needs no MLIR and
         no recompilation; the header pins the target it was built for.
         """
-        if self.host_callbacks or self.collectives:
-            raise UnsupportedError("serialize", "the program calls back into Python functions of this process"
-                                   if self.host_callbacks else "the program's collectives call this process's runtime")
+        if self.host_callbacks:
+            raise UnsupportedError("serialize", "the program calls back into Python functions of this process")
         library = self._exe.library
         header = json.dumps({
             "fingerprint": self.fingerprint, "target": host().description(),
@@ -117,7 +120,7 @@ class Executable:
             "aliases": list(self.aliases), "overwritten": sorted(self.overwritten),
             "donated": sorted(self.donated), "arena_bytes": self._exe.arena_bytes,
             "sha256": hashlib.sha256(library).hexdigest(),
-            "devices": [self.replicas, self.partitions],
+            "devices": [self.replicas, self.partitions], "collectives": [c.to_json() for c in self.collectives],
         }).encode()
         return _PREFIX.pack(_MAGIC, _FORMAT, len(header)) + header + library
 
@@ -141,6 +144,7 @@ def deserialize(data: bytes) -> Executable:
         arena = _size(header["arena_bytes"]) if version >= 3 else 0
         checksum, target, key = header["sha256"], header["target"], header["fingerprint"]
         replicas, partitions = (_count(n) for n in header.get("devices", [1, 1]))
+        collectives = [Collective.from_json(c) for c in header.get("collectives", [])]
     except (ValueError, KeyError, TypeError) as e:
         raise InvalidProgramError(f"corrupted polyblocks executable header: {e}") from None
     if hashlib.sha256(library).hexdigest() != checksum:
@@ -149,7 +153,7 @@ def deserialize(data: bytes) -> Executable:
         raise InvalidProgramError(f"polyblocks executable built for {target!r}, "
                                   f"this host is {host().description()!r}")
     code = CpuExecutable(library, inputs, outputs, aliases, overwritten, arena)
-    return Executable(code, key, {}, donated, replicas=replicas, partitions=partitions)
+    return Executable(code, key, {}, donated, replicas=replicas, partitions=partitions, collectives=collectives)
 
 
 def _aliases_from_json(value, inputs: int, outputs: int) -> list[int | None]:
