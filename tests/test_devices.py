@@ -297,11 +297,11 @@ class ReductionsTest(parameterized.TestCase):
         # Partitions: the ids of every device (flattened); replicas: groups of replica ids.
         extra = "channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids, " \
             if mode == "partitions" else ""
-        ids = ", ".join(map(str, range(devices)))
+        groups = f"replica_groups = dense<[[{', '.join(map(str, range(devices)))}]]> : tensor<1x{devices}xi64>"
         exe = pb.compile(f"""
         module attributes {{mhlo.num_replicas = {counts[0]} : i32, mhlo.num_partitions = {counts[1]} : i32}} {{
           func.func public @main(%arg0: tensor<3x5x{dtype}>) -> tensor<3x5x{dtype}> {{
-            %0 = "stablehlo.all_reduce"(%arg0) <{{{extra}replica_groups = dense<[[{ids}]]> : tensor<1x{devices}xi64>}}> ({{
+            %0 = "stablehlo.all_reduce"(%arg0) <{{{extra}{groups}}}> ({{
             ^bb0(%a: tensor<{dtype}>, %b: tensor<{dtype}>):
               %s = stablehlo.{op} %a, %b : tensor<{dtype}>
               stablehlo.return %s : tensor<{dtype}>
