@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import threading
 from typing import Callable, Sequence
 
@@ -152,6 +153,7 @@ def run_instances(instances: Sequence[Callable[[], object]], collectives: Sequen
     first on this one), with ``collectives`` the program's; their results, in order."""
     run = _Run(len(instances))
     results: list = [None] * len(instances)
+    finished = threading.Semaphore(0)
 
     def instance(process: int) -> None:
         _THREAD.instance = _Instance(run, process, collectives)
@@ -162,16 +164,63 @@ def run_instances(instances: Sequence[Callable[[], object]], collectives: Sequen
         finally:
             _THREAD.instance = None
 
-    threads = [threading.Thread(target=instance, args=(p,), name=f"polyblocks device instance {p}")
-               for p in range(1, len(instances))]
-    for thread in threads:
-        thread.start()
+    def other(process: int) -> None:
+        try:
+            instance(process)
+        finally:
+            finished.release()
+
+    for p in range(1, len(instances)):
+        _WORKERS.start(functools.partial(other, p))
     instance(0)
-    for thread in threads:
-        thread.join()
+    for _ in range(1, len(instances)):
+        finished.acquire()
     if run.error is not None:
         raise run.error
     return results
+
+
+class _Workers:
+    """Threads that run instances, kept between calls (starting threads took most of a small
+    program's call); a call takes idle ones or starts more, so that every instance of every
+    call, nested ones included, has its own thread."""
+
+    def __init__(self) -> None:
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def start(self, work: Callable[[], None]) -> None:
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+        if worker is None:
+            worker = _Worker(self)
+        worker.run(work)
+
+    def done(self, worker: _Worker) -> None:
+        with self._lock:
+            self._idle.append(worker)
+
+
+class _Worker:
+    def __init__(self, workers: _Workers) -> None:
+        self._workers = workers
+        self._work: Callable[[], None] | None = None
+        self._ready = threading.Semaphore(0)
+        threading.Thread(target=self._loop, name="polyblocks device instance", daemon=True).start()
+
+    def run(self, work: Callable[[], None]) -> None:
+        self._work = work
+        self._ready.release()
+
+    def _loop(self) -> None:
+        while True:
+            self._ready.acquire()
+            work, self._work = self._work, None
+            work()  # never raises: run_instances' instance() keeps the error
+            self._workers.done(self)
+
+
+_WORKERS = _Workers()
 
 
 def _trampoline(index: int, pointers: int) -> None:
