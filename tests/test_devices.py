@@ -50,8 +50,11 @@ def _mesh_2d(x):
         x * lax.axis_index("x").astype(x.dtype) + lax.axis_index("y").astype(x.dtype)
 
 
-def _on(platform: str, fn, mesh_shape: tuple[int, ...], names: tuple[str, ...], in_specs, out_specs):
-    mesh = Mesh(np.array(jax.devices(platform)[:int(np.prod(mesh_shape))]).reshape(mesh_shape), names)
+def _on(platform: str, fn, mesh_shape: tuple[int, ...], names: tuple[str, ...], in_specs, out_specs,
+        order: list[int] | None = None):
+    """``fn`` under jit and shard_map on a mesh of ``platform``'s first devices (in ``order``)."""
+    devices = np.array(jax.devices(platform)[:int(np.prod(mesh_shape))])
+    mesh = Mesh((devices if order is None else devices[order]).reshape(mesh_shape), names)
     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
 
 
@@ -85,6 +88,11 @@ def _check_collectives(n: int) -> None:
         specs = (P("x", "y"),), P("x", "y")
         _compare(_on("polyblocks", _mesh_2d, (2, 2), ("x", "y"), *specs)(x),
                  _on("cpu", _mesh_2d, (2, 2), ("x", "y"), *specs)(x), "a 2 x 2 mesh")
+        # Devices in another order than their ids: the device assignment maps the mesh's.
+        ring = functools.partial(lax.ppermute, axis_name="d", perm=[(i, (i + 1) % n) for i in range(n)])
+        specs = (P("d"),), P("d")
+        _compare(_on("polyblocks", ring, (n,), ("d",), *specs, order=[2, 0, 3, 1])(x),
+                 _on("cpu", ring, (n,), ("d",), *specs, order=[2, 0, 3, 1])(x), "a mesh in another order")
         # A result split over "x" and replicated over "y"; an argument replicated over "x".
         summed = functools.partial(lax.psum, axis_name="y")
         specs = (P(None, "y"),), P("x")
