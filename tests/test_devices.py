@@ -262,6 +262,8 @@ class DevicesTest(parameterized.TestCase):
         exe = pb.compile(SWAP)
         self.assertEqual((exe.replicas, exe.partitions), (2, 1))
         self.assertEqual([c.peers for c in exe.collectives], [((1,), (0,))])
+        with self.assertRaisesRegex(pb.InvalidArgumentError, "one instance per device"):
+            exe(np.ones(4, np.float32))  # alone, its collectives would have no one to meet
 
     def test_serialized_program_runs_its_collectives(self):
         """The collectives' description travels with the executable, and the library loaded in

@@ -123,7 +123,7 @@ def _reduce_into(name: str, values: list[np.ndarray], out: np.ndarray) -> None:
 
 
 class _Run:
-    """The instances of one call: their barrier, posted operands and first error."""
+    """The instances of one call: their barrier, posted buffers and first error."""
 
     def __init__(self, count: int) -> None:
         self.barrier = threading.Barrier(count)
@@ -221,6 +221,11 @@ class _Worker:
 
 
 _WORKERS = _Workers()
+
+
+def in_instance() -> bool:
+    """Whether this thread runs an instance of ``run_instances``."""
+    return getattr(_THREAD, "instance", None) is not None
 
 
 def _trampoline(index: int, pointers: int) -> None:

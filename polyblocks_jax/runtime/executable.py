@@ -21,7 +21,7 @@ import numpy as np
 from polyblocks_jax.cpu.executable import CpuExecutable
 from polyblocks_jax.cpu.target import host
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
+from polyblocks_jax.errors import InvalidArgumentError, InvalidProgramError, UnsupportedError
 from polyblocks_jax.runtime import host_callbacks as callbacks
 from polyblocks_jax.runtime import collectives as collective_runtime
 from polyblocks_jax.runtime.collectives import Collective
@@ -103,6 +103,9 @@ class Executable:
             self._exe.run_addresses(data)
 
     def _calling_back(self):
+        if self.collectives and not collective_runtime.in_instance():
+            raise InvalidArgumentError(f"a program for {self.replicas * self.partitions} devices runs one instance "
+                                       "per device together (runtime.collectives.run_instances, or the plugin)")
         return callbacks.running() if self.host_callbacks else contextlib.nullcontext()
 
     def serialize(self) -> bytes:
