@@ -211,4 +211,5 @@ def _compile_imported(imported: ImportedProgram, options: Options, key: str,
                     options.replace(opt_level=0) if tier.tiny else options, aliases,
                     overwritten=donated.aliases, timings=timings, dump=dump)  # the donors bufferization may write
     dump.timings(timings)
-    return Executable(exe, key, timings, donated.donated, callbacks)
+    return Executable(exe, key, timings, donated.donated, callbacks, imported.replicas, imported.partitions,
+                      imported.collectives)

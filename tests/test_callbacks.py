@@ -125,6 +125,16 @@ class PureCallbackTest(absltest.TestCase):
         (pb_out, _), (xla_out, _) = _both(fn, np.linspace(0.0, 2.0, 5))
         support.assert_close(self, pb_out, xla_out)
 
+    def test_strided_result_as_xla(self):
+        """A result the callback returns transposed is copied whole, from memory that stays alive
+        (large enough that freed memory goes back to the system)."""
+        def fn(x):
+            return jax.pure_callback(lambda v: np.asarray(v).T * 2, jax.ShapeDtypeStruct(x.shape[::-1], x.dtype), x)
+
+        x = support.random_array(np.random.default_rng(0), (512, 384), np.float32, edge=False)
+        (pb_out, _), (xla_out, _) = _both(fn, x)
+        support.assert_close(self, pb_out, xla_out)
+
     def test_wrong_result_shape_raises(self):
         def fn(x):
             return jax.pure_callback(lambda v: np.zeros(2), jax.ShapeDtypeStruct((3,), x.dtype), x)

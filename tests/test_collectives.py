@@ -1,6 +1,6 @@
 """Collectives of a shard_map or pmap over one device (stablehlo_import/collectives.py)
 against XLA CPU at support's per-dtype tolerances, and the error for groups of several
-devices."""
+devices in a program for one (test_devices.py runs programs for several)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,40 +45,20 @@ class OneDeviceTest(parameterized.TestCase):
                              [np.asarray(a) for a in jax.tree_util.tree_leaves(want)])
 
 
-class SeveralDevicesTest(parameterized.TestCase):
-    @parameterized.named_parameters(
-        ("all_reduce", "stablehlo.all_reduce", """
-            %0 = "stablehlo.all_reduce"(%arg0) <{replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>}> ({
-            ^bb0(%a: tensor<f32>, %b: tensor<f32>):
-              %s = stablehlo.add %a, %b : tensor<f32>
-              stablehlo.return %s : tensor<f32>
-            }) : (tensor<4xf32>) -> tensor<4xf32>"""),
-        ("all_reduce_of_every_replica", "stablehlo.all_reduce", """
-            %0 = "stablehlo.all_reduce"(%arg0) <{replica_groups = dense<> : tensor<0x0xi64>}> ({
-            ^bb0(%a: tensor<f32>, %b: tensor<f32>):
-              %s = stablehlo.add %a, %b : tensor<f32>
-              stablehlo.return %s : tensor<f32>
-            }) : (tensor<4xf32>) -> tensor<4xf32>"""),
-        ("all_gather", "stablehlo.all_gather", """
-            %g = "stablehlo.all_gather"(%arg0) <{all_gather_dim = 0 : i64,
+class GroupsTest(absltest.TestCase):
+    def test_groups_of_several_devices_in_a_program_for_one(self):
+        program = """
+        module attributes {mhlo.num_replicas = 1 : i32, mhlo.num_partitions = 1 : i32} {
+          func.func public @main(%arg0: tensor<4xf32>) -> tensor<8xf32> {
+            %0 = "stablehlo.all_gather"(%arg0) <{all_gather_dim = 0 : i64,
                 replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>}> : (tensor<4xf32>) -> tensor<8xf32>
-            %0 = stablehlo.slice %g [0:4] : (tensor<8xf32>) -> tensor<4xf32>"""),
-        ("collective_permute", "stablehlo.collective_permute", """
-            %0 = "stablehlo.collective_permute"(%arg0) <{source_target_pairs = dense<[[0, 1], [1, 0]]>
-                : tensor<2x2xi64>}> : (tensor<4xf32>) -> tensor<4xf32>"""),
-    )
-    def test_unsupported(self, op_name, body):
-        program = f"""
-        module attributes {{mhlo.num_replicas = 2 : i32, mhlo.num_partitions = 1 : i32}} {{
-          func.func public @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {{
-            {body}
-            return %0 : tensor<4xf32>
-          }}
-        }}"""
+            return %0 : tensor<8xf32>
+          }
+        }"""
         with self.assertRaises(pb.UnsupportedError) as cm:
             pb.compile(program)
-        self.assertIn(op_name, str(cm.exception))
-        self.assertIn("polyblocks runs on one", str(cm.exception))
+        self.assertIn("stablehlo.all_gather", str(cm.exception))
+        self.assertIn("groups of 2 devices", str(cm.exception))
 
 
 if __name__ == "__main__":

@@ -198,6 +198,10 @@ class CpuExecutable:
                 with self._arena_lock:
                     self._idle_arenas.append(arena)
 
+    def set_global(self, symbol: str, value: int) -> None:
+        """Write the library's 64-bit global ``symbol`` (an address the code calls)."""
+        ctypes.c_int64.in_dll(self._dll, symbol).value = value
+
     def _take_arena(self) -> np.ndarray:
         with self._arena_lock:
             if self._idle_arenas:

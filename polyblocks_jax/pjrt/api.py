@@ -16,6 +16,7 @@ import sys
 from pypjrt._abi import pjrt_0_114 as abi
 
 from polyblocks_jax.pjrt import errors, native
+from polyblocks_jax.pjrt.device import host_device_count
 from polyblocks_jax.pjrt.callbacks import IMPLEMENTATIONS, basics, buffer, client, device, executable  # noqa: F401
 
 _FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
@@ -28,7 +29,8 @@ _keep: list[object] = []  # the table and its callbacks; also leaked on purpose,
 # Destroy functions that jaxlib may call while a Python exception propagates: native.
 NATIVE_DESTROY = ("PJRT_Buffer_Destroy", "PJRT_Event_Destroy", "PJRT_Error_Destroy",
                   "PJRT_Executable_Destroy", "PJRT_LoadedExecutable_Destroy")
-# Counts that are always 1, asked on every call: native too (a Python callback costs ~0.3 us).
+# Counts that are 1 on a single host device, asked on every call: native too (a Python
+# callback costs ~0.3 us); with several host devices, a program's own (Python).
 NATIVE_ONE = ("PJRT_Executable_NumReplicas", "PJRT_Executable_NumPartitions")
 # The per-call getters and Execute (native.GETTERS) are native where a handle's block answers
 # them; Event_Error always is (events never carry errors).
@@ -81,7 +83,8 @@ def build_table() -> abi.PJRT_Api:
     api.pjrt_api_version.minor_version = abi.PJRT_API_MINOR
     natives = native.load()
     addresses = {} if natives is None else {**dict.fromkeys(NATIVE_DESTROY, natives.destroy_address),
-                                            **dict.fromkeys(NATIVE_ONE, natives.one_address),
+                                            **(dict.fromkeys(NATIVE_ONE, natives.one_address)
+                                               if _one_host_device() else {}),
                                             "PJRT_Event_Error": natives.no_error_address}
     for name in abi.FUNCTIONS:
         if name in addresses:
@@ -99,6 +102,13 @@ def build_table() -> abi.PJRT_Api:
     _keep.extend([api, natives])
     atexit.register(_native_teardown, api)
     return api
+
+
+def _one_host_device() -> bool:
+    try:
+        return host_device_count() == 1
+    except ValueError:  # reported when the client starts
+        return True
 
 
 def _native_teardown(api: abi.PJRT_Api) -> None:

@@ -1,7 +1,8 @@
-"""The PJRT client: the host device (id 0), a GPU device per CUDA device (ids 1...), compile and load.
+"""The PJRT client: the host devices (ids 0 .. N-1), a GPU device per CUDA device (ids N...), compile and load.
 
-Programs are compiled for the device JAX assigns them (the compile options' device
-assignment): the host's through the CPU pipeline, a GPU's to PTX; with the options
+Programs are compiled for the devices JAX assigns them (the compile options' device
+assignment): the host's through the CPU pipeline, a GPU's to PTX, a program for several host
+devices once, run by each (spmd_executable.py); with the options
 ``POLYBLOCKS_FLAGS`` sets and the program's ``compiler_options`` change (compile_options.py).
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from polyblocks_jax import files
 from polyblocks_jax.options import Options
 from polyblocks_jax.pjrt import device_assignment, handles
 from polyblocks_jax.pjrt.compile_options import program_options
-from polyblocks_jax.pjrt.device import Device, HandleArray, Text, gpu_devices
+from polyblocks_jax.pjrt.device import Device, HandleArray, Text, gpu_devices, host_device_count
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
 from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable, deserialize
 
@@ -38,7 +39,9 @@ def platform_version(kind: str) -> str:
 
 class Client:
     def __init__(self) -> None:
-        self.devices = [Device(0, device_kind()), *gpu_devices(first_id=1)]
+        hosts = host_device_count()
+        kind = device_kind()
+        self.devices = [*(Device(i, kind) for i in range(hosts)), *gpu_devices(first_id=hosts)]
         self.device_handles = HandleArray([d.handle for d in self.devices])
         self.memory_handles = HandleArray([d.memory.handle for d in self.devices])
         self.platform_name = Text(PLATFORM_NAME)
@@ -55,8 +58,13 @@ class Client:
         if fmt != "mlir":
             raise unimplemented(f"program format {fmt!r} (only \"mlir\")")
         parsed = _parse(compile_options)
-        device = self.device_by_id(_assigned_device(parsed))
+        grid = self._assigned_devices(parsed)
         options = program_options(parsed, Options.from_env())
+        if len(grid) * len(grid[0]) > 1:
+            from polyblocks_jax.pjrt import spmd_executable
+            compiled = polyblocks_jax.compile(code, options)
+            return spmd_executable.SpmdLoadedExecutable(Executable(compiled, "main", compile_options, code), grid)
+        device = grid[0][0]
         if device.gpu is not None:
             from polyblocks_jax.pjrt import gpu_executable
             return gpu_executable.compile_for(code, compile_options, device, options)
@@ -66,7 +74,11 @@ class Client:
     def load(self, data: bytes, compile_options: bytes | None = None) -> LoadedExecutable:
         """Load on the device the options assign (by default the ones it was compiled with)."""
         executable = deserialize(data)
-        device = self.device_by_id(_assigned_device(_parse(compile_options or executable.compile_options)))
+        grid = self._assigned_devices(_parse(compile_options or executable.compile_options))
+        if len(grid) * len(grid[0]) > 1 and executable.target == "cpu":
+            from polyblocks_jax.pjrt import spmd_executable
+            return spmd_executable.SpmdLoadedExecutable(executable, grid)
+        device = grid[0][0]
         if executable.target == "cpu" and device.gpu is None:
             return LoadedExecutable(executable, device)
         if executable.target != "cpu" and device.gpu is not None:
@@ -75,20 +87,28 @@ class Client:
         raise invalid(f"a serialized {executable.target} executable cannot run on "
                       f"{device.description.kind.buffer.value.decode()}")
 
+    def _assigned_devices(self, options) -> list[list[Device]]:
+        """``grid[replica][partition]``: the devices ``options`` (parsed) compile for; without an
+        assignment, the first host devices. Programs for several devices run on host devices."""
+        build = options.executable_build_options
+        assignment = build.device_assignment
+        if assignment is None:
+            ids = [[r * build.num_partitions + p for p in range(build.num_partitions)]
+                   for r in range(build.num_replicas)]
+        else:
+            ids = device_assignment.decode_grid(assignment.serialize())
+        if (len(ids), len(ids[0])) != (build.num_replicas, build.num_partitions):
+            raise invalid(f"a device assignment of {len(ids)} x {len(ids[0])} devices for "
+                          f"{build.num_replicas} replicas x {build.num_partitions} partitions")
+        grid = [[self.device_by_id(i) for i in row] for row in ids]
+        if len(ids) * len(ids[0]) > 1 and any(d.gpu is not None for row in grid for d in row):
+            raise unimplemented("programs for several GPU devices")
+        return grid
+
 
 def _parse(compile_options: bytes):
     from jaxlib import xla_client
     return xla_client.CompileOptions.ParseFromString(compile_options)
-
-
-def _assigned_device(options) -> int:
-    """The id of the one device ``options`` (parsed) compile for (0, the host, when none is assigned)."""
-    build = options.executable_build_options
-    if build.num_replicas > 1 or build.num_partitions > 1:
-        raise unimplemented(f"{build.num_replicas} replicas x {build.num_partitions} partitions "
-                            "(one polyblocks device)")
-    assignment = build.device_assignment
-    return 0 if assignment is None else device_assignment.device_id(assignment.serialize())
 
 
 def c_bytes(address: int, size: int) -> bytes:

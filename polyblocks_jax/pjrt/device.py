@@ -1,19 +1,23 @@
 """Devices, their descriptions and memories: plain data with stable handles.
 
-One host device (id 0) serves the CPU target; when CUDA reports devices, one GPU device
-each follows (ids 1, 2, ...), holding its ``nvptx.runtime.Device``. Every memory's kind
-must be "device": JAX's sharding code looks for that kind on every device.
+The host is split into ``POLYBLOCKS_NUM_DEVICES`` devices (ids 0 .. N-1, default one), each
+with its own memory, as XLA CPU's ``jax_num_cpu_devices``: programs for several devices
+(shard_map, pmap) run one instance per device, on threads of this process. When CUDA reports
+devices, one GPU device each follows (ids N, N+1, ...), holding its ``nvptx.runtime.Device``.
+Every memory's kind must be "device": JAX's sharding code looks for that kind on every device.
 """
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.named_values import NamedValues
 
 logger = logging.getLogger(__name__)
 
+NUM_DEVICES_ENV = "POLYBLOCKS_NUM_DEVICES"
 MEMORY_KIND = "device"
 MEMORY_KIND_ID = 0
 
@@ -71,6 +75,16 @@ class Device:
         self.handle = handles.register(self)
         self.memory.device = self
         self.memory.devices = HandleArray([self.handle])
+
+
+def host_device_count() -> int:
+    """The number of host devices ``POLYBLOCKS_NUM_DEVICES`` asks for (1 when unset)."""
+    text = os.environ.get(NUM_DEVICES_ENV, "").strip()
+    if not text:
+        return 1
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{NUM_DEVICES_ENV}={text!r} is not a positive number of devices")
+    return int(text)
 
 
 def gpu_devices(first_id: int) -> list[Device]:

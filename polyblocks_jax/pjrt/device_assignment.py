@@ -1,4 +1,5 @@
-"""The 1 x 1 DeviceAssignmentProto: which one device a program is compiled for and runs on.
+"""The DeviceAssignmentProto: which devices a program is compiled for and runs on, one per
+replica and partition.
 
 jaxlib hands it over serialized (in the compile options) and asks for it back
 (LoadedExecutable_GetDeviceAssignment); these few fields are read and written by hand.
@@ -8,11 +9,39 @@ from __future__ import annotations
 from polyblocks_jax.pjrt.errors import invalid
 
 
-def encode(device_id: int) -> bytes:
-    """DeviceAssignmentProto{replica_count: 1, computation_count: 1, computation_devices: [{replica_device_ids: [id]}]}."""
-    ids = _varint(device_id)
-    devices = b"\x0a" + _varint(len(ids)) + ids
-    return b"\x08\x01\x10\x01\x1a" + _varint(len(devices)) + devices
+def encode_grid(grid: list[list[int]]) -> bytes:
+    """The DeviceAssignmentProto of ``grid[replica][partition]`` (device ids); partitions are
+    XLA's computations, each listing its device per replica."""
+    replicas, partitions = len(grid), len(grid[0])
+    out = b"\x08" + _varint(replicas) + b"\x10" + _varint(partitions)
+    for p in range(partitions):
+        ids = b"".join(_varint(grid[r][p]) for r in range(replicas))
+        devices = b"\x0a" + _varint(len(ids)) + ids
+        out += b"\x1a" + _varint(len(devices)) + devices
+    return out
+
+
+def decode_grid(proto: bytes) -> list[list[int]]:
+    """``grid[replica][partition]``: the device ids of a DeviceAssignmentProto (``encode_grid``'s inverse)."""
+    columns = []
+    for field, value in _fields(proto):
+        if field == 3:  # computation_devices: one per partition
+            ids = []
+            for inner, packed in _fields(value):
+                if inner == 1:  # replica_device_ids: packed (bytes) or one varint
+                    ids.extend(_varints(packed) if isinstance(packed, bytes) else [packed])
+            columns.append(ids)
+    if not columns or not columns[0] or any(len(c) != len(columns[0]) for c in columns):
+        raise invalid("device assignment without a device for every replica and partition")
+    return [[column[r] for column in columns] for r in range(len(columns[0]))]
+
+
+def _varints(data: bytes) -> list[int]:
+    values, i = [], 0
+    while i < len(data):
+        value, i = _read_varint(data, i)
+        values.append(value)
+    return values
 
 
 def _varint(value: int) -> bytes:
@@ -22,16 +51,6 @@ def _varint(value: int) -> bytes:
         value >>= 7
         if not value:
             return bytes(out)
-
-
-def device_id(proto: bytes) -> int:
-    """The device id in a 1 x 1 DeviceAssignmentProto (the inverse of ``encode``)."""
-    for field, value in _fields(proto):
-        if field == 3:  # computation_devices
-            for inner, ids in _fields(value):
-                if inner == 1:  # replica_device_ids: packed (bytes) or one varint
-                    return _read_varint(ids, 0)[0] if isinstance(ids, bytes) else ids
-    raise invalid("device assignment without a device")
 
 
 def _fields(data: bytes):

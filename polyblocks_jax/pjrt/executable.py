@@ -156,7 +156,7 @@ class LoadedExecutable:
         self.device = device
         self.devices = HandleArray([device.handle])
         self.logical_ids = (ctypes.c_int64 * 2)()  # one {replica 0, partition 0}
-        assignment = device_assignment.encode(device.description.id)
+        assignment = device_assignment.encode_grid([[device.description.id]])
         self.device_assignment = ctypes.create_string_buffer(assignment, len(assignment))
         self.deleted = False
         natives = native.load()

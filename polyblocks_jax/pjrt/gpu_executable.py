@@ -22,6 +22,7 @@ TARGET = "nvptx"  # the serialized header's name for these programs
 class GpuProgram:
     """A ``GpuExecutable`` as ``pjrt.executable.Executable`` reads a compiled program."""
     donated = overwritten = frozenset()
+    replicas = partitions = 1  # a GPU program runs on one device
 
     def __init__(self, exe) -> None:
         self.exe = exe

@@ -3,7 +3,10 @@
 ``Executable`` is what ``polyblocks_jax.compile`` returns and the PJRT plugin runs;
 ``serialize`` / ``deserialize`` carry it to another process as a shared library plus a
 header (signature, donation, arena size, target, checksum). Loading needs no MLIR, LLVM or jax.
-A program that calls back into Python runs in the process that compiled it only.
+A program that calls back into Python runs in the process that compiled it only. A program
+for several devices (``replicas`` x ``partitions``) carries its collectives' descriptions
+and binds its library to the collectives' runtime; the plugin runs one instance per device
+(runtime/collectives.py).
 """
 from __future__ import annotations
 
@@ -18,8 +21,10 @@ import numpy as np
 from polyblocks_jax.cpu.executable import CpuExecutable
 from polyblocks_jax.cpu.target import host
 from polyblocks_jax.dtypes import TensorSpec
-from polyblocks_jax.errors import InvalidProgramError, UnsupportedError
+from polyblocks_jax.errors import InvalidArgumentError, InvalidProgramError, UnsupportedError
 from polyblocks_jax.runtime import host_callbacks as callbacks
+from polyblocks_jax.runtime import collectives as collective_runtime
+from polyblocks_jax.runtime.collectives import Collective
 from polyblocks_jax.runtime.specs import spec_from_json, spec_to_json
 
 # Serialized executables: magic, format version, header length, JSON header, shared library.
@@ -42,12 +47,17 @@ class Executable:
 
     def __init__(self, target_executable: CpuExecutable, fingerprint: str, timings: dict[str, float],
                  donated: frozenset[int] = frozenset(),
-                 host_callbacks: Sequence[callbacks.HostCallback] = ()) -> None:
+                 host_callbacks: Sequence[callbacks.HostCallback] = (), replicas: int = 1, partitions: int = 1,
+                 collectives: Sequence[Collective] = ()) -> None:
         self._exe = target_executable
         self.fingerprint = fingerprint
         self.timings = timings
         self.donated = frozenset(donated)
         self.host_callbacks = tuple(host_callbacks)
+        self.replicas, self.partitions = replicas, partitions
+        self.collectives = tuple(collectives)
+        if self.collectives:
+            target_executable.set_global(collective_runtime.SYMBOL, collective_runtime.TRAMPOLINE_ADDRESS)
 
     def load(self) -> None:
         """Load the code now rather than at the first call: a library that cannot load fails here."""
@@ -103,6 +113,9 @@ class Executable:
             self._exe.run_addresses(data)
 
     def _calling_back(self):
+        if self.collectives and not collective_runtime.in_instance():
+            raise InvalidArgumentError(f"a program for {self.replicas * self.partitions} devices runs one instance "
+                                       "per device together (runtime.collectives.run_instances, or the plugin)")
         return callbacks.running() if self.host_callbacks else contextlib.nullcontext()
 
     def serialize(self) -> bytes:
@@ -120,6 +133,7 @@ class Executable:
             "aliases": list(self.aliases), "overwritten": sorted(self.overwritten),
             "donated": sorted(self.donated), "arena_bytes": self._exe.arena_bytes,
             "sha256": hashlib.sha256(library).hexdigest(),
+            "devices": [self.replicas, self.partitions], "collectives": [c.to_json() for c in self.collectives],
         }).encode()
         return _PREFIX.pack(_MAGIC, _FORMAT, len(header)) + header + library
 
@@ -142,6 +156,8 @@ def deserialize(data: bytes) -> Executable:
         donated = frozenset(_index(i, len(inputs)) for i in header["donated"])
         arena = _size(header["arena_bytes"]) if version >= 3 else 0
         checksum, target, key = header["sha256"], header["target"], header["fingerprint"]
+        replicas, partitions = (_count(n) for n in header.get("devices", [1, 1]))
+        collectives = [Collective.from_json(c) for c in header.get("collectives", [])]
     except (ValueError, KeyError, TypeError) as e:
         raise InvalidProgramError(f"corrupted polyblocks executable header: {e}") from None
     if hashlib.sha256(library).hexdigest() != checksum:
@@ -151,7 +167,7 @@ def deserialize(data: bytes) -> Executable:
                                   f"this host is {host().description()!r}")
     code = CpuExecutable(library, inputs, outputs, aliases, overwritten, arena)
     code.load()  # a library that does not load: an error now, not at the first call
-    return Executable(code, key, {}, donated)
+    return Executable(code, key, {}, donated, replicas=replicas, partitions=partitions, collectives=collectives)
 
 
 def _aliases_from_json(value, inputs: int, outputs: int) -> list[int | None]:
@@ -167,6 +183,12 @@ def _aliases_from_json(value, inputs: int, outputs: int) -> list[int | None]:
 def _index(value, bound: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < bound:
         raise ValueError(f"bad input index {value!r}")
+    return value
+
+
+def _count(value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"bad device count {value!r}")
     return value
 
 

@@ -162,7 +162,8 @@ def _write(buffers: Sequence[_Buffer], addresses: Sequence[int | None], values) 
             raise RuntimeError(f"result {i} of the callback is {value.dtype}{list(value.shape)}, "
                                f"the program expects {buffer.dtype}{list(buffer.shape)}")
         if buffer.nbytes:
-            ctypes.memmove(address, data_address(np.ascontiguousarray(value)), buffer.nbytes)
+            value = np.ascontiguousarray(value)  # alive until copied: a copy when value is strided
+            ctypes.memmove(address, data_address(value), buffer.nbytes)
 
 
 def _zero(buffers: Sequence[_Buffer], addresses: Sequence[int | None]) -> None:

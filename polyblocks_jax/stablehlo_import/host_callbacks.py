@@ -96,12 +96,18 @@ def unless_failed(predicate: ir.Value) -> ir.Value:
 
 def _helper(key: int, operands: list, results: list) -> func.FuncOp:
     """``@polyblocks.host_callback.<key>`` on tensors, made at its first call."""
-    name = f"{PREFIX}.{key}"
+    return runtime_function(f"{PREFIX}.{key}", KEY, key, operands, results)
+
+
+def runtime_function(name: str, attribute: str, value: int, operands: list, results: list) -> func.FuncOp:
+    """``@<name>`` on tensors of ``operands``' specs, returning fresh tensors of ``results``',
+    made at its first call: it calls ``@<name>.run`` on their buffers, a placeholder carrying
+    ``attribute`` = ``value`` whose body the target writes (a call into the runtime)."""
     existing = _symbol(name)
     if existing is not None:
         return existing
     run = _placeholder(f"{name}.run", ir.FunctionType.get([memref_type(s) for s in operands + results], []))
-    run.attributes[KEY] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), key)
+    run.attributes[attribute] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
     with ir.InsertionPoint(run.entry_block):
         func.ReturnOp([])
     with ir.InsertionPoint(_module_body()):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 from typing import Sequence
 
 from jaxlib.mlir import ir as jir
@@ -16,13 +15,14 @@ from mlir.dialects import func
 
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.errors import InvalidProgramError, UnsupportedDtypeError, UnsupportedError
-from polyblocks_jax.stablehlo_import import complex_values, narrow_ops, reader
+from polyblocks_jax.runtime.collectives import Collective
+from polyblocks_jax.stablehlo_import import complex_values, narrow_ops, reader, spmd
 from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import Pair
 from polyblocks_jax.stablehlo_import.registry import COMPLEX_CONVERTERS, CONVERTERS
 from polyblocks_jax.tensor_ir.types import element_type, tensor_type
 
-_TERMINATORS = ("func.return", "stablehlo.return")
+_TERMINATORS = ("func.return", "stablehlo.return", "sdy.return")
 # Ops that may do more than compute their results (a host callback, in a custom call or in a
 # body they run): converted even when their results hold no elements.
 _EFFECTFUL = ("stablehlo.custom_call", "stablehlo.composite", "stablehlo.while", "stablehlo.if",
@@ -59,6 +59,9 @@ class ImportedProgram:
     module: ir.Module           # upstream module holding func.func @main on tensors
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
+    replicas: int = 1           # the devices it runs on, replicas x partitions, one instance each
+    partitions: int = 1
+    collectives: list[Collective] = dataclasses.field(default_factory=list)  # what its calls name
 
 
 class Importer:
@@ -69,9 +72,11 @@ class Importer:
             jir.StringAttr(op.attributes["sym_name"]).value: op.operation
             for op in jmodule.body.operations if op.operation.name == "func.func"}
         # The devices the program runs on, replicas x partitions (collectives.py).
-        self.devices = math.prod(jir.IntegerAttr(jmodule.operation.attributes[name]).value
-                                 for name in ("mhlo.num_replicas", "mhlo.num_partitions")
-                                 if name in jmodule.operation.attributes)
+        self.replicas, self.partitions = (
+            jir.IntegerAttr(jmodule.operation.attributes[name]).value if name in jmodule.operation.attributes else 1
+            for name in ("mhlo.num_replicas", "mhlo.num_partitions"))
+        self.devices = self.replicas * self.partitions
+        self.collectives: list[Collective] = []  # of a program for several devices, in call order
         self._scalar_depth = 0
         # Values visible to the block being imported: nested regions (while, if, case)
         # use values of enclosing blocks without passing them as arguments.
@@ -82,9 +87,15 @@ class Importer:
         if main is None:
             raise InvalidProgramError("the module has no func.func @main")
         block = main.regions[0].blocks[0]
-        inputs = [reader.tensor_spec(a.type, "func.func @main argument", "main") for a in block.arguments]
+        # On several devices, each runs the body of main's shard_map on its shards.
+        local = spmd.per_device_program(main, self.devices) if self.devices > 1 else None
+        if local is not None:
+            block = local.body
+        inputs = [reader.tensor_spec(t, "func.func @main argument", "main")
+                  for t in (local.input_types if local else [a.type for a in block.arguments])]
         ftype = jir.FunctionType(jir.TypeAttr(main.attributes["function_type"]).value)
-        outputs = [reader.tensor_spec(t, "func.func @main result", "main") for t in ftype.results]
+        outputs = [reader.tensor_spec(t, "func.func @main result", "main")
+                   for t in (local.output_types if local else ftype.results)]
         module = ir.Module.create()
         with ir.InsertionPoint(module.body):
             fn = func.FuncOp("main", ir.FunctionType.get(
@@ -97,10 +108,14 @@ class Importer:
             with ir.InsertionPoint(entry):
                 args = [complex_values.split(a, s) if s.dtype.is_complex else a
                         for a, s in zip(entry.arguments, inputs)]
+                if local is not None:
+                    args = [args[k] for k in local.body_arguments]
                 results = self.import_block(block, args)
+                if local is not None:
+                    results = [results[j] for j in local.results]
                 func.ReturnOp([complex_values.interleave(r, s) if s.dtype.is_complex else r
                                for r, s in zip(results, outputs)])
-        return ImportedProgram(module, inputs, outputs)
+        return ImportedProgram(module, inputs, outputs, self.replicas, self.partitions, self.collectives)
 
     def inline_call(self, callee: str, args: Sequence[ir.Value]) -> list[ir.Value]:
         fn = self.functions.get(callee)

@@ -20,6 +20,7 @@ from jaxlib.mlir._mlir_libs import _jax_mlir_ext
 from polyblocks_jax import dtypes
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.errors import InvalidProgramError, UnsupportedDtypeError, UnsupportedError
+from polyblocks_jax.stablehlo_import import spmd
 
 _BYTECODE_MAGIC = b"ML\xefR"
 _ARTIFACT_PRODUCER = b"StableHLO_v"
@@ -87,9 +88,17 @@ def simplified_bytecode(source: str | bytes) -> bytes:
     module = parse(source, ctx)
     with ctx:
         jpassmanager.PassManager.parse("builtin.module(canonicalize)").run(module.operation)
+        if _several_devices(module):
+            spmd.as_partitioned(module)
     out = io.BytesIO()
     module.operation.write_bytecode(out)
     return out.getvalue()
+
+
+def _several_devices(module: jir.Module) -> bool:
+    attributes = module.operation.attributes
+    return any(name in attributes and jir.IntegerAttr(attributes[name]).value > 1
+               for name in ("mhlo.num_replicas", "mhlo.num_partitions"))
 
 
 def _bytecode_producer(source: bytes) -> bytes:

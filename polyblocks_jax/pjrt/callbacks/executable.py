@@ -11,6 +11,7 @@ from polyblocks_jax.pjrt.device import Text
 from polyblocks_jax.pjrt.events import handle_of
 from polyblocks_jax.pjrt.executable import ExecutableRef
 from polyblocks_jax.pjrt.errors import invalid
+from polyblocks_jax.pjrt.spmd_executable import SpmdLoadedExecutable
 
 _BYTES_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 # Serialized bytes handed to jaxlib stay in the handle table until it calls this deleter.
@@ -26,8 +27,9 @@ def _executable(handle):
 @implements("PJRT_LoadedExecutable_Execute")
 def loaded_execute(args):
     loaded = handles.LIVE[args.executable]
-    if args.num_devices != 1:
-        raise invalid(f"execution on {args.num_devices} devices (polyblocks runs on one)")
+    if args.num_devices != 1 or isinstance(loaded, SpmdLoadedExecutable):
+        _execute_devices(loaded, args)
+        return
     if args.execute_device and args.execute_device != loaded.device.handle:
         raise invalid("execute_device is not the executable's device")
     argument_list = ctypes.c_void_p.from_address(args.argument_lists).value
@@ -41,6 +43,13 @@ def loaded_execute(args):
             out_list[i] = buffer.handle
     if args.device_complete_events:
         ctypes.c_void_p.from_address(args.device_complete_events).value = handle_of(loaded.completion(outputs))
+
+
+def _execute_devices(loaded, args) -> None:
+    """Execute a program of several devices (pjrt/spmd_executable.py)."""
+    if not isinstance(loaded, SpmdLoadedExecutable):
+        raise invalid(f"execution on {args.num_devices} devices of a program for one")
+    loaded.execute(args, _non_donatable(args.options))
 
 
 def _non_donatable(options_address: int | None) -> frozenset[int]:
@@ -73,7 +82,7 @@ def loaded_addressable_devices(args):
 @implements("PJRT_LoadedExecutable_AddressableDeviceLogicalIds")
 def loaded_logical_ids(args):
     ids = handles.lookup(args.executable).logical_ids
-    args.addressable_device_logical_ids, args.num_addressable_device_logical_ids = ctypes.addressof(ids), 1
+    args.addressable_device_logical_ids, args.num_addressable_device_logical_ids = ctypes.addressof(ids), len(ids) // 2
 
 
 @implements("PJRT_LoadedExecutable_GetDeviceAssignment")
@@ -113,12 +122,12 @@ def executable_name(args):
 
 @implements("PJRT_Executable_NumReplicas")
 def executable_num_replicas(args):
-    args.num_replicas = 1
+    args.num_replicas = _executable(args.executable).compiled.replicas
 
 
 @implements("PJRT_Executable_NumPartitions")
 def executable_num_partitions(args):
-    args.num_partitions = 1
+    args.num_partitions = _executable(args.executable).compiled.partitions
 
 
 @implements("PJRT_Executable_NumOutputs")
