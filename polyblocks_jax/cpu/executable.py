@@ -142,6 +142,7 @@ class CpuExecutable:
         self._specs = self.inputs + fresh_outputs + arena
         self._load_lock = threading.Lock()
         self._dll: ctypes.CDLL | None = None  # owns the code that _entry points into
+        self._globals: dict[str, int] = {}  # set_global's values, written at load
 
     def load(self) -> None:
         """``dlopen`` the library, once: at the first call, unless done before. A compile
@@ -154,6 +155,8 @@ class CpuExecutable:
             self._factories = [DescriptorFactory(s) for s in self._specs] if self._descriptors else None
             self._entry = getattr(dll, _DESCRIPTOR_ENTRY if self._descriptors else _BARE_ENTRY)
             self._entry.restype, self._entry.argtypes = None, [ctypes.c_void_p] * len(self._specs)
+            for symbol, value in self._globals.items():
+                ctypes.c_int64.in_dll(dll, symbol).value = value
             self._dll = dll
 
     @property
@@ -199,8 +202,12 @@ class CpuExecutable:
                     self._idle_arenas.append(arena)
 
     def set_global(self, symbol: str, value: int) -> None:
-        """Write the library's 64-bit global ``symbol`` (an address the code calls)."""
-        ctypes.c_int64.in_dll(self._dll, symbol).value = value
+        """Give the library's 64-bit global ``symbol`` (an address the code calls) ``value``,
+        now if the library is loaded, else when it loads."""
+        with self._load_lock:
+            self._globals[symbol] = value
+            if self._dll is not None:
+                ctypes.c_int64.in_dll(self._dll, symbol).value = value
 
     def _take_arena(self) -> np.ndarray:
         with self._arena_lock:
