@@ -75,7 +75,7 @@ def provenance() -> dict:
         except OSError:
             return ""
     commit = git("rev-parse", "HEAD")
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results")  # results aren't code
     versions = {}
     for package in PACKAGES:
         try:
