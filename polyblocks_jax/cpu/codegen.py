@@ -31,35 +31,31 @@ from polyblocks_jax.errors import CompilationError
 # redundant loads, invariant address arithmetic), vector-combine (a contraction's operand
 # broadcast by shuffles of whole vectors: ViT-Tiny ran 2.4x slower without it), loop idioms
 # (copies and fills become memcpy and memset) and the unrolling of short loops. These passes
-# once each: ResNet-18's build 0.67 -> 0.53 s on two cores, ViT-Tiny 0.68 -> 0.61, UNet
-# 0.93 -> 0.79; every model and kernel as fast (Zen 4, alternating in one process). SLP
-# vectorization (a few pairs of scalar stores) and induction variable simplification went
-# later: opt 22-30% faster on the models' parts, llc as fast, the models and ops as fast.
+# once each build faster than the -O3 pipeline, and every model and kernel runs as fast. SLP
+# vectorization (a few pairs of scalar stores) and induction variable simplification are
+# left out: they cost opt much time and gain nothing at run time.
 _OPTIMIZER_PASSES = (
     "function(sroa,early-cse<memssa>,instcombine<no-verify-fixpoint>,simplifycfg,"
     "loop-mssa(licm,loop-rotate,licm<allowspeculation>),loop(loop-idiom,loop-deletion),"
     "loop-unroll<O3>,vector-combine,gvn,sccp,instcombine<no-verify-fixpoint>,simplifycfg)")
-# Full unrolling without its simulation of each loop's first iterations (opt 1.13 -> 0.93 s
-# on ResNet-18's module at -O3, the models as fast; without unrolling, 3-8% slower). No
-# unrolling of loops whose trip count is known only at run time (its remainder loops):
-# opt 10-23% faster on ResNet-18's and UNet's modules, every model, op and program as fast.
-# (Partial unrolling stays: without it, llc 22% faster, but pooling, depthwise
-# convolutions and transposes ran 1.2-1.7x slower.)
+# Full unrolling without its simulation of each loop's first iterations (faster to
+# optimize, the code as fast; without unrolling, slower code). No unrolling of loops whose
+# trip count is known only at run time (its remainder loops): faster to optimize, the code
+# as fast. (Partial unrolling stays: without it, code generation is faster but pooling,
+# depthwise convolutions and transposes run slower.)
 _OPTIMIZER_OPTIONS = ("-unroll-threshold=50", "-unroll-max-iteration-count-to-analyze=0", "-unroll-runtime=false")
 # Code generation on large blocks of vector code (fused groups, unrolled copies) spent most
 # of its time in two searches quadratic in a block's memory operations: the DAG combiner's
 # merging of adjacent stores (our stores are whole vectors already) and the machine
-# scheduler's dependence graph (bounded here as for its huge regions). ViT-Tiny: 57 -> 27 s.
-# Loop strength reduction then took half of what was left on ResNet-18 (17 -> 10 s), in
-# scalar evolution over unrolled register tiles whose addresses are constant offsets
-# already; without it the models run as fast. x86's cmov converter (a select in a loop made
-# a jump over a move, when its condition looks predictable) is off: our scalar loops select
-# on data (a merge sort's next element), where a jump mispredicts half the time on random
-# data (sorting int32 rows ran 3x slower). At -O0 (a tiny program, passes/work.py) the
-# instruction selection of whole blocks, not FastISel: FastISel fuses no multiply and add
-# marked contractible (passes/vectorize.py), so a*b+c differed in its last bit from the
-# code of the other levels and from XLA's; as fast (llc on tiny programs 1-2 ms either way,
-# where -O2 takes 6-15 ms; Xeon, loaded).
+# scheduler's dependence graph (bounded here as for its huge regions). Loop
+# strength reduction then takes much of what is left, in scalar evolution over unrolled
+# register tiles whose addresses are constant offsets already; without it the models run
+# as fast. x86's cmov converter (a select in a loop made a jump over a move, when its
+# condition looks predictable) is off: our scalar loops select on data (a merge sort's next
+# element), where a jump mispredicts half the time on random data. At -O0 (a tiny program,
+# passes/work.py) the instruction selection of whole blocks, not FastISel: FastISel fuses no
+# multiply and add marked contractible (passes/vectorize.py), so a*b+c would differ in its
+# last bit from the code of the other levels and from XLA's; as fast on tiny programs.
 _CODEGEN_OPTIONS = ("-combiner-store-merging=0", "-dag-maps-huge-region=100", "-disable-lsr",
                     "-x86-cmov-converter=false", "-fast-isel=false")
 # Below this much IR a second part (a thread, or opt and llc processes) costs more than it saves.

@@ -6,8 +6,8 @@ nor LLVM, only ``dlopen``.
 
 The entry ``main`` takes one pointer per argument, to its data: the host's buffers have
 static shapes and contiguous layouts, so LLVM functions take bare pointers, not memref
-descriptors (ViT-Tiny's main passed 5 to 9 words per buffer to each of 564 kernels, and a
-C wrapper unpacked 201 descriptors: LLVM's time on the model 0.76 -> 0.63 s). A library
+descriptors (5 to 9 words per buffer passed to each kernel, and a C wrapper unpacking
+them, all of which LLVM must compile). A library
 whose functions keep descriptors (a buffer of no elements, the deallocation helper's
 dynamic ones; and those of serialized formats 2 and 3) exports the C wrapper
 ``_mlir_ciface_main`` instead, one pointer per argument to a descriptor: its presence says

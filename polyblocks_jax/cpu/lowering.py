@@ -76,7 +76,7 @@ def cpu_stages(options: Options, small: bool = False) -> list[Stage]:
         Stage("bf16-arithmetic", emulate_bf16_arithmetic),
         *roundings,
         # Conversions that work function by function are nested in func.func: MLIR runs them
-        # on the outlined kernels in parallel, one per core (ViT-Tiny: 0.41 -> 0.29 s).
+        # on the outlined kernels in parallel, one per core.
         Stage("to-llvm", lower_to_llvm, verify=False),
         # Memory is pointers now: bf16 vectors move as i16 ones, which llc splits at any length.
         Stage("bf16-vector-bits", bf16_vectors_as_bits),
@@ -129,8 +129,8 @@ def lower_to_llvm(module: ir.Module, options: Options) -> None:
     pipeline = _TO_LLVM + (_BARE_FUNCTIONS if bare else _DESCRIPTOR_FUNCTIONS) + _REST
     pass_manager(f"builtin.module({pipeline})", module.context).run(module.operation)
     # The lowering builds a memref descriptor for every view main passes to a kernel, then
-    # takes one pointer out of it: folded here, not by LLVM (ViT-Tiny's main 7.7K -> 1K
-    # lines of IR, a third of the module's text; compile 1.76 -> 1.62 s). The kernels hold
+    # takes one pointer out of it: folded here, not by LLVM (in a model's main, most of its
+    # lines of IR and a large share of the module's text). The kernels hold
     # few such chains; canonicalizing them too cost more than LLVM saved.
     cleanup = pass_manager("llvm.func(canonicalize)", module.context)
     for function in module.body.operations:

@@ -380,7 +380,7 @@ def _im2col(image: ir.Value, window: _Window) -> ir.Value:
     # Otherwise one generic over every tap: row (n, oh, ow) column (kh, kw, c) reads the
     # image at (n, oh * sh + kh * dh, ow * sw + kw * dw, c); scalar loops, as the copies per
     # tap it replaces ended up (canonicalization folded them into slices, bufferization then
-    # copied each tap in a parallel region of its own): ResNet-18's compile 2.0 -> 1.6 s.
+    # copied each tap in a parallel region of its own), in less code to compile.
     (sh, sw), (dh, dw) = window.strides, window.dilations
     d = [ir.AffineDimExpr.get(i) for i in range(6)]
     window_map = ir.AffineMap.get(6, 0, [d[0], d[1] * sh + d[3] * dh, d[2] * sw + d[4] * dw, d[5]])
