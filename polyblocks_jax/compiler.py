@@ -206,9 +206,12 @@ def _compile_imported(imported: ImportedProgram, options: Options, key: str,
     recorded = results.output_aliases(imported.module)
     aliases = None if recorded is None else [None if a < 0 else a for a in recorded]
     on_stage("codegen")  # translation to LLVM IR, then LLVM (cpu/codegen.py)
-    # A tiny program's code: unoptimized, as fast to run at its size (passes/work.py).
+    # A tiny program's code at LLVM's first level (passes/work.py): as fast to run at its
+    # size. Not -O0: its FastISel fuses no multiply and add marked contractible, so a*b+c
+    # would differ in its last bit from the other levels' code and XLA's, and the whole-block
+    # selection at -O0 aborts on a scalar bf16 bitcast (jnp.signbit).
     exe = cpu.build(imported.module, imported.inputs, imported.outputs,
-                    options.replace(opt_level=0) if tier.tiny else options, aliases,
+                    options.replace(opt_level=1) if tier.tiny else options, aliases,
                     overwritten=donated.aliases, timings=timings, dump=dump)  # the donors bufferization may write
     dump.timings(timings)
     return Executable(exe, key, timings, donated.donated, callbacks, imported.replicas, imported.partitions,

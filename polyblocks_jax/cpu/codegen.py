@@ -52,12 +52,9 @@ _OPTIMIZER_OPTIONS = ("-unroll-threshold=50", "-unroll-max-iteration-count-to-an
 # register tiles whose addresses are constant offsets already; without it the models run
 # as fast. x86's cmov converter (a select in a loop made a jump over a move, when its
 # condition looks predictable) is off: our scalar loops select on data (a merge sort's next
-# element), where a jump mispredicts half the time on random data. At -O0 (a tiny program,
-# passes/work.py) the instruction selection of whole blocks, not FastISel: FastISel fuses no
-# multiply and add marked contractible (passes/vectorize.py), so a*b+c would differ in its
-# last bit from the code of the other levels and from XLA's; as fast on tiny programs.
+# element), where a jump mispredicts half the time on random data.
 _CODEGEN_OPTIONS = ("-combiner-store-merging=0", "-dag-maps-huge-region=100", "-disable-lsr",
-                    "-x86-cmov-converter=false", "-fast-isel=false")
+                    "-x86-cmov-converter=false")
 # Below this much IR a second part (a thread, or opt and llc processes) costs more than it saves.
 _SPLIT_BYTES = 256 << 10
 _LINKER = os.environ.get("CC", "cc")

@@ -30,7 +30,7 @@ SMALL_WORK = MIN_PARALLEL_WORK
 # repeated layers may be worth sharing: the full pipeline.
 SMALL_OPS = 64
 # Below this much work a call lasts under a microsecond or so at any optimization level:
-# LLVM compiles it unoptimized (-O0 code generation, no optimizer passes).
+# LLVM compiles it at its first level (compiler.py says why not at -O0).
 TINY_WORK = 1 << 12
 _FREE = ("tensor.empty", "arith.constant", "linalg.yield", "func.return", "scf.yield", "tensor.yield",
          "linalg.index")
