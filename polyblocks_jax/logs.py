@@ -80,7 +80,10 @@ class CompileReport:
         return self
 
     def __exit__(self, kind, error, traceback) -> None:
+        # the watcher finishes before the outcome is logged: no progress line after it
         self._done.set()
+        if self._watcher is not None:
+            self._watcher.join()
         seconds = time.perf_counter() - self._start
         if error is None:
             logger.info("compiled %s in %.2f s (%s)", self.name, seconds,

@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 from unittest import mock
 
 import jax
@@ -60,6 +61,16 @@ class CompileLogTest(absltest.TestCase):
         self.assertTrue(progress, logged.output)
         self.assertTrue(any(re.search(r", stage [\w-]+$", line) for line in progress), progress)
         self.assertRegex(logged.output[-1], r"compiled jit__layers in [0-9.]+ s \(compile worker; ")
+
+    def test_no_progress_line_follows_the_outcome(self):
+        # the progress watcher ends before the outcome is logged: a line of one compile never
+        # lands among the next one's
+        lowered = _lowered(_layers, np.ones((64, 64), np.float32))
+        with mock.patch.object(logs, "PROGRESS_S", 0.001), self.assertLogs("polyblocks_jax", "INFO") as logged:
+            pb.compile(lowered)
+            watchers = [t for t in threading.enumerate() if t.name == "polyblocks-compile-progress"]
+        self.assertEqual(watchers, [])
+        self.assertRegex(logged.output[-1], r"compiled jit__layers in ")
 
     def test_program_name(self):
         self.assertEqual(logs.program_name('module @jit_f attributes {x = 1} {\n}'), "jit_f")
