@@ -19,6 +19,12 @@ they are cached per jax version, test file and settings; ``--reuse-xla`` reads t
     python bench/conformance.py ~/jax/tests                      # the default files
     python bench/conformance.py ~/jax/tests fft_test nn_test -k Fft --results /tmp/c.json
     python bench/conformance.py ~/jax/tests --reuse-xla          # polyblocks' side only
+    python bench/conformance.py ~/jax/tests lax_control_flow_test --as-cpu --results /tmp/c.json
+
+``--as-cpu`` runs polyblocks' side as the device JAX's tests call cpu (``JAX_TEST_DUT=cpu``):
+the tests JAX keeps for the CPU (``run_on_devices("cpu")``, hundreds in lax_control_flow_test
+and api_test) then run on polyblocks too. Wider coverage, not the goal's measure: such a test
+may also assert what is particular to XLA CPU.
 
 The tests folder must be the one of the installed jaxlib's tag (jax-v<version>). Its tests
 need the ``conformance`` extra (scipy, mpmath, ...): ``pip install -e ".[conformance]"``.
@@ -315,8 +321,10 @@ def write_results(report: dict, path: Path) -> str:
 
 def xla_cache_path(cache: Path, test_file: Path, settings: dict) -> Path:
     """Where XLA's outcomes of ``test_file`` under ``settings`` are kept: by jax version,
-    file name, and a digest of the file's text and the settings."""
-    digest = hashlib.sha256(test_file.read_bytes() + json.dumps(settings, sort_keys=True).encode()).hexdigest()
+    file name, and a digest of the file's text and the settings (``as_cpu`` changes only
+    polyblocks' side)."""
+    xla_settings = {key: value for key, value in settings.items() if key != "as_cpu"}
+    digest = hashlib.sha256(test_file.read_bytes() + json.dumps(xla_settings, sort_keys=True).encode()).hexdigest()
     return cache / f"{test_file.stem}-jax{settings['jax']}-{digest[:12]}.json"
 
 
@@ -352,6 +360,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--update", action="store_true",
                         help="keep the other files' rows of the results file (each row names the commit it was "
                              "measured at); the files run now replace theirs")
+    parser.add_argument("--as-cpu", action="store_true",
+                        help="on polyblocks' side, run the tests JAX keeps for the CPU (JAX_TEST_DUT=cpu)")
     parser.add_argument("--stall", type=float, default=DEFAULT_STALL_S,
                         help="seconds without a test finishing after which a run counts as hung")
     args = parser.parse_args(argv)
@@ -370,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
     env = dict(os.environ, JAX_NUM_GENERATED_CASES=str(args.cases))
     pytest_args = ["-k", args.keyword] if args.keyword else []
     settings = {"jax": info["versions"]["jax"], "jaxlib": info["versions"]["jaxlib"], "cases": args.cases,
-                "keyword": args.keyword, "x64": os.environ.get("JAX_ENABLE_X64", "")}
+                "keyword": args.keyword, "x64": os.environ.get("JAX_ENABLE_X64", ""), "as_cpu": args.as_cpu}
     report = {**info, "date": datetime.datetime.now().isoformat(timespec="seconds"), "settings": settings,
               "goal": GOAL, "requested": args.files, "files": {}}
     if args.update and results.exists():
@@ -384,7 +394,8 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 xla = run_side(test_file, SIDES["xla"], pytest_args, env, Path(workdir), args.stall)
                 save_side(cached, xla)
-            polyblocks = run_side(test_file, SIDES["polyblocks"], pytest_args, env, Path(workdir), args.stall)
+            polyblocks = run_side(test_file, SIDES["polyblocks"], pytest_args,
+                                  dict(env, JAX_TEST_DUT="cpu") if args.as_cpu else env, Path(workdir), args.stall)
             report["files"][name] = {**compare(xla.outcomes, polyblocks.outcomes, polyblocks.collected), "commit": info["commit"],
                                      "xla_s": xla.seconds,
                                      "polyblocks_s": polyblocks.seconds, "processes": polyblocks.processes,
