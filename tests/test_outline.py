@@ -356,6 +356,17 @@ class OutlineProgramTest(absltest.TestCase):
         for p in (0, 1):
             support.check_against_xla(self, branch, x, np.int32(p), rtol=1e-6, atol=1e-6)
 
+    def test_a_mask_of_columns_reaches_a_kernel_whole(self):
+        # The row's remainder mask (8 of 200 columns), computed once before the parallel
+        # loop, is a kernel's argument: passed as a vector of i1 only its lane 0 arrived
+        # (columns 193-199 of every row zeroed; JAX's svd of 200 x 200 went NaN).
+        def masked(x, y):
+            columns = jax.lax.broadcasted_iota(np.int32, x.shape, 1)
+            return jnp.where(columns < 200, x, y), jnp.where(columns >= 5, y, x)
+        rng = np.random.default_rng(3)
+        args = [rng.standard_normal((200, 200)).astype(np.float32) for _ in range(2)]
+        support.check_against_xla(self, masked, *args)
+
     def test_buffers_of_no_elements_keep_descriptors(self):
         # MLIR passes a memref of no elements as a descriptor: every function does then, and
         # the library's entry is the C wrapper.

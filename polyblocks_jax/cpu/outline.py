@@ -152,6 +152,8 @@ def _pass_only_roots(call: ir.Operation, kernel: func.FuncOp) -> None:
                 for index, operand in enumerate(operands):
                     clone.operands[index] = operand
                 inside[value] = clone.results[ir.OpResult(value).result_number]
+            elif _is_mask(value.type):
+                inside[value] = _mask_passed_as_bytes(value, call, kernel, body_start, passed)
             elif bare_pointer(value.type):
                 inside[value] = entry.add_argument(value.type, kernel.location)
                 passed.append(value)
@@ -233,6 +235,26 @@ def bare_pointer(type_: ir.Type) -> bool:
         return True
     memref_type = ir.MemRefType(type_)
     return memref_type.has_static_shape and 0 not in memref_type.shape and identity_layout(memref_type)
+
+
+def _is_mask(type_: ir.Type) -> bool:
+    return isinstance(type_, ir.VectorType) and ir.VectorType(type_).element_type == ir.IntegerType.get_signless(1)
+
+
+def _mask_passed_as_bytes(mask: ir.Value, call: ir.Operation, callee: func.FuncOp, body_start: ir.InsertionPoint,
+                          passed: list[ir.Value]) -> ir.Value:
+    """``mask`` (a vector of i1) crossing the call as a vector of i8. As an argument itself,
+    x86 passes it widened (i16 lanes, on the stack behind wide vectors), and LLVM's code
+    generator then read that stack slot as the bit-packed vector an OpenMP region capturing
+    it loads: only lane 0 survived (a row's remainder mask of 8 lanes, the tail of each row
+    of a 200 x 200 select zeroed)."""
+    type_ = ir.VectorType(mask.type)
+    as_bytes = ir.VectorType.get(type_.shape, ir.IntegerType.get_signless(8))
+    with ir.InsertionPoint(call), call.location:
+        passed.append(arith.extui(as_bytes, mask))
+    argument = callee.entry_block.add_argument(as_bytes, callee.location)
+    with body_start, callee.location:
+        return arith.trunci(type_, argument)
 
 
 def _rebuilt(view: ir.Value, call: ir.Operation, callee: func.FuncOp, body_start: ir.InsertionPoint,

@@ -2,7 +2,8 @@
 
 argmax and argmin (a reduction of two operands: ties, NaN), reduce_precision, clamp (bounds
 maybe crossed), iota (wrapping or rounding in narrow types), top_k, float to integer casts
-of values out of the integer's range (saturating), and vmap, jvp or grad of a whole program.
+of values out of the integer's range (saturating), bitcasts between types of equal or
+other widths, and vmap, jvp or grad of a whole program.
 """
 from __future__ import annotations
 
@@ -50,12 +51,23 @@ def gen_clamp(p: programs.Program, x: int) -> None:
 
 
 def gen_iota(p: programs.Program, x: int) -> None:
-    """An iota of x's shape and dtype combined with x (iota wraps in narrow integer types)."""
+    """An iota of x's shape and dtype combined with x (iota wraps in narrow integer types),
+    or a mask of positions (iota compared with a bound: the same for every row, as padding
+    masks are) selecting between x and another value."""
     shape, dtype = p.values[x]
     if not shape or programs.kind(dtype) == "bool":
         return programs.GENERATORS["unary"](p, x)
-    iota = p.add({"op": "iota", "shape": list(shape), "dtype": dtype,
-                  "dim": p.draw(st.integers(0, len(shape) - 1))}, shape, dtype)
+    dim = p.draw(st.integers(0, len(shape) - 1))
+    if p.draw(st.booleans()):
+        mask = p.add({"op": "iota_mask", "shape": list(shape), "dim": dim,
+                      "fn": p.draw(st.sampled_from(programs.COMPARES)),
+                      # often near the end: within the row's last, partial vector
+                      "bound": p.draw(st.one_of(st.integers(0, shape[dim]),
+                                                st.integers(max(0, shape[dim] - 16), shape[dim])))},
+                     shape, "bool")
+        p.add({"op": "select", "p": mask, "x": x, "y": p.partner(x)}, shape, dtype)
+        return
+    iota = p.add({"op": "iota", "shape": list(shape), "dtype": dtype, "dim": dim}, shape, dtype)
     fn = p.draw(st.sampled_from(p.fns(programs.BINARY, dtype)))
     p.add({"op": "binary", "fn": fn, "x": x, "y": iota}, shape, dtype)
 
@@ -84,8 +96,28 @@ def gen_to_int(p: programs.Program, x: int) -> None:
     p.add({"op": "cast", "x": scaled, "dtype": target}, shape, target)
 
 
+# Types by width, for bitcasts: of the same width, or as several narrower (an added minor dim).
+WIDTHS = {8: ("int8", "uint8"), 16: ("float16", "bfloat16", "int16", "uint16"),
+          32: ("float32", "int32", "uint32"), 64: ("float64", "int64")}
+
+
+def gen_bitcast(p: programs.Program, x: int) -> None:
+    """x's bits as another type: one of its width, several narrower ones (a minor dim added),
+    or, where the minor dim is that count, one wider (scalar bf16 <-> int16 crashed LLVM's
+    instruction selection at -O0)."""
+    shape, dtype = p.values[x]
+    width = next((w for w, names in WIDTHS.items() if dtype in names), None)
+    if width is None:
+        return programs.GENERATORS["cast"](p, x)
+    wider = [w for w in WIDTHS if w > width and shape and shape[-1] == w // width]
+    to = p.draw(st.sampled_from([w for w in WIDTHS if w <= width] + wider))
+    target = p.draw(st.sampled_from(WIDTHS[to]))
+    out = list(shape) + [width // to] if to < width else list(shape[:-1]) if to > width else list(shape)
+    p.add({"op": "bitcast", "x": x, "dtype": target}, out, target)
+
+
 GENERATORS = {"argmax": gen_argmax, "reduce_precision": gen_reduce_precision, "clamp": gen_clamp,
-              "iota": gen_iota, "top_k": gen_top_k, "to_int": gen_to_int}
+              "iota": gen_iota, "top_k": gen_top_k, "to_int": gen_to_int, "bitcast": gen_bitcast}
 
 # After GENERATORS: importing programs first imports this module and reads them.
 from . import interpret, programs  # noqa: E402

@@ -142,12 +142,16 @@ def _apply(op: dict, v: list):
         return _cumulative(x, op)
     if k == "argmax":
         return (lax.argmax if op["fn"] == "argmax" else lax.argmin)(x, op["axis"], numpy_dtype(op["dtype"]))
+    if k == "bitcast":
+        return lax.bitcast_convert_type(x, numpy_dtype(op["dtype"]))
     if k == "reduce_precision":
         return lax.reduce_precision(x, *op["bits"])
     if k == "clamp":
         return lax.clamp(v[op["lo"]], x, v[op["hi"]])
     if k == "iota":
         return lax.broadcasted_iota(numpy_dtype(op["dtype"]), op["shape"], op["dim"])
+    if k == "iota_mask":
+        return LAX_COMPARE[op["fn"]](lax.broadcasted_iota(np.int32, op["shape"], op["dim"]), np.int32(op["bound"]))
     # top_k orders NaNs by sign, which is unspecified for a computed NaN (XLA's log1p of -2 is
     # -NaN on x86, ours +NaN): the operand's NaNs are made one.
     if k == "top_k":

@@ -55,6 +55,7 @@ def save(out: str, spec: dict, setting: str, error: str) -> bool:
 # vmap, jvp or grad as a whole.
 EDGE_KINDS = tuple(edge_ops.GENERATORS) + ("binary", "cast", "reduce", "dot", "conv", "window", "scatter",
                                            "dynamic_slice")
+MASK_KINDS = ("iota", "unary", "binary", "compare", "cast")
 MATRIX_KINDS = ("dot", "conv", "unary", "binary", "cast", "reduce", "transpose")
 FAMILIES = {"all": lambda: programs.programs(max_ops=8), "loops": loop_programs.loop_programs,
             "large": lambda: programs.programs(max_ops=5, shapes=programs.LARGE),
@@ -62,6 +63,8 @@ FAMILIES = {"all": lambda: programs.programs(max_ops=8), "loops": loop_programs.
             "matrix": lambda: programs.programs(max_ops=4, shapes=programs.LARGE, kinds=MATRIX_KINDS,
                                                 dtypes=("bfloat16", "float16", "int8", "uint8", "float32")),
             "edge": lambda: programs.programs(kinds=EDGE_KINDS),
+            # masks of positions on matrices split into a parallel loop over rows
+            "masks": lambda: programs.programs(max_ops=3, shapes=programs.ROWS, kinds=MASK_KINDS, first="iota"),
             "transformed": lambda: programs.programs(transforms=True, dtypes=edge_ops.TRANSFORMED_DTYPES)}
 
 
