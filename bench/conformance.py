@@ -21,7 +21,7 @@ they are cached per jax version, test file and settings; ``--reuse-xla`` reads t
     python bench/conformance.py ~/jax/tests --reuse-xla          # polyblocks' side only
     python bench/conformance.py ~/jax/tests lax_control_flow_test --as-cpu --results /tmp/c.json
 
-``--as-cpu`` runs polyblocks' side as the device JAX's tests call cpu (``JAX_TEST_DUT=cpu``):
+``--as-cpu`` runs polyblocks' side as the device JAX's tests call cpu (its ``jax_test_dut``):
 the tests JAX keeps for the CPU (``run_on_devices("cpu")``, hundreds in lax_control_flow_test
 and api_test) then run on polyblocks too. Wider coverage, not the goal's measure: such a test
 may also assert what is particular to XLA CPU.
@@ -361,7 +361,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="keep the other files' rows of the results file (each row names the commit it was "
                              "measured at); the files run now replace theirs")
     parser.add_argument("--as-cpu", action="store_true",
-                        help="on polyblocks' side, run the tests JAX keeps for the CPU (JAX_TEST_DUT=cpu)")
+                        help="on polyblocks' side, run the tests JAX keeps for the CPU (jax_test_dut=cpu)")
     parser.add_argument("--stall", type=float, default=DEFAULT_STALL_S,
                         help="seconds without a test finishing after which a run counts as hung")
     args = parser.parse_args(argv)
@@ -394,8 +394,9 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 xla = run_side(test_file, SIDES["xla"], pytest_args, env, Path(workdir), args.stall)
                 save_side(cached, xla)
-            polyblocks = run_side(test_file, SIDES["polyblocks"], pytest_args,
-                                  dict(env, JAX_TEST_DUT="cpu") if args.as_cpu else env, Path(workdir), args.stall)
+            polyblocks = run_side(test_file, SIDES["polyblocks"],
+                                  pytest_args + (["--conformance-dut=cpu"] if args.as_cpu else []), env,
+                                  Path(workdir), args.stall)
             report["files"][name] = {**compare(xla.outcomes, polyblocks.outcomes, polyblocks.collected), "commit": info["commit"],
                                      "xla_s": xla.seconds,
                                      "polyblocks_s": polyblocks.seconds, "processes": polyblocks.processes,

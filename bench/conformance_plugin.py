@@ -22,6 +22,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance")
     group.addoption("--conformance-log", help="write each test's start and outcome here, as JSON lines")
     group.addoption("--conformance-skip", help="a file of test ids, one a line, to deselect")
+    group.addoption("--conformance-dut", help="the device JAX's test_util takes as under test (its jax_test_dut)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -30,6 +31,17 @@ def pytest_configure(config: pytest.Config) -> None:
         skip = config.getoption("conformance_skip")
         ids = set(Path(skip).read_text().splitlines()) if skip else set()
         config.pluginmanager.register(Recorder(Path(log), ids), "conformance-recorder")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config) -> None:
+    # After collection: the test files have imported JAX's test_util, which defines the
+    # option (absl would read it from the command line, which pytest's parser refuses).
+    # Each test's device marks (run_on_devices, skip_on_devices) are read as it runs.
+    dut = config.getoption("conformance_dut")
+    if dut:
+        import jax
+        jax.config.update("jax_test_dut", dut)
 
 
 class Recorder:

@@ -7,6 +7,7 @@ import textwrap
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 from absl.testing import absltest
 from mlir import ir
@@ -58,6 +59,16 @@ func.func @f(%a: memref<197x192xf32>, %b: memref<197x192xf32>, %c: memref<192xf3
       vector.transfer_write %t, %out[%i, %j] {in_bounds = [true]} : vector<64xf32>, memref<197x192xf32>
     }
   }
+  return
+}
+"""
+
+_COPIES = """
+func.func @f(%a: memref<8x1024x256xf32>, %b: memref<8x1024x256xf32>, %c: memref<16xf32>, %d: memref<16xf32>,
+             %e: memref<1021x1021xf32>, %f: memref<1021x1021xf32>) {
+  memref.copy %a, %b : memref<8x1024x256xf32> to memref<8x1024x256xf32>
+  memref.copy %c, %d : memref<16xf32> to memref<16xf32>
+  memref.copy %e, %f : memref<1021x1021xf32> to memref<1021x1021xf32>
   return
 }
 """
@@ -161,6 +172,18 @@ class CostModelTest(absltest.TestCase):
             self.assertEqual([len(op.opview.lowerBound) for op in loops], [1, 2])
             self.assertEqual(len(_ops(module, "scf.for")), 1)
 
+    def test_a_large_copy_is_shared_out_in_contiguous_parts(self):
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(_COPIES)
+            parallel.parallelize_loops(module, pb.Options(), threads=2)
+            loops = _ops(module, "scf.parallel")
+            self.assertLen(loops, 1)  # the 8 MiB copy; 64 bytes stay one memcpy, and so do 1021^2
+            self.assertEqual(parallel.dim_trips(loops[0]), [parallel.CHUNKS_PER_THREAD * 2])
+            self.assertIn(parallel.PARALLEL_ATTR, loops[0].attributes)  # elements (a prime squared): no parts
+            copies = _ops(module, "memref.copy")
+            self.assertEqual([ir.MemRefType(c.operands[0].type).shape for c in copies],
+                             [[1, 8 * 1024 * 256 // 8], [16], [1021, 1021]])
+
     def test_switched_off_or_one_core_serializes_everything(self):
         for options, threads in ((pb.Options(parallel=False), 2), (pb.Options(), 1)):
             with ir.Context(), ir.Location.unknown():
@@ -210,6 +233,12 @@ class ParallelResultsTest(absltest.TestCase):
             return (jnp.tanh(a) * 2 + a, k * 3 - (k >> 2), c.sum(axis=1), c.max(axis=0),
                     jnp.argmax(c, axis=1), k.sum())
         self._check(fn, x, i, r, rtol=1e-5, atol=1e-5)  # f32 sums in another order than XLA's
+
+    def test_update_of_a_large_array(self):
+        # the operand's copy into the result is shared out, then the update written
+        rng = np.random.default_rng(3)
+        x, u = rng.standard_normal((4, 512, 256), np.float32), rng.standard_normal((4, 64, 256), np.float32)
+        self._check(lambda a, b, i: lax.dynamic_update_slice(a, b, (0 * i, i, 0 * i)), x, u, np.int32(200))
 
     def test_small_model(self):
         rng = np.random.default_rng(2)

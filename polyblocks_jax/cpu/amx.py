@@ -40,6 +40,64 @@ def amx_unit(bf16: bool = True, int8: bool = True) -> MatrixUnit:
     return MatrixUnit("amx", ops, TILE_REGISTERS)
 
 
+@dataclasses.dataclass
+class _RegisterBlock:
+    """One (mb x nb) block of accumulator tiles, as both templates run it: the tile types and
+    the names of the block's rows, columns and accumulators."""
+    tile: TileShape
+    pack: int
+    operand: str
+    accumulate: str
+    blocking: tuple[int, int]
+    lead: int
+
+    def __post_init__(self) -> None:
+        mb, nb = self.blocking
+        self.lead_ix = [f"%b{d}" for d in range(self.lead)]
+        self.rows = [f"%row{i}" for i in range(mb)]
+        self.cols = [f"%col{j}" for j in range(nb)]
+        self.accs = [(i, j) for i in range(mb) for j in range(nb)]
+        self.index = templates.IndexConstants()
+        tile = self.tile
+        self.a_tile = f"!amx.tile<{tile.m}x{tile.k}x{self.operand}>"
+        self.b_tile = f"!amx.tile<{tile.k // self.pack}x{tile.n * self.pack}x{self.operand}>"
+        self.c_tile = f"!amx.tile<{tile.m}x{tile.n}x{self.accumulate}>"
+        self.mul = "amx.tile_mulf" if self.accumulate.startswith("f") else "amx.tile_muli"
+
+    def lines(self, indent: str, k2: int, a_type: str, b_tiles: list[str], c: str, c_type: str,
+              zero_init: bool) -> list[str]:
+        """The block at ``indent``: its tiles zeroed or loaded from ``c``, carried in registers
+        over the k loop (each step loads mb tiles of ``%a`` and the nb ``b_tiles``, each a
+        ``memref[indices] : type`` at ``%k2``), then stored to ``c``."""
+        index, accs, c_tile = self.index, self.accs, self.c_tile
+        at = [f"{c}[{_ix(self.lead_ix, self.rows[i], self.cols[j])}]" for i, j in accs]
+        if zero_init:
+            # A zero tile per accumulator: one shared by all went through the stack (a tile store
+            # and load per accumulator and block: 12% of a 2048^3 matmul's kernel time).
+            body = [f"{indent}%zero{i}_{j} = amx.tile_zero : {c_tile}" for i, j in accs]
+            inits = [f"%zero{i}_{j}" for i, j in accs]
+        else:
+            body = [f"{indent}%init{i}_{j} = amx.tile_load {ref} : {c_type} into {c_tile}"
+                    for (i, j), ref in zip(accs, at)]
+            inits = [f"%init{i}_{j}" for i, j in accs]
+        carried = ", ".join(f"%c{i}_{j} = {init}" for (i, j), init in zip(accs, inits))
+        inner = indent + "  "
+        return body + [
+            f"{indent}%sums:{len(accs)} = scf.for %k2 = {index.const(0)} to {index.const(k2)} "
+            f"step {index.const(self.tile.k // self.pack)} iter_args({carried}) -> "
+            f"({', '.join([c_tile] * len(accs))}) {{",
+            f"{inner}%k = arith.muli %k2, {index.const(self.pack)} : index",
+            *[f"{inner}%ta{i} = amx.tile_load %a[{_ix(self.lead_ix, row, '%k')}] : {a_type} into {self.a_tile}"
+              for i, row in enumerate(self.rows)],
+            *[f"{inner}%tb{j} = amx.tile_load {b} into {self.b_tile}" for j, b in enumerate(b_tiles)],
+            *[f"{inner}%d{i}_{j} = {self.mul} %ta{i}, %tb{j}, %c{i}_{j} : {self.a_tile}, {self.b_tile}, {c_tile}"
+              for i, j in accs],
+            f"{inner}scf.yield {', '.join(f'%d{i}_{j}' for i, j in accs)} : {', '.join([c_tile] * len(accs))}",
+            f"{indent}}}",
+            *[f"{indent}amx.tile_store {ref}, %sums#{n} : {c_type}, {c_tile}" for n, ref in enumerate(at)],
+        ]
+
+
 def kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: TileShape, pack: int,
            blocking: tuple[int, int], zero_init: bool) -> str:
     """The template computing the packed contraction on AMX tiles (identity-layout buffers)."""
@@ -52,15 +110,8 @@ def kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: Til
     a_type = templates.shape_type("memref", [*lead, pm, k2 * pack], operand)
     b_type = templates.shape_type("memref", [*lead, panels, k2, tile.n * pack], operand)
     c_type = templates.shape_type("memref", [*lead, pm, pn], accumulate)
-    a_tile = f"!amx.tile<{tile.m}x{tile.k}x{operand}>"
-    b_tile = f"!amx.tile<{tile.k // pack}x{tile.n * pack}x{operand}>"
-    c_tile = f"!amx.tile<{tile.m}x{tile.n}x{accumulate}>"
-    mul = "amx.tile_mulf" if accumulate.startswith("f") else "amx.tile_muli"
-    lead_ix = [f"%b{d}" for d in range(r)]
-    rows = [f"%row{i}" for i in range(mb)]
-    cols = [f"%col{j}" for j in range(nb)]
-    accs = [(i, j) for i in range(mb) for j in range(nb)]
-    index = templates.IndexConstants()
+    block = _RegisterBlock(tile, pack, operand, accumulate, blocking, r)
+    index, lead_ix = block.index, block.lead_ix
     body = [
         f"%a = memref.collapse_shape %lhs {_groups(r, [[r], [r + 1, r + 2]])} : {lhs} into {a_type}",
         f"%b = memref.collapse_shape %rhs {_groups(r, [[r], [r + 1], [r + 2, r + 3]])} : {rhs} into {b_type}",
@@ -68,33 +119,13 @@ def kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: Til
         f"scf.parallel ({', '.join(lead_ix + ['%i', '%j'])}) = ({', '.join([index.const(0)] * (r + 2))}) "
         f"to ({', '.join(index.const(d) for d in [*lead, pm, pn])}) "
         f"step ({', '.join([index.const(1)] * r + [index.const(mb * tile.m), index.const(nb * tile.n)])}) {{",
-        *[f"  {row} = arith.addi %i, {index.const(i * tile.m)} : index" for i, row in enumerate(rows)],
-        *[f"  {col} = arith.addi %j, {index.const(j * tile.n)} : index" for j, col in enumerate(cols)],
-        *[f"  %panel{j} = arith.divui {col}, {index.const(tile.n)} : index" for j, col in enumerate(cols)],
+        *[f"  {row} = arith.addi %i, {index.const(i * tile.m)} : index" for i, row in enumerate(block.rows)],
+        *[f"  {col} = arith.addi %j, {index.const(j * tile.n)} : index" for j, col in enumerate(block.cols)],
+        *[f"  %panel{j} = arith.divui {col}, {index.const(tile.n)} : index" for j, col in enumerate(block.cols)],
     ]
-    if zero_init:
-        # A zero tile per accumulator: one shared by all went through the stack (a tile store
-        # and load per accumulator and block: 12% of a 2048^3 matmul's kernel time).
-        body += [f"  %zero{i}_{j} = amx.tile_zero : {c_tile}" for i, j in accs]
-        inits = [f"%zero{i}_{j}" for i, j in accs]
-    else:
-        body += [f"  %init{i}_{j} = amx.tile_load %c[{_ix(lead_ix, rows[i], cols[j])}] : {c_type} into {c_tile}"
-                 for i, j in accs]
-        inits = [f"%init{i}_{j}" for i, j in accs]
-    carried = ", ".join(f"%c{i}_{j} = {init}" for (i, j), init in zip(accs, inits))
+    b_tiles = [f"%b[{_ix(lead_ix, f'%panel{j}', '%k2', index.const(0))}] : {b_type}" for j in range(nb)]
+    body += block.lines("  ", k2, a_type, b_tiles, "%c", c_type, zero_init)
     body += [
-        f"  %sums:{len(accs)} = scf.for %k2 = {index.const(0)} to {index.const(k2)} "
-        f"step {index.const(tile.k // pack)} iter_args({carried}) -> ({', '.join([c_tile] * len(accs))}) {{",
-        f"    %k = arith.muli %k2, {index.const(pack)} : index",
-        *[f"    %ta{i} = amx.tile_load %a[{_ix(lead_ix, row, '%k')}] : {a_type} into {a_tile}"
-          for i, row in enumerate(rows)],
-        *[f"    %tb{j} = amx.tile_load %b[{_ix(lead_ix, f'%panel{j}', '%k2', index.const(0))}] : {b_type} into {b_tile}"
-          for j in range(nb)],
-        *[f"    %d{i}_{j} = {mul} %ta{i}, %tb{j}, %c{i}_{j} : {a_tile}, {b_tile}, {c_tile}" for i, j in accs],
-        f"    scf.yield {', '.join(f'%d{i}_{j}' for i, j in accs)} : {', '.join([c_tile] * len(accs))}",
-        "  }",
-        *[f"  amx.tile_store %c[{_ix(lead_ix, rows[i], cols[j])}], %sums#{n} : {c_type}, {c_tile}"
-          for n, (i, j) in enumerate(accs)],
         "  scf.reduce",
         "}",
         "return",
@@ -116,26 +147,19 @@ def rows_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile
     r = len(lead)
     a_type = templates.shape_type("memref", [*lead, pm, k2 * pack], operand)
     panels = templates.shape_type("memref", [nb, k2, tile.n * pack], operand)
-    a_tile = f"!amx.tile<{tile.m}x{tile.k}x{operand}>"
-    b_tile = f"!amx.tile<{tile.k // pack}x{tile.n * pack}x{operand}>"
-    c_tile = f"!amx.tile<{tile.m}x{tile.n}x{accumulate}>"
-    mul = "amx.tile_mulf" if accumulate.startswith("f") else "amx.tile_muli"
-    lead_ix = [f"%b{d}" for d in range(r)]
-    rows = [f"%row{i}" for i in range(mb)]
-    cols = [f"%col{j}" for j in range(nb)]
-    accs = [(i, j) for i in range(mb) for j in range(nb)]
-    index = templates.IndexConstants()
+    block = _RegisterBlock(tile, pack, operand, accumulate, blocking, r)
+    index, lead_ix = block.index, block.lead_ix
     body = [
         f"%a = memref.collapse_shape %lhs {_groups(r, [[r], [r + 1, r + 2]])} : {lhs} into {a_type}",
         f"scf.parallel ({', '.join(lead_ix + ['%j'])}) = ({', '.join([index.const(0)] * (r + 1))}) "
         f"to ({', '.join(index.const(d) for d in [*lead, pn])}) "
         f"step ({', '.join([index.const(1)] * r + [index.const(nb * tile.n)])}) {{",
-        *[f"  {col} = arith.addi %j, {index.const(j * tile.n)} : index" for j, col in enumerate(cols)],
+        *[f"  {col} = arith.addi %j, {index.const(j * tile.n)} : index" for j, col in enumerate(block.cols)],
         "  memref.alloca_scope {",
         f"  %panels = memref.alloca() {{alignment = 64 : i64}} : {panels}",
         f"  scf.for %k2 = {index.const(0)} to {index.const(k2)} step {index.const(1)} {{",
     ]
-    for j, col in enumerate(cols):
+    for j, col in enumerate(block.cols):
         loaded = [f"%r{j}_{q}" for q in range(pack)]
         body += [f"    {v} = vector.load %rhs[{_ix(lead_ix, '%k2', index.const(q), col)}] : {rhs}, "
                  f"vector<{tile.n}x{operand}>" for q, v in enumerate(loaded)]
@@ -145,29 +169,11 @@ def rows_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile
     body += [
         "  }",
         f"  scf.for %i = {index.const(0)} to {index.const(pm)} step {index.const(mb * tile.m)} {{",
-        *[f"    {row} = arith.addi %i, {index.const(i * tile.m)} : index" for i, row in enumerate(rows)],
+        *[f"    {row} = arith.addi %i, {index.const(i * tile.m)} : index" for i, row in enumerate(block.rows)],
     ]
-    if zero_init:
-        body += [f"    %zero{i}_{j} = amx.tile_zero : {c_tile}" for i, j in accs]
-        inits = [f"%zero{i}_{j}" for i, j in accs]
-    else:
-        body += [f"    %init{i}_{j} = amx.tile_load %acc[{_ix(lead_ix, rows[i], cols[j])}] : {acc} into {c_tile}"
-                 for i, j in accs]
-        inits = [f"%init{i}_{j}" for i, j in accs]
-    carried = ", ".join(f"%c{i}_{j} = {init}" for (i, j), init in zip(accs, inits))
+    b_tiles = [f"%panels[{index.const(j)}, %k2, {index.const(0)}] : {panels}" for j in range(nb)]
+    body += block.lines("    ", k2, a_type, b_tiles, "%acc", str(acc), zero_init)
     body += [
-        f"    %sums:{len(accs)} = scf.for %k2 = {index.const(0)} to {index.const(k2)} "
-        f"step {index.const(tile.k // pack)} iter_args({carried}) -> ({', '.join([c_tile] * len(accs))}) {{",
-        f"      %k = arith.muli %k2, {index.const(pack)} : index",
-        *[f"      %ta{i} = amx.tile_load %a[{_ix(lead_ix, row, '%k')}] : {a_type} into {a_tile}"
-          for i, row in enumerate(rows)],
-        *[f"      %tb{j} = amx.tile_load %panels[{index.const(j)}, %k2, {index.const(0)}] : {panels} into {b_tile}"
-          for j in range(nb)],
-        *[f"      %d{i}_{j} = {mul} %ta{i}, %tb{j}, %c{i}_{j} : {a_tile}, {b_tile}, {c_tile}" for i, j in accs],
-        f"      scf.yield {', '.join(f'%d{i}_{j}' for i, j in accs)} : {', '.join([c_tile] * len(accs))}",
-        "    }",
-        *[f"    amx.tile_store %acc[{_ix(lead_ix, rows[i], cols[j])}], %sums#{n} : {acc}, {c_tile}"
-          for n, (i, j) in enumerate(accs)],
         "  }",
         "  }",
         "  scf.reduce",

@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 
 from mlir import ir
-from mlir.dialects import scf
+from mlir.dialects import arith, memref, scf
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.transform import constant_index, walk
+from polyblocks_jax.passes.transform import constant_index, identity_layout, walk
 from polyblocks_jax.passes.work import MATH_COST, SMALL_WORK
 
 PARALLEL_ATTR = "polyblocks.parallel"  # i64: how many outer dims run in parallel
@@ -36,12 +36,16 @@ _VECTOR_LANES = 8  # a vector op on n elements counts as n / 8 operations
 _MEMORY_OPS = ("memref.load", "memref.store", "vector.transfer_read", "vector.transfer_write",
                "vector.load", "vector.store")
 _MEMORY_COST = 4
+# A part of a shared copy is at least this many elements (4 pages of f32): a thread's
+# memcpy of fewer spends a good part of it starting up.
+_MIN_PART_ELEMENTS = 4096
 
 
 def parallelize_loops(module: ir.Module, options: Options, threads: int) -> None:
-    """Choose the nests worth ``threads`` threads, then make every other loop sequential."""
+    """Choose the nests and copies worth ``threads`` threads, then make every other loop sequential."""
     if options.parallel and threads > 1:
         choose_parallel_loops(module.operation, threads)
+        share_large_copies(module.operation, threads)
     split_parallel_loops(module.operation)
 
 
@@ -56,6 +60,67 @@ def choose_parallel_loops(root: ir.Operation, threads: int, min_work: int = MIN_
             op.attributes[PARALLEL_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), dims)
 
 
+def share_large_copies(root: ir.Operation, threads: int, min_work: int = MIN_PARALLEL_WORK) -> None:
+    """Each contiguous ``memref.copy`` outside the parallel loops whose work pays for a
+    fork/join becomes a parallel loop over equal contiguous parts, each still a memcpy: one
+    thread's memcpy uses a part of the memory bandwidth (an 8 MiB array copied into a fresh
+    result before a ``dynamic_update_slice`` writes its rows)."""
+    for op in walk(root):
+        if op.name == "memref.copy" and work(op) >= min_work and not _in_parallel_loop(op):
+            parts = _copy_parts(op, threads)
+            if parts:
+                with ir.InsertionPoint(op), op.location:
+                    _copy_by_parts(op, parts)
+                op.erase()
+
+
+def _in_parallel_loop(op: ir.Operation) -> bool:
+    parent = op.parent
+    while parent is not None and parent.name != "func.func":
+        if parent.name == "scf.parallel" and PARALLEL_ATTR in parent.attributes:
+            return True
+        parent = parent.parent
+    return False
+
+
+def _copy_parts(op: ir.Operation, threads: int) -> int | None:
+    """How many equal parts a copy between identity-layout buffers is shared out in: the
+    fewest dividing it that give every thread a few (None: not such a copy, or no such count
+    leaves parts of at least ``_MIN_PART_ELEMENTS``)."""
+    types = [v.type for v in op.operands]
+    if not all(isinstance(t, ir.MemRefType) and ir.MemRefType(t).has_static_shape
+               and identity_layout(ir.MemRefType(t)) for t in types):
+        return None
+    elements = math.prod(ir.MemRefType(types[0]).shape)
+    return next((parts for parts in range(CHUNKS_PER_THREAD * threads, elements // _MIN_PART_ELEMENTS + 1)
+                 if elements % parts == 0), None)
+
+
+def _copy_by_parts(op: ir.Operation, parts: int) -> None:
+    """``op``, a copy between identity-layout buffers, as an ``scf.parallel`` (marked to run
+    in parallel) over ``parts`` contiguous rows of both buffers, a copy of one row each."""
+    elements = math.prod(ir.MemRefType(op.operands[0].type).shape)
+    rows = [_as_rows(v, parts, elements // parts) for v in op.operands]
+    index = ir.IndexType.get()
+    loop = scf.ParallelOp([], *[[arith.constant(index, bound)] for bound in (0, parts, 1)], [])
+    loop.attributes[PARALLEL_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 1)
+    block = loop.region.blocks.append(index)
+    with ir.InsertionPoint(block):
+        row = block.arguments[0]
+        memref.copy(*[memref.subview(v, [row, 0], [1, elements // parts], [1, 1]) for v in rows])
+        scf.ReduceOp([], 0)
+
+
+def _as_rows(value: ir.Value, rows: int, columns: int) -> ir.Value:
+    """An identity-layout buffer as (``rows``, ``columns``), its elements in order."""
+    type_ = ir.MemRefType(value.type)
+    if type_.rank != 1:
+        value = memref.collapse_shape(ir.MemRefType.get([rows * columns], type_.element_type), value,
+                                      [list(range(type_.rank))])
+    return memref.ExpandShapeOp(ir.MemRefType.get([rows, columns], type_.element_type), value, [[0, 1]], [],
+                                [rows, columns]).result
+
+
 def work(op: ir.Operation) -> int:
     """Estimated operations executed by one run of ``op``, nested loops multiplied out."""
     inner = sum(work(child.operation) for region in op.regions
@@ -68,6 +133,10 @@ def work(op: ir.Operation) -> int:
 def _own_cost(op: ir.Operation) -> int:
     if op.name in _FREE:
         return 0
+    if op.name == "memref.copy" and ir.ShapedType(op.operands[0].type).has_static_shape:
+        # it reads and writes each element, a vector at a time
+        elements = math.prod(ir.ShapedType(op.operands[0].type).shape)
+        return 2 * _MEMORY_COST * max(1, elements // _VECTOR_LANES)
     memory = op.name in _MEMORY_OPS
     elements = 1
     for value in [*op.results, *op.operands] if memory else op.results:  # a store's vector is an operand
