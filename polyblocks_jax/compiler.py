@@ -200,7 +200,7 @@ def _compile_imported(imported: ImportedProgram, options: Options, key: str,
     start = time.perf_counter()
     tier = work.tier(imported.module, options.fast_tier)
     estimated = time.perf_counter() - start
-    stages = passes.shared_stages(options, cpu.host().hardware(), tier.small) + cpu.cpu_stages(options, tier.small)
+    stages = cpu.host_stages(options, tier.small)
     timings = passes.run_stages(imported.module, stages, options, dump, on_stage)
     timings["work estimate"] = estimated
     recorded = results.output_aliases(imported.module)

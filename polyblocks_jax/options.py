@@ -36,7 +36,7 @@ class Options:
     vectorize: bool = True       # register tiles + vectors for convolutions, elementwise ops, reductions
     prefetch: bool = True        # a tile read in several passes prefetches its successor (cpu/prefetch.py)
     share_layers: bool = True    # a repeated layer's ops go through the tensor stages once (compile time)
-    arena: bool = True           # host intermediates share one arena laid out by liveness (passes/arena.py)
+    arena: bool = True           # host intermediates share one arena laid out by liveness (cpu/arena.py)
     fast_tier: bool = True       # small programs skip the stages that cannot pay off for them (passes/work.py)
     opt_level: int = 2           # LLVM: 0 unoptimized; else our passes (cpu/codegen.py), codegen at this level
     matrix_unit: str = "auto"    # host matmul path: auto | amx | avx512bf16 | avx512vnni | fma (forcing an absent one fails)

@@ -115,7 +115,7 @@ def module_after(stage: str, fn: Callable, *args, hardware: passes.Hardware,
     then the host's (the module keeps its context alive)."""
     options = options or pb.Options()
     lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
-    stages = passes.shared_stages(options, hardware) + cpu.cpu_stages(options)
+    stages = cpu.buffer_stages(options, hardware) + cpu.cpu_stages(options)
     context = ir.Context()
     with context, ir.Location.unknown():
         module = import_program(lowered, context).module

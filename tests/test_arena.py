@@ -1,5 +1,5 @@
-"""The intermediates' arena (passes/arena.py): reuse by liveness, options, serialized form, limits;
-the slots of parallel loops' packing buffers in it (passes/iteration_buffers.py)."""
+"""The intermediates' arena (cpu/arena.py): reuse by liveness, options, serialized form, limits;
+the slots of parallel loops' packing buffers in it (cpu/iteration_buffers.py)."""
 import contextlib
 import json
 import os
@@ -18,9 +18,9 @@ import support
 from bench import flax_models
 from polyblocks_jax import cpu, passes
 from polyblocks_jax.errors import InvalidProgramError
-from polyblocks_jax.passes.arena import buffer_bytes
+from polyblocks_jax.cpu.arena import buffer_bytes
 from polyblocks_jax.passes import shared_layers
-from polyblocks_jax.passes.iteration_buffers import hoist_iteration_buffers
+from polyblocks_jax.cpu.iteration_buffers import hoist_iteration_buffers
 from polyblocks_jax.passes.transform import walk
 from polyblocks_jax.runtime import executable as runtime
 from polyblocks_jax.stablehlo_import import import_program, reader
@@ -45,7 +45,7 @@ def main_before_arena(fn, *args, options: pb.Options | None = None):
     options = options or pb.Options()
     with ir.Context() as context, ir.Location.unknown():
         imported = import_program(reader.program_source(lowered(fn, *args)), context)
-        stages = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
+        stages = cpu.host_stages(options)
         passes.run_stages(imported.module, stages[:[s.name for s in stages].index("arena")], options)
         yield next(op for op in imported.module.body.operations
                    if isinstance(op, func.FuncOp) and op.name.value == "main")
@@ -424,7 +424,7 @@ class SplitEmptyTensorsTest(absltest.TestCase):
     def test_copies_of_a_fill_sliced_in_a_loop_stay_outside_it(self):
         # Each user gets its own fill, made once before the loop: a copy at the slice would
         # fill the whole tensor in every iteration.
-        from polyblocks_jax.passes.arena import split_empty_tensors
+        from polyblocks_jax.cpu.arena import split_empty_tensors
         from polyblocks_jax.passes.transform import walk
         with ir.Context(), ir.Location.unknown():
             module = ir.Module.parse(self.PROGRAM)

@@ -240,7 +240,7 @@ class StridedGatherTest(absltest.TestCase):
     }"""
 
     def test_reads_the_columns_elements(self):
-        from polyblocks_jax.passes.vector_reads import lower_vector_reads
+        from polyblocks_jax.cpu.vector_reads import lower_vector_reads
         m = np.arange(64, dtype=np.float32).reshape(8, 8) / 7
         out = np.zeros(4, np.float32)
         with ir.Context(), ir.Location.unknown():
@@ -271,7 +271,7 @@ class StridedColumnReadTest(absltest.TestCase):
     }"""
 
     def test_one_load_and_a_shuffle(self):
-        from polyblocks_jax.passes.vector_reads import lower_vector_reads
+        from polyblocks_jax.cpu.vector_reads import lower_vector_reads
         rng = np.random.default_rng(1)
         m, w = rng.standard_normal((32, 4)).astype(np.float32), rng.standard_normal((4, 16)).astype(np.float32)
         out, wide = np.zeros(16, np.float32), np.zeros(4, np.float32)
@@ -305,7 +305,7 @@ class BroadcastReadTest(absltest.TestCase):
     }"""
 
     def test_one_load_broadcast(self):
-        from polyblocks_jax.passes.vector_reads import lower_vector_reads
+        from polyblocks_jax.cpu.vector_reads import lower_vector_reads
         rng = np.random.default_rng(0)
         v, x = rng.standard_normal((8, 1)).astype(np.float32), rng.standard_normal((8, 16)).astype(np.float32)
         out = np.zeros(16, np.float32)

@@ -14,7 +14,7 @@ from mlir import ir
 
 import polyblocks_jax as pb
 import support
-from polyblocks_jax import passes
+from polyblocks_jax import cpu, passes
 from polyblocks_jax.passes.conv_tiling import choose_conv_tiles, padded_channels
 from polyblocks_jax.passes.tiling import Hardware
 from polyblocks_jax.stablehlo_import import import_program
@@ -66,7 +66,7 @@ def _conv_after_stage(lhs_shape, rhs_shape, strides=(1, 1), padding="VALID", hw:
                            dimension_numbers=numbers)
     lowered = jax.jit(fn).trace(x, w).lower(lowering_platforms=("cpu",))
     options = pb.Options()
-    stages = passes.shared_stages(options, hw)
+    stages = cpu.buffer_stages(options, hw)
     with ir.Context() as context, ir.Location.unknown():
         module = import_program(lowered, context).module
         passes.run_stages(module, stages[:[s.name for s in stages].index(stage) + 1], options)

@@ -178,7 +178,7 @@ class InvalidIrTest(absltest.TestCase):
         for fn, changing in ((lambda a: jnp.tanh(a) * 2.0, set()), (lambda a: a > 0.5, {"bool-buffers"})):
             lowered = jax.jit(fn).trace(x).lower(lowering_platforms=("cpu",))
             options = Options()
-            stages = passes.shared_stages(options, cpu.host().hardware()) + cpu.cpu_stages(options)
+            stages = cpu.host_stages(options)
             returned = {}
             with ir.Context() as context, ir.Location.unknown():
                 module = import_program(lowered, context).module

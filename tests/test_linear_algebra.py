@@ -168,7 +168,7 @@ class EighTest(absltest.TestCase):
 
     def test_divide_and_conquer_beyond_256_rows(self):
         # QDWH splits the spectrum (QR, Cholesky, triangular solves) down to Jacobi blocks;
-        # its closing sort gathers from a column view (passes/vector_reads.py).
+        # its closing sort gathers from a column view (cpu/vector_reads.py).
         a = _symmetric(np.random.default_rng(14), (260, 260))
         values = run_pb(jnp.linalg.eigvalsh, a)
         support.assert_close(self, values, support.xla_cpu(jnp.linalg.eigvalsh, a), rtol=0, atol=1e-3)

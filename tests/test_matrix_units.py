@@ -67,7 +67,7 @@ def _compiled_module(fn, args, units, options=pb.Options(), drop_stages=()):
     context = ir.Context()
     with context, ir.Location.unknown():
         imported = import_program(_lowered(fn, *args), context)
-        stages = passes.shared_stages(options, hw) + [
+        stages = cpu.buffer_stages(options, hw) + [
             s for s in cpu.cpu_stages(options) if s.name not in drop_stages]
         passes.run_stages(imported.module, stages, options)
     return context, imported

@@ -15,7 +15,7 @@ from mlir import ir
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import compiler
-from polyblocks_jax.passes import parallel
+from polyblocks_jax.cpu import parallel
 
 _NESTS = """
 func.func @f(%a: memref<512x512xf32>, %b: memref<8xf32>) {

@@ -10,7 +10,7 @@ from mlir import ir
 
 import polyblocks_jax as pb
 import support
-from polyblocks_jax import passes
+from polyblocks_jax import cpu, passes
 from polyblocks_jax.passes.tiling import Hardware, choose_matmul_tiles, plan_matmul, register_tile
 from polyblocks_jax.stablehlo_import import import_program
 
@@ -129,7 +129,7 @@ def _tiled(fn, *args, options: pb.Options | None = None, hw: Hardware = AVX2) ->
     """The module after the shared stages through tiling, as text."""
     lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
     options = options or pb.Options()
-    stages = passes.shared_stages(options, hw)
+    stages = cpu.buffer_stages(options, hw)
     stages = stages[:[s.name for s in stages].index("tiling") + 1]
     with ir.Context() as context, ir.Location.unknown():
         module = import_program(lowered, context).module

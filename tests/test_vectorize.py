@@ -4,7 +4,6 @@ the planners' choices, the IR the stage leaves, and results against XLA with it 
 Convolutions and contractions accumulate in another order than XLA (register tiles,
 reassociated horizontal sums), hence rtol/atol 1e-5 there, as for tiled matmuls.
 """
-import dataclasses
 import functools
 import math
 import re
@@ -20,13 +19,13 @@ from mlir.dialects import arith, func, vector
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import compiler, cpu, passes, polynomials
-from polyblocks_jax.passes import vector_math
-from polyblocks_jax.passes.collapsed_dims import merged_dims
+from polyblocks_jax.cpu import vector_math
+from polyblocks_jax.cpu.collapsed_dims import merged_dims
 from polyblocks_jax.passes.conv_tiling import choose_conv_tiles
 from polyblocks_jax.passes.tiling import Hardware, register_tile
-from polyblocks_jax.passes.vectorize import LoopNest, choose_vector_tiles, peeled_loops
+from polyblocks_jax.cpu.vectorize import LoopNest, choose_vector_tiles, peeled_loops
 from polyblocks_jax.passes.transform import walk
-from polyblocks_jax.passes.transposed_broadcasts import fold_transposed_broadcasts
+from polyblocks_jax.cpu.transposed_broadcasts import fold_transposed_broadcasts
 from polyblocks_jax.stablehlo_import import elementwise, import_program
 
 AVX2 = Hardware(vector_bits=256, vector_registers=16, l1_bytes=32 << 10, l2_bytes=512 << 10)
@@ -153,11 +152,11 @@ def _conv(padding: str):
                              dimension_numbers=_NHWC)
 
 
-def _staged(fn, *args, hw: Hardware = AVX2) -> str:
+def _staged(fn, *args, hw: Hardware = AVX2, scales_by_exponent: bool = False) -> str:
     """The module after the shared stages (through vectorize), as text."""
     lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
     options = pb.Options()
-    stages = [s for s in passes.shared_stages(options, hw)]
+    stages = cpu.buffer_stages(options, hw, scales_by_exponent=scales_by_exponent)
     stages = stages[:[s.name for s in stages].index("vectorize") + 1]
     with ir.Context() as context, ir.Location.unknown():
         module = import_program(lowered, context).module
@@ -603,8 +602,7 @@ class ExpScalingTest(parameterized.TestCase):
 
     def test_scaling_instruction_only_where_the_target_has_it(self):
         x = np.zeros((4, 64), np.float32)
-        scalef = dataclasses.replace(AVX512, scales_by_exponent=True)
-        self.assertIn("x86vector.avx512.mask.scalef", _staged(jnp.exp, x, hw=scalef))
+        self.assertIn("x86vector.avx512.mask.scalef", _staged(jnp.exp, x, hw=AVX512, scales_by_exponent=True))
         self.assertNotIn("x86vector", _staged(jnp.exp, x, hw=AVX512))
         self.assertNotIn("x86vector", _staged(jnp.exp, x, hw=AVX2))
 
@@ -614,7 +612,7 @@ class ExpScalingTest(parameterized.TestCase):
         # remainder narrower than the instruction
         x = np.concatenate([np.linspace(-bound, bound, 256 * 100 - 100, dtype=dtype),
                             np.array([np.nan, -np.inf, np.inf, 0.0] * 25, dtype)]).reshape(256, 100)
-        if not cpu.host().hardware().scales_by_exponent:
+        if not cpu.host().scales_by_exponent:
             self.skipTest("the host has no AVX-512: the scaling instruction is not used")
         (scaled,) = support.polyblocks(jnp.exp, x, options=pb.Options())  # vectorized, whatever the flags
         expand = vector_math.expand_vector_math
@@ -790,7 +788,7 @@ class ResultsTest(parameterized.TestCase):
 
     def test_columns_of_narrow_rows(self):
         # Columns of (N, 4) boxes and of (N, 3) points read as vectors of one contiguous
-        # load and a shuffle each (passes/vector_reads.py), in rows no vector divides too.
+        # load and a shuffle each (cpu/vector_reads.py), in rows no vector divides too.
         rng = np.random.default_rng(11)
         boxes = rng.standard_normal((1000, 4), np.float32)
         points = rng.standard_normal((333, 3), np.float32)

@@ -14,7 +14,7 @@ dynamic ones; and those of serialized formats 2 and 3) exports the C wrapper
 which. Outputs are out-parameters that we allocate, so no memory allocated by
 compiled code crosses the boundary; an output computed in a donated input's buffer
 (``aliases``) has no out-parameter: the entry takes the inputs, then the outputs that alias
-no input, then the arena of the intermediates (``arena_bytes``, see passes/arena.py) when it
+no input, then the arena of the intermediates (``arena_bytes``, see cpu/arena.py) when it
 has one. A call takes an idle arena of the executable's or allocates one (so that two
 threads never share one), checked: memory that cannot be had is a ResourceExhaustedError
 before the code runs; it gives the arena back afterwards, so later calls find its pages
@@ -57,7 +57,7 @@ def build(llvm_module, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpe
     times of LLVM's tools go into ``timings``, their inputs and outputs into ``dump``."""
     from polyblocks_jax.cpu import codegen
     from polyblocks_jax.cpu.target import host
-    from polyblocks_jax.passes.arena import arena_bytes
+    from polyblocks_jax.cpu.arena import arena_bytes
     library = codegen.shared_library(llvm_module, options.opt_level, openmp_runtime(), host().cores, timings, dump,
                                      options.object_cache)
     return CpuExecutable(library, inputs, outputs, aliases, overwritten, arena_bytes(llvm_module))

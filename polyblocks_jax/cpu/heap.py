@@ -1,6 +1,6 @@
 """Intermediate buffers larger than the memory this process may use, rejected at compile time.
 
-Compiled code allocates the intermediates left outside the arena (passes/arena.py) with
+Compiled code allocates the intermediates left outside the arena (cpu/arena.py) with
 malloc and does not check the result: a buffer that cannot be had is a NULL store, a
 segfault that ends the process. Every shape is static, so memory that can never be had is
 known before running: one buffer too large, or the buffers alive at once (the arena, the
@@ -17,7 +17,7 @@ from mlir import ir
 
 from polyblocks_jax.errors import ResourceExhaustedError
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.arena import arena_bytes, buffer_bytes
+from polyblocks_jax.cpu.arena import arena_bytes, buffer_bytes
 from polyblocks_jax.passes.transform import walk
 
 _GIB = float(1 << 30)

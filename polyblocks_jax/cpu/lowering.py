@@ -15,15 +15,15 @@ from polyblocks_jax.cpu.matrix_units import lower_matrix_units
 from polyblocks_jax.cpu.outline import OUTLINED, bare_pointer, outline_kernels, outline_layer_kernels
 from polyblocks_jax.cpu.prefetch import prefetch_next_tiles
 from polyblocks_jax.cpu.target import host
+from polyblocks_jax.cpu.vector_copies import vectorize_copies
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import INLINE_LAYERS, VECTOR_TRANSFERS, Stage
-from polyblocks_jax.passes.arena import plan_arena
+from polyblocks_jax.cpu.arena import plan_arena
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
-from polyblocks_jax.passes.copies import vectorize_copies
-from polyblocks_jax.passes.iteration_buffers import hoist_iteration_buffers
-from polyblocks_jax.passes.parallel import parallelize_loops
+from polyblocks_jax.cpu.iteration_buffers import hoist_iteration_buffers
+from polyblocks_jax.cpu.parallel import parallelize_loops
 from polyblocks_jax.contexts import pass_manager
-from polyblocks_jax.passes.vector_reads import lower_vector_reads
+from polyblocks_jax.cpu.vector_reads import lower_vector_reads
 
 
 def cpu_stages(options: Options, small: bool = False) -> list[Stage]:

@@ -11,10 +11,9 @@ from mlir import ir
 from polyblocks_jax.cpu import amx, avx512_bf16, avx512_vnni
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import templates
-from polyblocks_jax.passes.arena import identity_layout
 from polyblocks_jax.passes.matrix_forms import MATRIX_UNIT_ATTR
 from polyblocks_jax.passes.matrix_units import TileShape
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import identity_layout, walk
 
 # (unit, whether the rhs is read as stored rows) -> kernel
 KERNELS = {("amx", False): amx.kernel, ("amx", True): amx.rows_kernel, ("avx512bf16", False): avx512_bf16.kernel,

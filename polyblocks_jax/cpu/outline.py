@@ -24,10 +24,9 @@ from mlir import ir
 from mlir.dialects import arith, func, memref
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.arena import identity_layout
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.shared_layers import PREFIX as LAYER_PREFIX
-from polyblocks_jax.passes.transform import apply_script, callee, defined_functions
+from polyblocks_jax.passes.transform import apply_script, callee, defined_functions, identity_layout
 
 KERNEL_ATTR = "polyblocks.kernel"  # marks the loops to outline, for the script's match
 OUTLINED = "polyblocks.outlined"  # marks the kernels' functions

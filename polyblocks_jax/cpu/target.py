@@ -62,8 +62,12 @@ class CpuTarget:
         """The description the shared cost models read."""
         from polyblocks_jax.passes.tiling import Hardware  # the compiler side only: it loads MLIR
         return Hardware(self.vector_bits, 32 if self.vector_bits == 512 else 16,
-                        self.l1d_bytes, self.l2_bytes, self.matrix_units(), self.cores,
-                        scales_by_exponent=self.vector_bits == 512)
+                        self.l1d_bytes, self.l2_bytes, self.matrix_units(), self.cores)
+
+    @property
+    def scales_by_exponent(self) -> bool:
+        """y * 2^n on a vector is one instruction (AVX-512 VSCALEFPS)."""
+        return self.vector_bits == 512
 
     @property
     def vector_isa(self) -> str:

@@ -1,14 +1,15 @@
 """The shared, target-independent pipeline: linalg on tensors -> linalg on buffers.
 
-Targets append their own stages (loops or GPU mapping, LLVM or NVVM lowering) after
-``shared_stages``; everything listed here serves every target.
+Targets place their own stages at two points of ``shared_stages`` (on the fused tiles, and
+before bufferization) and append theirs after it (loops or GPU mapping, LLVM or NVVM
+lowering); everything here serves every target, parameterized by its ``Hardware``.
 """
 from __future__ import annotations
 
 import functools
+from typing import Sequence
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.arena import split_empty_tensors
 from polyblocks_jax.passes.conv_tiling import convs_to_matmuls
 from polyblocks_jax.passes.copies import strided_copies_to_linalg
 from polyblocks_jax.passes.empty_loops import fold_empty_loops
@@ -22,7 +23,6 @@ from polyblocks_jax.passes.sliced_concatenations import slice_concatenations
 from polyblocks_jax.passes.tile_fusion import contractions_into_groups, tile_and_fuse
 from polyblocks_jax.passes.tiling import Hardware, tile_contractions
 from polyblocks_jax.passes.transposed_products import swap_transposed_products
-from polyblocks_jax.passes.vectorize import vectorize_ops
 
 __all__ = ["INLINE_LAYERS", "VECTOR_TRANSFERS", "Hardware", "Stage", "run_stages", "shared_stages"]
 
@@ -39,8 +39,13 @@ VECTOR_TRANSFERS = Stage("vector-transfers", "func.func(convert-vector-to-scf{fu
 INLINE_LAYERS = Stage("shared-layers-inline", inline_shared_layers)
 
 
-def shared_stages(options: Options, hardware: Hardware, small: bool = False) -> list[Stage]:
-    """The stages for ``options``; ``small``: a program of the fast tier (passes/work.py)."""
+def shared_stages(options: Options, hardware: Hardware, small: bool = False, tile_stages: Sequence[Stage] = (),
+                  before_bufferization: Sequence[Stage] = ()) -> list[Stage]:
+    """The stages for ``options``; ``small``: a program of the fast tier (passes/work.py).
+
+    The target's ``tile_stages`` run on the fused and tiled tensors (the host's vectors),
+    its ``before_bufferization`` stages on the tensors bufferization then takes.
+    """
     stages = [
         # arith/math ops on whole tensors (what the importer emits) become linalg.generic.
         Stage("elementwise-to-linalg", "func.func(convert-elementwise-to-linalg)"),
@@ -83,15 +88,13 @@ def shared_stages(options: Options, hardware: Hardware, small: bool = False) -> 
         # Reductions with their producers and consumers, epilogues with their convolution:
         # computed one tile at a time (one pass over memory per group).
         stages.append(Stage("tile-fusion", functools.partial(tile_and_fuse, hw=hardware)))
-    if options.vectorize:
-        stages.append(Stage("vectorize", functools.partial(vectorize_ops, hw=hardware)))
+    stages += tile_stages
     # The packed contractions sat in functions of their own, out of fusion's reach.
     stages.append(Stage("matrix-units-inline", inline_matrix_units))
     stages += [
         # Results distinct, each donated argument writable and tied to the result reusing it.
         Stage("results", prepare_results),
-        # Equal empty tensors unshared: buffers with short lifetimes for the host's arena.
-        Stage("split-empty-tensors", split_empty_tensors),
+        *before_bufferization,
         # Elementwise loops over an input that dies there (GELU over its matmul's result),
         # once vectorized (each tile reads the slice it writes) and fills unshared; padded
         # copies' producers into their interior.

@@ -7,7 +7,7 @@ fit the registers, the one with the fewest estimated cycles per FMA
 transform script tiles every loop to that block (kernel rows and columns to one), decomposes
 the 2-D convolution into a 1-D one, vectorizes it (outer products over input channels) and
 hoists the accumulators out of the kh/kw/c loops, like tiling.py's matmul recipe; the script
-is vectorize.py's, which applies these tiles.
+is the host's vectorize stage's (cpu/vectorize.py), which applies these tiles.
 
 A 1x1 convolution with unit strides is a matmul on the collapsed image, and one whose
 windows tile the image or whose weights outgrow half of L2 a matmul on its im2col rows (for

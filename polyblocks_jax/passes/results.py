@@ -29,8 +29,7 @@ from mlir import ir
 from mlir.dialects import bufferization, func, memref
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.arena import identity_layout
-from polyblocks_jax.passes.transform import defined_functions, indexing_maps
+from polyblocks_jax.passes.transform import defined_functions, identity_layout, indexing_maps
 
 ALIASED_OUTPUT = "polyblocks.aliased_output"    # on a main argument: the result that may reuse its buffer
 OUTPUT_ALIASES = "polyblocks.output_aliases"    # on the module: per result, the argument holding it, or -1

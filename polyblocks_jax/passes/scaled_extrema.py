@@ -15,7 +15,7 @@ import math
 from mlir import ir
 from mlir.dialects import tensor
 
-from polyblocks_jax.passes import signed_zeros
+from polyblocks_jax.passes import signed_extrema
 from polyblocks_jax.passes.transform import FLOAT_EXTREMA, float_constant, indexing_maps, is_elementwise_generic, walk
 from polyblocks_jax.tensor_ir.builders import parallel_generic
 
@@ -48,7 +48,7 @@ def _scaled_input(op: ir.Operation) -> ir.Operation | None:
 def _is_extremum(op: ir.Operation) -> bool:
     block = op.regions[0].blocks[0]
     accumulator, yielded = block.arguments[1], list(block.operations)[-1].operands[0]
-    if signed_zeros.is_signed_zero_combiner(accumulator, yielded):
+    if signed_extrema.is_signed_zero_combiner(accumulator, yielded):
         return True
     combine = yielded.owner
     return isinstance(combine, ir.OpView) and combine.operation.name in FLOAT_EXTREMA \

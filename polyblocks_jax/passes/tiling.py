@@ -78,7 +78,6 @@ class Hardware:
     l2_bytes: int
     matrix_units: tuple[MatrixUnit, ...] = ()  # usable matrix units, preferred first
     cores: int = 1  # that parallel loops share out
-    scales_by_exponent: bool = False  # y * 2^n on a vector is one instruction (AVX-512 VSCALEFPS)
 
     @property
     def fma_macs_per_cycle(self) -> int:

@@ -34,6 +34,13 @@ def producer(value: ir.Value, name: str) -> ir.Operation | None:
     return None
 
 
+def identity_layout(type_: ir.MemRefType) -> bool:
+    """Whether ``type_``'s layout is the identity map: a contiguous, row-major buffer."""
+    layout = type_.layout
+    return isinstance(layout, ir.AffineMapAttr) and \
+        ir.AffineMapAttr(layout).value == ir.AffineMap.get_identity(type_.rank)
+
+
 def callee(call: ir.Operation) -> str:
     """The name of the function a func.call calls."""
     return ir.FlatSymbolRefAttr(call.attributes["callee"]).value

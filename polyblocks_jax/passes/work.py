@@ -16,16 +16,17 @@ import math
 from mlir import ir
 from mlir.dialects import linalg
 
-from polyblocks_jax.passes.parallel import MATH_COST, MIN_PARALLEL_WORK  # noqa: F401 (MATH_COST: tests)
 from polyblocks_jax.passes.transform import constant_index
 
 WORK_ATTR = "polyblocks.work"  # i64 on the module: estimated operations of one call
 UNBOUNDED = 1 << 62
-# Below this much work no loop nest repays a parallel region (passes/parallel.py, per nest),
-# and the data a call touches (at most one element per operation) stays in L2: prefetching
-# and the kernels' outlining (which keeps LLVM's functions small for large programs and
-# costs a call per kernel) cannot pay off.
-SMALL_WORK = MIN_PARALLEL_WORK
+MATH_COST = 16  # a math op (sin, exp, erf, ...) becomes a polynomial of some 10-30 operations
+# Below this much work a fork/join (some microseconds with an OpenMP runtime, more when the
+# threads sleep) costs more than sharing the work saves: no loop nest repays a parallel
+# region (the host's parallel stage, per nest); and the data a call touches (at most one
+# element per operation) stays in L2: prefetching and the kernels' outlining (which keeps
+# LLVM's functions small for large programs and costs a call per kernel) cannot pay off.
+SMALL_WORK = 1 << 16
 # Above this many ops, a program's single function is no longer small for LLVM, and
 # repeated layers may be worth sharing: the full pipeline.
 SMALL_OPS = 64

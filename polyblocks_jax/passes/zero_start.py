@@ -9,7 +9,7 @@ or a constant where one k tile covers k), and a fill read by nothing else is dro
 first k tile writes every element of the result.
 
 This rests on the shape of the nests the matmul tiling (``passes/tiling.py``) and the
-convolution tiling (``passes/vectorize.py``) make, whose loops they mark: within one k tile,
+convolution tiling (``cpu/vectorize.py``) make, whose loops they mark: within one k tile,
 every element of the result is read once, by the register tile that then writes it, so a
 read in the first k tile sees the value the nest started with.
 

@@ -170,7 +170,7 @@ def _logistic(x: ir.Value) -> ir.Value:
 # log1p and expm1 through log and exp, in identities that cancel the rounding of 1 + x and of
 # e^x: MLIR's LLVM lowering of math.log1p and math.expm1 computes log(1 + x) and e^x - 1,
 # which lose x wherever those round (log1p(1e-10) and expm1(1e-10) gave 0, log1p(1e-5) was
-# 0.1% off), and vectorized code gets log's and exp's polynomials (passes/vector_math.py).
+# 0.1% off), and vectorized code gets log's and exp's polynomials (cpu/vector_math.py).
 def log1p(x: ir.Value) -> ir.Value:
     """log(u) x / (u - 1) with u = 1 + x: x itself where u rounds to 1 (-0 included)."""
     one, inf = builders.constant_like(1.0, x), builders.constant_like(float("inf"), x)

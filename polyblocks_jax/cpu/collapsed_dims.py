@@ -25,7 +25,7 @@ from polyblocks_jax.tensor_ir.builders import parallel_generic
 
 if TYPE_CHECKING:
     from polyblocks_jax.passes.tiling import Hardware
-    from polyblocks_jax.passes.vectorize import LoopNest
+    from polyblocks_jax.cpu.vectorize import LoopNest
 
 # A broadcast operand copied over the merged dims: at most this share of the op's elements.
 _MAX_COPY_SHARE = 1 / 16

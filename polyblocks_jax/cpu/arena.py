@@ -27,7 +27,7 @@ from mlir import ir
 from mlir.dialects import arith, func, memref
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import identity_layout, walk
 
 ARENA_BYTES = "polyblocks.arena_bytes"
 ALIGNMENT = 64
@@ -249,12 +249,6 @@ def slot_bytes(alloc: ir.Operation) -> int | None:
 def escapes(user: ir.Operation) -> bool:
     """Whether a buffer used by ``user`` may outlive what the arena sees of it."""
     return user.name in _ESCAPES or user.name.startswith(("llvm.", "omp."))
-
-
-def identity_layout(type_: ir.MemRefType) -> bool:
-    layout = type_.layout
-    return isinstance(layout, ir.AffineMapAttr) and \
-        ir.AffineMapAttr(layout).value == ir.AffineMap.get_identity(type_.rank)
 
 
 def _alignment(alloc: ir.OpView) -> int:

@@ -19,8 +19,8 @@ from mlir import ir
 from mlir.dialects import arith, memref
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.arena import ALIGNMENT, escapes, slot_bytes
-from polyblocks_jax.passes.parallel import dim_trips, loop_bounds
+from polyblocks_jax.cpu.arena import ALIGNMENT, escapes, slot_bytes
+from polyblocks_jax.cpu.parallel import dim_trips, loop_bounds
 from polyblocks_jax.passes.shared_layers import PREFIX as LAYER_PREFIX
 from polyblocks_jax.passes.transform import constant_index, defined_functions, walk
 

@@ -19,18 +19,17 @@ from mlir import ir
 from mlir.dialects import arith, memref, scf
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.arena import identity_layout
-from polyblocks_jax.passes.transform import constant_index, walk
+from polyblocks_jax.passes.transform import constant_index, identity_layout, walk
+from polyblocks_jax.passes.work import MATH_COST, SMALL_WORK
 
 PARALLEL_ATTR = "polyblocks.parallel"  # i64: how many outer dims run in parallel
-# Estimated operations per entry below which a fork/join (some microseconds with an
-# OpenMP runtime, more when the threads sleep) costs more than sharing the work saves.
-MIN_PARALLEL_WORK = 1 << 16
+# Estimated operations per entry below which a fork/join costs more than sharing the work
+# saves: the fast tier's bound (passes/work.py).
+MIN_PARALLEL_WORK = SMALL_WORK
 CHUNKS_PER_THREAD = 4  # enough iterations of the parallel dims to balance the threads
 _LOOPS = ("scf.for", "scf.parallel")
 _FREE = ("scf.reduce", "scf.yield", "arith.constant")  # no code of their own in the loop
 _VECTOR_LANES = 8  # a vector op on n elements counts as n / 8 operations
-MATH_COST = 16  # a math op (sin, exp, erf, ...) becomes a polynomial of some 10-30 operations
 # A load or store moves its elements through the caches: several cycles per vector where the
 # data streams from L2 or memory, which counting it as one operation left serial (ViT-Tiny
 # b1's 197 x 192 residual adds: its parallel regions 22 -> 32, the model 1-5% faster).

@@ -24,15 +24,16 @@ import dataclasses
 
 from mlir import ir
 
-from polyblocks_jax.options import Options
-from polyblocks_jax.passes import conv_tiling, signed_zeros, templates, vector_math
-from polyblocks_jax.passes.collapsed_dims import merge_trailing_dims, merged_dims
 from polyblocks_jax.contexts import pass_manager
-from polyblocks_jax.passes.reversals import unreverse_loops
+from polyblocks_jax.cpu import signed_zeros, vector_math
+from polyblocks_jax.cpu.collapsed_dims import merge_trailing_dims, merged_dims
+from polyblocks_jax.cpu.reversals import unreverse_loops
+from polyblocks_jax.cpu.transposed_broadcasts import fold_transposed_broadcasts
+from polyblocks_jax.options import Options
+from polyblocks_jax.passes import conv_tiling, signed_extrema, templates
 from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, register_tile
 from polyblocks_jax.passes.transform import (FLOAT_EXTREMA, apply_script, constant_index, has_reversed_index, indexing_maps,
                                              is_elementwise_generic, lower_vectors_and_hoist, reduction_loops, walk)
-from polyblocks_jax.passes.transposed_broadcasts import fold_transposed_broadcasts
 from polyblocks_jax.passes.zero_start import NEST_ATTR, WHOLE_NEST_ATTR, start_accumulators_at_zero
 
 VECTOR_ATTR = "polyblocks.vector"
@@ -120,8 +121,9 @@ def _with(tiles: list[int], dim: int, size: int | None) -> tuple[int, ...] | Non
     return tuple(tiles)
 
 
-def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
-    """Annotate each op a plan exists for with its tiles, then tile and vectorize them."""
+def vectorize_ops(module: ir.Module, options: Options, hw: Hardware, scales_by_exponent: bool = False) -> None:
+    """Annotate each op a plan exists for with its tiles, then tile and vectorize them;
+    ``scales_by_exponent``: the CPU's (``CpuTarget``) for the math functions' polynomials."""
     unreverse_loops(module)
     _merge_narrow_dims(module, hw)
     _generalize_integer_matmuls(module)
@@ -146,7 +148,7 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware) -> None:
         _flatten_interleaved_writes(module)
         _reassociate_reductions(module)
         _math_in_f32(module)
-        vector_math.expand_vector_math(module, hw.scales_by_exponent)
+        vector_math.expand_vector_math(module, scales_by_exponent)
         _contract_multiply_adds(module)
         pass_manager("builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
                      module.context).run(module.operation)
@@ -344,7 +346,7 @@ def _vectorizable(op: ir.Operation) -> bool:
     for arg, value in zip(outputs, body[-1].operands):
         uses = list(arg.uses)
         owner = value.owner
-        if signed_zeros.is_signed_zero_combiner(arg, value):
+        if signed_extrema.is_signed_zero_combiner(arg, value):
             continue
         if (len(uses) != 1 or not isinstance(owner, (ir.Operation, ir.OpView))
                 or owner.name not in _COMBINERS or uses[0].owner.operation != owner.operation
