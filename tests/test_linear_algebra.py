@@ -166,6 +166,12 @@ class EighTest(absltest.TestCase):
         a[np.tril_indices(9, -1)] = np.nan
         _check_vectors(self, lambda a: lax.linalg.eigh(a, lower=False, symmetrize_input=False)[::-1], a)
 
+    def test_no_rows(self):
+        # JAX's rule takes the real part of the (real) empty eigenvalues: stablehlo.real of f32
+        for dtype in (np.float32, np.complex64):
+            a = np.zeros((0, 0), dtype)
+            support.assert_close(self, list(run_pb(jnp.linalg.eigh, a)), support.xla_cpu(jnp.linalg.eigh, a))
+
     def test_divide_and_conquer_beyond_256_rows(self):
         # QDWH splits the spectrum (QR, Cholesky, triangular solves) down to Jacobi blocks;
         # its closing sort gathers from a column view (cpu/vector_reads.py).

@@ -232,6 +232,13 @@ def negate(cx, op):
     return [arith.subi(builders.constant_like(0, x), x)]
 
 
+@converts("stablehlo.real", "stablehlo.imag")
+def real_part(cx, op):
+    # of a real operand (complex ones: complex.py): itself, and zero
+    x = op.operands[0]
+    return [x if op.name == "stablehlo.real" else builders.constant_like(0.0, x)]
+
+
 @converts("stablehlo.sign")
 def sign(cx, op):
     x, dt = op.operands[0], _dtype(op)
