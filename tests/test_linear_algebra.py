@@ -166,6 +166,14 @@ class EighTest(absltest.TestCase):
         a[np.tril_indices(9, -1)] = np.nan
         _check_vectors(self, lambda a: lax.linalg.eigh(a, lower=False, symmetrize_input=False)[::-1], a)
 
+    def test_every_named_algorithm(self):
+        # QR (LAPACK's on the CPU, refused by TPUs' rule) is computed by the others' method
+        a = _symmetric(np.random.default_rng(17), (12, 12))
+        want = support.xla_cpu(jnp.linalg.eigvalsh, a)  # XLA CPU takes QR alone
+        for algorithm in lax.linalg.EighImplementation:
+            values = run_pb(lambda a: lax.linalg.eigh(a, implementation=algorithm)[1], a)
+            support.assert_close(self, values, want, rtol=1e-4, atol=1e-4)
+
     def test_no_rows(self):
         # JAX's rule takes the real part of the (real) empty eigenvalues: stablehlo.real of f32
         for dtype in (np.float32, np.complex64):

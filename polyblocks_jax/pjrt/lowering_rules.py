@@ -47,15 +47,20 @@ def register() -> None:
 
 def _register_eigh() -> None:
     """eigh as TPUs lower it: JAX's QDWH divide and conquer in StableHLO, its blocks ending
-    in XLA's Jacobi "Eigh" custom call (stablehlo_import/symmetric_eigen.py). The rule is
-    internal to JAX; where a JAX version moves it, eigh keeps failing at lowering as before."""
+    in XLA's Jacobi "Eigh" custom call (stablehlo_import/symmetric_eigen.py). The QR
+    algorithm a caller may name (LAPACK's on the CPU; TPUs reject it) is that one too: the
+    same decomposition by another method. The rule is internal to JAX; where a JAX version
+    moves it, eigh keeps failing at lowering as before."""
     from jax.interpreters import mlir
     try:
         from jax._src.lax import linalg
         from jax._src.tpu.linalg import eigh
-        rule = eigh._eigh_tpu_lowering
+        tpu_rule, qr = eigh._eigh_tpu_lowering, linalg.EighImplementation.QR
     except (ImportError, AttributeError):
         return
+
+    def rule(ctx, operand, *, algorithm, **params):
+        return tpu_rule(ctx, operand, algorithm=None if algorithm == qr else algorithm, **params)
     mlir.register_lowering(linalg.eigh_p, rule, platform=PLATFORM)
 
 
