@@ -81,6 +81,40 @@ class TriangularSolveTest(parameterized.TestCase):
                                    lax.linalg.triangular_solve(a, b.T, lower=False, transpose_a=True)), a, b)
 
 
+def _tridiagonal(rng, batch: tuple, n: int, dtype, kind: str):
+    """(dl, d, du, b (with 3 columns)) of a random tridiagonal system, or one needing row
+    exchanges (a zero diagonal), or a singular one (a path graph's Laplacian)."""
+    dl, d, du = (rng.standard_normal((*batch, n)) for _ in range(3))
+    if np.issubdtype(dtype, np.complexfloating):
+        dl, d, du = (x + 1j * rng.standard_normal((*batch, n)) for x in (dl, d, du))
+    if kind == "zero diagonal":
+        d[:] = 0
+    elif kind == "singular":
+        dl[:], du[:], d[:] = -1, -1, 2
+        d[..., 0] = d[..., -1] = 1
+    dl[..., 0] = du[..., -1] = 0
+    b = rng.standard_normal((*batch, n, 3))
+    return [x.astype(dtype) for x in (dl, d, du, b)]
+
+
+class TridiagonalSolveTest(parameterized.TestCase):
+    @parameterized.product(kind=("random", "zero diagonal", "singular"), perturb=(False, True),
+                           dtype=(np.float32, np.complex64))
+    def test_against_lapack(self, kind, perturb, dtype):
+        # LAPACK's gtsv exchanges rows (a singular system: NaN); perturb_singular nudges tiny
+        # pivots as jaxlib's kernel does (eigh_tridiagonal's inverse iteration)
+        rng = np.random.default_rng(20)
+        for batch, n in (((), 1), ((), 7), ((2,), 33)):
+            args = _tridiagonal(rng, batch, n, dtype, kind)
+            _check(self, lambda *a: lax.linalg.tridiagonal_solve(*a, perturb_singular=perturb), *args,
+                   rtol=1e-3, atol=1e-3)
+
+    def test_eigenvectors_of_a_tridiagonal_matrix(self):
+        rng = np.random.default_rng(21)
+        alpha, beta = rng.standard_normal(12).astype(np.float32), rng.standard_normal(11).astype(np.float32)
+        _check_vectors(self, lambda a, b: jax.scipy.linalg.eigh_tridiagonal(a, b, eigvals_only=False), alpha, beta)
+
+
 class CholeskyTest(absltest.TestCase):
     def test_single_batched_f64(self):
         rng = np.random.default_rng(4)

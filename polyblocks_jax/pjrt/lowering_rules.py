@@ -9,7 +9,8 @@ and triangular_solve) or XLA's custom calls for its own expansions (qr: "Qr" and
 eigh has platform rules only: we register the TPU's (QDWH, ending in XLA's "Eigh" custom
 call: stablehlo_import/symmetric_eigen.py), and svd's generic rule calls eigh. hessenberg
 and tridiagonal have LAPACK rules only: we register the CPU's, whose gehrd and sytrd
-(hetrd) calls the importer computes (stablehlo_import/hessenberg.py). The other
+(hetrd) calls the importer computes (stablehlo_import/hessenberg.py). tridiagonal_solve
+pivots, and perturbs singular systems where asked, in JAX (tridiagonal_solve.py). The other
 primitives with platform rules only (eig, schur, geqp3) fail at lowering with JAX's own
 error naming the primitive and the platform ("MLIR translation rule for primitive 'eig'
 not found for platform polyblocks"); callbacks are host_callbacks.py's.
@@ -43,6 +44,7 @@ def register() -> None:
     _register_preserved_chlo()
     _register_eigh()
     _register_lapack_reductions()
+    _register_tridiagonal_solve()
 
 
 def _register_eigh() -> None:
@@ -79,6 +81,16 @@ def _register_lapack_reductions() -> None:
         return
     for primitive, rule in zip(primitives, rules):
         mlir.register_lowering(primitive, rule, platform=PLATFORM)
+
+
+def _register_tridiagonal_solve() -> None:
+    """tridiagonal_solve by elimination with row exchanges, and with ``perturb_singular``
+    (pjrt/tridiagonal_solve.py), where JAX's rule for platforms without a library does neither."""
+    from jax.interpreters import mlir
+    from jax._src.lax import linalg
+    from polyblocks_jax.pjrt.tridiagonal_solve import tridiagonal_solve
+    mlir.register_lowering(linalg.tridiagonal_solve_p, mlir.lower_fun(tridiagonal_solve, multiple_results=False),
+                           platform=PLATFORM)
 
 
 def _register_preserved_chlo() -> None:
