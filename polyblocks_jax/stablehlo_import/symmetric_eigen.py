@@ -11,11 +11,11 @@ swept: every pair p < q in row order is rotated by the angle zeroing a[p, q] (a'
 v' = v J: two columns and two rows of a, two columns of v, each rotation an elementwise op
 on them; a complex a[p, q] = |a[p, q]| u rotates as the real |a[p, q]| would, its phase u
 in J's off-diagonal elements), until the off-diagonal norm is at most the tolerance times
-the whole norm (checked before each sweep) or the sweeps run out. The tolerance is at
-least n units in the last place, for f64 exactly that (the configured one is f32's):
-rounding leaves about that much off the diagonal however long the sweeps go on (f32 at 128
-rows missed JAX's 1e-6, and all 100 sweeps ran). The
-eigenvalues are the (real) diagonal, sorted ascending with their vectors when asked.
+the whole norm (checked before each sweep) or the sweeps run out. f32 matrices are swept
+in f64 to f32's epsilon; f64 ones to n units in the last place (rounding leaves about that
+much off the diagonal however long the sweeps go on; the configured tolerance, TPUs' 1e-6,
+is ignored). The eigenvalues are the (real) diagonal, sorted ascending with their vectors
+when asked.
 """
 from __future__ import annotations
 
@@ -48,17 +48,25 @@ def eigh(a: Value, lower: bool, sort: bool, max_sweeps: int, tolerance: float) -
     *batch, n, _ = field.shape_of(a)
     elem = field.elem_type(a)
     single = isinstance(elem, ir.F32Type)
-    floor = n * float(np.finfo(np.float32 if single else np.float64).eps)
-    # JAX's rule passes the tolerance TPUs use (1e-6): an f32 one. f64 sweeps go on to the
-    # rounding floor, or eigenvectors stop at ~1e-10 where LAPACK's give ~1e-15.
-    reachable = max(tolerance, floor) if single else floor
+    # An f32 matrix is rotated in f64, to f32's rounding: in f32 each vector's thousands of
+    # rotations left residuals of 200-400 eps |A| (LAPACK's: 8), however many sweeps ran.
+    # f64 sweeps go on to their rounding floor (JAX's rule passes the tolerance TPUs use,
+    # 1e-6: eigenvectors stopped at ~1e-10 where LAPACK's give ~1e-15).
+    reachable = float(np.finfo(np.float32).eps) if single else n * float(np.finfo(np.float64).eps)
+    del tolerance
     count = int(np.prod(batch))  # 1 for a single matrix (``math`` here is MLIR's dialect)
     matrices = field.reshape(a, [count, n, n])
+    f64 = ir.F64Type.get()
 
     def each(ivs: list[ir.Value], carried: list[Value]) -> list[Value]:
         vectors, values = carried
         m = field.extract_slice(matrices, [1, n, n], [ivs[0], 0, 0], shape=[n, n])
-        d, v = _jacobi(hermitian(m, lower), max_sweeps, reachable)
+        m = hermitian(m, lower)
+        if single:
+            m = map_parts(lambda part: arith.extf(builders.shaped_like(part, f64), part), m)
+        d, v = _jacobi(m, max_sweeps, reachable)
+        if single:
+            d, v = (map_parts(lambda part: arith.truncf(builders.shaped_like(part, elem), part), x) for x in (d, v))
         w = diagonal(field.real(d))
         if sort:
             w, v = _sorted(w, v)
