@@ -8,11 +8,13 @@ and triangular_solve) or XLA's custom calls for its own expansions (qr: "Qr" and
 "ProductOfElementaryHouseholderReflectors"), computed in stablehlo_import/linear_algebra.py.
 lu's generic rule factors blocks of 128 columns, each by a while loop of gathers and
 scatters (27 KB of StableHLO for 8x8), and updates the rest by a triangular solve and a
-matmul: for at most 128 columns (one block) that is the algorithm of the CPU's LAPACK getrf
-call, which the importer computes as an scf.for over the columns (stablehlo_import/lu.py,
-LAPACK's pivots, as XLA's CPU gives them) and compiles 1.3 to 1.6 times faster; beyond, the
-blocks' matmul is faster to run (256x256: 2.7 ms, getrf 23 ms). We register a rule that
-takes the CPU's for one block.
+matmul; the CPU's rule is one LAPACK getrf call, which the importer computes as an scf.for
+over the columns (stablehlo_import/lu.py, LAPACK's pivots, as XLA's CPU gives them) and
+compiles 1.3 to 2 times faster. That loop rewrites the whole matrix at each step, where the
+generic rule's works on its block's columns before one matmul: up to 64 columns getrf runs
+as fast or faster (2-core Xeon: 64x64 0.24 ms, generic 0.28; 128x64 0.68, generic 0.99),
+beyond it runs up to 2x slower (96x96 1.85 ms, generic 0.94; 64x128 0.86, generic 0.52).
+We register a rule that takes the CPU's up to 64 columns.
 eigh has platform rules only: we register the TPU's (QDWH, ending in XLA's "Eigh" custom
 call: stablehlo_import/symmetric_eigen.py), and svd's generic rule calls eigh. hessenberg
 and tridiagonal have LAPACK rules only: we register the CPU's, whose gehrd and sytrd
@@ -86,15 +88,15 @@ def _register_lapack_rules() -> None:
         mlir.register_lowering(primitive, rule, platform=PLATFORM)
 
 
-# The columns of one block of JAX's generic LU (jax._src.lax.linalg._lu_blocked).
-_LU_BLOCK = 128
+# The most columns for which getrf's loop (stablehlo_import/lu.py) runs as fast as JAX's
+# generic rule (measured; see the module's docstring).
+_GETRF_COLUMNS = 64
 
 
 def _lu_rule(ctx, operand, *, getrf, generic) -> list:
-    """lu by LAPACK's getrf for at most one block of columns, else by JAX's blocked rule."""
-    m, n = ctx.avals_in[0].shape[-2:]
-    one_block = all(isinstance(d, int) for d in (m, n)) and min(m, n) <= _LU_BLOCK
-    return (getrf if one_block else generic)(ctx, operand)
+    """lu by LAPACK's getrf up to ``_GETRF_COLUMNS`` columns, else by JAX's generic rule."""
+    n = ctx.avals_in[0].shape[-1]
+    return (getrf if isinstance(n, int) and n <= _GETRF_COLUMNS else generic)(ctx, operand)
 
 
 def _register_preserved_chlo() -> None:
