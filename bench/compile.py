@@ -1,4 +1,5 @@
-"""Compile times, XLA CPU and polyblocks side by side: models cold and warm, small eager ops.
+"""Compile times, XLA CPU and polyblocks side by side: models cold and warm, small eager ops,
+linear algebra.
 
 Each model runs in a fresh process with an empty cache folder (``XDG_CACHE_HOME``): the
 first batch size compiles cold, the next one warm (the object cache holds the kernels the
@@ -6,7 +7,11 @@ first compile made, as after a retrace for a new batch). The compile workers are
 before anything is timed (their start is reported on its own). The eager set: 40 distinct
 jnp calls on 64x64 arrays, each the first call of its program on its device (tracing,
 lowering, compiling and running, as a notebook cell meets them), then each program's
-compile alone. ``python bench/compile.py [--quick] [--models resnet18,vit_tiny,unet]``.
+compile alone. The linear-algebra set: jnp.linalg and jax.scipy.linalg calls on small
+matrices, each lowered for its platform (the decompositions lower differently there), each
+compile cold and timed alone, in wall and in CPU seconds (this process's threads and the
+linker it waits for: what a loaded machine does not inflate).
+``python bench/compile.py [--quick] [--models resnet18,vit_tiny,unet]``.
 """
 from __future__ import annotations
 
@@ -93,6 +98,49 @@ print(json.dumps({"first_calls_s": first, "compile_median_s": {k: statistics.med
                   "ops": len(ops)}))
 """
 
+# The linear-algebra set: one call each, on matrices of the sizes JAX's linalg_test draws.
+LINALG_OPS = {
+    "cholesky 50x50 f64": ("jnp.linalg.cholesky", "spd(50, np.float64)"),
+    "qr 8x8 c64": ("jnp.linalg.qr", "(normal(8, 8) + 1j * normal(8, 8)).astype(np.complex64)"),
+    "eigh 8x8 f32": ("jnp.linalg.eigh", "spd(8, np.float32)"),
+    "svd 5x7 f32": ("jnp.linalg.svd", "normal(5, 7)"),
+    "lu 8x8 f32": ("jax.scipy.linalg.lu", "normal(8, 8)"),
+    "lu 3x16x16 f64": ("jax.lax.linalg.lu", "normal(3, 16, 16).astype(np.float64)"),
+    "inv 8x8 f64": ("jnp.linalg.inv", "normal(8, 8).astype(np.float64)"),
+    "det 5x5 f32": ("jnp.linalg.det", "normal(5, 5)"),
+    "lu jvp 10x10 f32": ("lambda a: jax.jvp(jax.scipy.linalg.lu, (a,), (a,))", "normal(10, 10)"),
+}
+
+_LINALG_PROCESS = """
+import json, os, sys, time
+import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_enable_x64", True)
+import polyblocks_jax as pb
+from bench import compile as bench_compile
+rng = np.random.default_rng(0)
+def normal(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+def spd(n, dtype):
+    a = rng.standard_normal((n, n))
+    return (a @ a.T + n * np.eye(n)).astype(dtype)
+def cpu_s():
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+def timed(compile_):
+    wall, cpu = time.perf_counter(), cpu_s()
+    compile_()
+    return time.perf_counter() - wall, cpu_s() - cpu
+options = pb.Options.from_env().replace(object_cache=False, in_process=True)  # cold; CPU time of this process
+pb.compile(jax.jit(lambda a: a + 1.0).trace(np.ones(4, np.float32)).lower(lowering_platforms=("polyblocks",)), options)
+rows = {}
+for name, (fn, operand) in bench_compile.LINALG_OPS.items():
+    fn, a = eval(fn), eval(operand)
+    xla = timed(jax.jit(fn).trace(a).lower(lowering_platforms=("cpu",)).compile)
+    lowered = jax.jit(fn).trace(a).lower(lowering_platforms=("polyblocks",))
+    rows[name] = {"xla": xla, "polyblocks": timed(lambda: pb.compile(lowered, options))}
+print(json.dumps(rows))
+"""
+
 
 def _run(script: str, args: list[str], cache: str) -> object:
     """The JSON a fresh process running ``script`` prints, with its own empty cache folder."""
@@ -119,6 +167,11 @@ def measure_eager() -> dict:
         return _run(_EAGER_PROCESS, [], cache)
 
 
+def measure_linalg() -> dict:
+    with tempfile.TemporaryDirectory(prefix="polyblocks-compile-bench-") as cache:
+        return _run(_LINALG_PROCESS, [], cache)
+
+
 def markdown(report: dict) -> str:
     lines = [f"# Compile times: XLA CPU and polyblocks ({report['date']})", "",
              f"{report['machine']} ({report['cpu']}, {report['cores']} cores), commit {report['commit']}, "
@@ -138,6 +191,14 @@ def markdown(report: dict) -> str:
               f"{first['polyblocks']:.2f} s on polyblocks ({first['polyblocks'] / first['xla']:.2f}x); "
               f"a program's compile alone, median: XLA {1e3 * median['xla']:.0f} ms, polyblocks "
               f"{1e3 * median['polyblocks']:.0f} ms.", ""]
+    if report.get("linalg"):
+        lines += ["Linear algebra, each program's cold compile alone: CPU s (wall s).", "",
+                  "| program | XLA | polyblocks | ratio (CPU) |", "|---|---:|---:|---:|"]
+        for name, row in report["linalg"].items():
+            (xla_wall, xla_cpu), (pb_wall, pb_cpu) = row["xla"], row["polyblocks"]
+            lines.append(f"| {name} | {xla_cpu:.3f} ({xla_wall:.2f}) | {pb_cpu:.3f} ({pb_wall:.2f}) | "
+                         f"{pb_cpu / xla_cpu:.1f} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -146,16 +207,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="small model configurations")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of " + ", ".join(MODELS))
     parser.add_argument("--batch", default="1,8", help="batch sizes: the first cold, the others warm")
+    parser.add_argument("--no-linalg", action="store_true", help="skip the linear-algebra set")
     results_files.add_save_argument(parser)
     args = parser.parse_args(argv)
     report = {**results_files.provenance(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "quick": args.quick,
-              "models": [], "eager": None}
+              "models": [], "eager": None, "linalg": None}
     for name in [m for m in args.models.split(",") if m]:
         report["models"].append(measure_model(name, args.quick, [int(b) for b in args.batch.split(",")]))
         for row in report["models"][-1]["rows"]:
             print(f"{name:<10} batch {row['batch']:>2} {row['cache']}: XLA {row['xla_s']:.2f} s, "
                   f"polyblocks {row['pb_s']:.2f} s ({row['ratio']:.2f}x)", flush=True)
     report["eager"] = measure_eager()
+    if not args.no_linalg:
+        report["linalg"] = measure_linalg()
     ratios = [row["ratio"] for m in report["models"] for row in m["rows"] if row["cache"] == "cold"]
     report["geomean_cold_ratio"] = math.exp(statistics.fmean(map(math.log, ratios))) if ratios else None
     path = results_files.folder(args.save) / f"compile-{results_files.machine_slug()}{'-quick' if args.quick else ''}.json"

@@ -319,13 +319,30 @@ class LapackCallsTest(absltest.TestCase):
 
 class SolversTest(absltest.TestCase):
     def test_solve_inv_cho_solve(self):
-        # jnp.linalg.solve and inv: JAX's LU (a StableHLO loop), then two triangular solves.
+        # jnp.linalg.solve and inv: LU (LAPACK's getrf, stablehlo_import/lu.py), then two
+        # triangular solves.
         rng = np.random.default_rng(8)
         a = _spd(rng, (3, 8, 8)) + 0.1 * rng.standard_normal((3, 8, 8)).astype(np.float32)
         b = rng.standard_normal((3, 8, 2)).astype(np.float32)
         spd = _spd(rng, (8, 8))
         _check(self, lambda a, b: (jnp.linalg.solve(a, b), jnp.linalg.inv(a)), a, b)
         _check(self, lambda a, b: jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(a), b), spd, b[0])
+
+    def test_lu_is_getrf_on_the_platform(self):
+        # lu of at most 64 columns lowers on the platform as on the CPU: one LAPACK getrf
+        # call, computed as an scf.for over the columns (stablehlo_import/lu.py), not JAX's
+        # while loop of gathers and scatters (a program three times larger, slower to
+        # compile); wider, JAX's rule, which runs faster there. Pivots and permutation as
+        # XLA's LAPACK gives them, batched, wide and tall.
+        rng = np.random.default_rng(10)
+        a = rng.standard_normal((2, 7, 7)).astype(np.float32)
+        with jax.default_device(jax.devices("polyblocks")[0]):
+            text = jax.jit(lax.linalg.lu).lower(a).as_text()
+            wide = jax.jit(lax.linalg.lu).lower(np.zeros((8, 65), np.float32)).as_text()
+        self.assertTrue("custom_call @lapack_sgetrf_ffi" in text, "lu lowered by JAX's generic rule")
+        self.assertLess(len(text), 12000)  # the generic rule's: 27 KB
+        self.assertFalse("getrf" in wide, "lu of 65 columns lowered to getrf")
+        _check(self, lambda a: (*lax.linalg.lu(a), *lax.linalg.lu(a[:, :4]), *lax.linalg.lu(a[:, :, :4])), a)
 
     def test_unsupported_dtype_names_op(self):
         # "Unsupported dtype", as XLA and JAX's CPU rules word it (JAX's testQrInvalidDtype)
