@@ -39,5 +39,16 @@ def check_arguments(arrays: Sequence, specs: Sequence[TensorSpec]) -> list[np.nd
         a = np.asarray(a)
         if a.shape != spec.shape or a.dtype != spec.dtype.numpy:
             raise InvalidArgumentError(f"argument {i}: expected {spec}, got {a.dtype}{list(a.shape)}")
-        checked.append(a if a.flags.c_contiguous else np.ascontiguousarray(a))  # keeps rank 0
+        checked.append(canonical_bits(a if a.flags.c_contiguous else np.ascontiguousarray(a)))  # keeps rank 0
     return checked
+
+
+def canonical_bits(array: np.ndarray) -> np.ndarray:
+    """``array``, or where its elements are narrower than their bytes (4- and 2-bit integers
+    and floats) a copy whose bytes keep only the element's bits. numpy reads the low bits
+    alone and an array viewed from other bytes (JAX's random test inputs) carries any high
+    bits; compiled code reads the byte (a uint4 of byte 0xd9 converted to 217, not 9)."""
+    spec = dtypes.from_numpy(array.dtype)
+    if spec is None or spec.bits >= 8:
+        return array
+    return np.bitwise_and(array.view(np.uint8), np.uint8((1 << spec.bits) - 1)).view(array.dtype)

@@ -12,6 +12,7 @@ from polyblocks_jax.pjrt.client import Client, c_bytes
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
 from polyblocks_jax.pjrt.events import READY, PendingEvent
 from polyblocks_jax.pjrt.gpu_buffer import GpuBuffer
+from polyblocks_jax.runtime.specs import canonical_bits
 
 
 @implements("PJRT_Client_Create")
@@ -114,19 +115,20 @@ def client_buffer_from_host_buffer(args):
     strides = (tuple((ctypes.c_int64 * args.num_byte_strides).from_address(args.byte_strides))
                if args.byte_strides and args.num_byte_strides else None)
     view = host_view(args.data, dtype, dims, strides)
+    canonical = canonical_bits(view)
     if device.gpu is not None:
-        _upload(args, view, device)
+        _upload(args, canonical, device)
         return
     mutable = args.host_buffer_semantics == abi.PJRT_HostBufferSemantics_kMutableZeroCopy
     zero_copy = (mutable or args.host_buffer_semantics == abi.PJRT_HostBufferSemantics_kImmutableZeroCopy) \
-        and view.size and can_alias(view)
+        and view.size and can_alias(view) and canonical is view
     if zero_copy:
         done = PendingEvent()
         # An immutable wrap is the caller's array: donation must not write it.
         args.buffer = Buffer(view, device, on_release=done.fire, writable=mutable).handle
         args.done_with_host_buffer = handles.register(done)
     else:
-        args.buffer = Buffer(aligned_copy(view), device).handle
+        args.buffer = Buffer(aligned_copy(canonical), device).handle
         args.done_with_host_buffer = READY
 
 
