@@ -89,6 +89,15 @@ class SortTest(absltest.TestCase):
         ints = np.random.default_rng(5).integers(-3, 3, size=(2, 3, 11)).astype(np.int32)
         support.check_against_xla(self, lambda x, i: (lax.top_k(x, 5), lax.top_k(i, 4)), x, ints)
 
+    def test_top_k_of_nothing(self):
+        # k = 0 (jnp.partition along an axis of two, moved last) and rows of no elements
+        # through the plugin, whose top_k is a composite (pjrt/lowering_rules.py)
+        x, empty = _floats((4, 3, 2), seed=6), np.zeros((0, 5), np.float32)
+        fn = lambda x, e: (lax.top_k(x, 0), lax.top_k(e, 2), jnp.partition(x, kth=-1, axis=0))
+        device = jax.devices("polyblocks")[0]
+        got = jax.jit(fn)(*[jax.device_put(a, device) for a in (x, empty)])
+        support.assert_close(self, [np.asarray(a) for a in jax.tree.leaves(got)], support.xla_cpu(fn, x, empty))
+
     def test_top_k_of_long_rows(self):
         # Rows of chunks (16 elements compared at once with the k-th best) and a remainder:
         # ties across chunks, NaN, -0.0 and 0.0; ints with many ties; bf16.

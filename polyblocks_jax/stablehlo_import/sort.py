@@ -115,6 +115,8 @@ def top_k(cx, op):
     (operand,), (spec,) = op.operands, op.operand_specs
     values_spec, indices_spec = op.result_specs
     k, n = values_spec.shape[-1], spec.shape[-1]
+    if 0 in values_spec.shape:  # nothing to select (k = 0, or no rows)
+        return [builders.empty(values_spec), builders.empty(indices_spec)]
     index_type = element_type(indices_spec.dtype)
 
     def less(a: ir.Value, b: ir.Value) -> ir.Value:
