@@ -380,7 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     env = dict(os.environ, JAX_NUM_GENERATED_CASES=str(args.cases))
     pytest_args = ["-k", args.keyword] if args.keyword else []
     settings = {"jax": info["versions"]["jax"], "jaxlib": info["versions"]["jaxlib"], "cases": args.cases,
-                "keyword": args.keyword, "x64": os.environ.get("JAX_ENABLE_X64", ""), "as_cpu": args.as_cpu}
+                "keyword": args.keyword, "x64": os.environ.get("JAX_ENABLE_X64", ""),
+                **({"as_cpu": True} if args.as_cpu else {})}
     report = {**info, "date": datetime.datetime.now().isoformat(timespec="seconds"), "settings": settings,
               "goal": GOAL, "requested": args.files, "files": {}}
     if args.update and results.exists():
