@@ -49,6 +49,6 @@ def canonical_bits(array: np.ndarray) -> np.ndarray:
     alone and an array viewed from other bytes (JAX's random test inputs) carries any high
     bits; compiled code reads the byte (a uint4 of byte 0xd9 converted to 217, not 9)."""
     spec = dtypes.from_numpy(array.dtype)
-    if spec is None or spec.bits >= 8:
+    if spec is None or spec.is_bool or spec.bits >= 8:
         return array
-    return np.bitwise_and(array.view(np.uint8), np.uint8((1 << spec.bits) - 1)).view(array.dtype)
+    return np.asarray(np.bitwise_and(array.view(np.uint8), np.uint8((1 << spec.bits) - 1))).view(array.dtype)
