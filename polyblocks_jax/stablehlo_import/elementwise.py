@@ -314,20 +314,24 @@ _ERF_P = (1.1283791681395319, 1.8527672747560367e-01, 5.4354099886575559e-02, 3.
 _ERF_Q = (1.0, 4.9753062292617334e-01, 1.1401313025393779e-01, 1.5479783297068206e-02,
           1.3107041261312099e-03, 6.3409374636707320e-05)
 _ERF_BOUND = 4.0
+# From here erf is within half an ulp of +-1 in f32 (erfc(x) < 2^-25): it rounds to +-1,
+# where the rational, evaluated in f32, falls an ulp or two short (erf(inf) was 1 - 2^-23).
+_ERF_ONE = 3.9192059
 
 
 def _erf(x: ir.Value) -> ir.Value:
     """erf on f32 (NaN propagates through the clamps; -0 stays -0)."""
-    bound = builders.constant_like(_ERF_BOUND, x)
-    x = arith.minimumf(arith.maximumf(x, arith.negf(bound)), bound)
-    t = arith.mulf(x, x)
-
     def const(v: float) -> ir.Value:
         return builders.constant_like(v, x)
     one = const(1.0)
+    saturated = arith.cmpf(F.OGE, math.absf(x), const(_ERF_ONE))
+    bound = const(_ERF_BOUND)
+    clamped = arith.minimumf(arith.maximumf(x, arith.negf(bound)), bound)
+    t = arith.mulf(clamped, clamped)
     # rounding may overshoot 1 by an ulp near the bound
-    erf = arith.divf(arith.mulf(x, polynomial(t, _ERF_P, const)), polynomial(t, _ERF_Q, const))
-    return arith.minimumf(arith.maximumf(erf, arith.negf(one)), one)
+    erf = arith.divf(arith.mulf(clamped, polynomial(t, _ERF_P, const)), polynomial(t, _ERF_Q, const))
+    erf = arith.minimumf(arith.maximumf(erf, arith.negf(one)), one)
+    return arith.select(saturated, math.copysign(one, x), erf)
 
 
 # erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2), for z >= 0 (Numerical Recipes' erfcc,
