@@ -12,6 +12,8 @@ rows: elimination forward, then back substitution.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +24,7 @@ def tridiagonal_solve(dl: jax.Array, d: jax.Array, du: jax.Array, b: jax.Array, 
                       perturb_singular: bool) -> jax.Array:
     """x with A x = b for each tridiagonal A (..., n) given by its three diagonals
     (``dl[..., 0]`` and ``du[..., n - 1]`` unused) and b (..., n, k)."""
-    solve = lambda *args: _solve(*args, perturb_singular=perturb_singular)  # noqa: E731
+    solve = functools.partial(_solve, perturb_singular=perturb_singular)
     for _ in range(dl.ndim - 1):
         solve = jax.vmap(solve)
     return solve(dl, d, du, b)

@@ -35,14 +35,14 @@ from polyblocks_jax.stablehlo_import.linear_algebra import affine_map, check_dty
 def eigh_call(op) -> list[Value]:
     """(eigenvectors as columns, eigenvalues) of each symmetric (Hermitian) matrix of the operand."""
     check_dtype(op)
-    lower, sort, max_sweeps, tolerance = _config(op)
+    lower, sort, max_sweeps = _config(op)
     vectors_spec, values_spec = op.result_specs
     if 0 in vectors_spec.shape:
         return [field.empty(vectors_spec), builders.empty(values_spec)]
-    return eigh(op.operands[0], lower, sort, max_sweeps, tolerance)
+    return eigh(op.operands[0], lower, sort, max_sweeps)
 
 
-def eigh(a: Value, lower: bool, sort: bool, max_sweeps: int, tolerance: float) -> list[Value]:
+def eigh(a: Value, lower: bool, sort: bool, max_sweeps: int) -> list[Value]:
     """(eigenvectors, eigenvalues (real)) of each matrix of ``a`` (..., n, n), n > 0,
     symmetric (Hermitian) as its ``lower`` (else upper) triangle gives it."""
     *batch, n, _ = field.shape_of(a)
@@ -53,7 +53,6 @@ def eigh(a: Value, lower: bool, sort: bool, max_sweeps: int, tolerance: float) -
     # f64 sweeps go on to their rounding floor (JAX's rule passes the tolerance TPUs use,
     # 1e-6: eigenvectors stopped at ~1e-10 where LAPACK's give ~1e-15).
     reachable = float(np.finfo(np.float32).eps) if single else n * float(np.finfo(np.float64).eps)
-    del tolerance
     count = int(np.prod(batch))  # 1 for a single matrix (``math`` here is MLIR's dialect)
     matrices = field.reshape(a, [count, n, n])
     f64 = ir.F64Type.get()
@@ -77,11 +76,13 @@ def eigh(a: Value, lower: bool, sort: bool, max_sweeps: int, tolerance: float) -
     return [field.reshape(vectors, [*batch, n, n]), field.reshape(values, [*batch, n])]
 
 
-def _config(op) -> tuple[bool, bool, int, float]:
+def _config(op) -> tuple[bool, bool, int]:
+    """(lower, sort, max_sweeps); the tolerance is checked as a number, not used (see the module)."""
     text = jir.StringAttr(op.attr("backend_config")).value
     try:
         lower, sort, sweeps, tolerance = text.split(",")
-        return bool(int(lower)), bool(int(sort)), int(sweeps), float(tolerance)
+        float(tolerance)
+        return bool(int(lower)), bool(int(sort)), int(sweeps)
     except ValueError:
         raise op.unsupported(f"Eigh backend_config {text!r} (expected lower,sort,max_sweeps,tolerance)") from None
 
