@@ -300,8 +300,7 @@ class ResourceTest(absltest.TestCase):
             jax.jit(lambda a: a @ a + k)(x).block_until_ready()
             with self.assertRaises(pb.PolyblocksError):
                 pb.compile(b"\x00not a program")
-        # Warm up: thread pools, compile workers and caches that live for the whole process
-        # (in a full-suite run, one warm-up left a compile's pipe opening after it, once).
+        # Warm up: thread pools, compile workers and caches that live for the whole process.
         for k in range(2):
             workload(k)
         gc.collect()
@@ -309,8 +308,11 @@ class ResourceTest(absltest.TestCase):
         for k in range(2, 10):
             workload(k)
         gc.collect()
-        self.assertEqual((_fds(), threading.active_count(), _native_threads()), before,
-                         "(open fds, Python threads, native threads) changed")
+        # A leak grows them; one may close late (a compile's pipe from the warm-up, once in a
+        # full-suite run: 23 open before, 22 after), which is no leak.
+        after = (_fds(), threading.active_count(), _native_threads())
+        self.assertTrue(all(a <= b for a, b in zip(after, before)),
+                        f"(open fds, Python threads, native threads) grew: {before} -> {after}")
 
 
 def _rss_bytes() -> int:
