@@ -14,6 +14,7 @@ import os
 
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.named_values import NamedValues
+from polyblocks_jax.runtime.foreign_memory import array_type
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class HandleArray:
     __slots__ = ("array", "address", "count")
 
     def __init__(self, items: list[int]) -> None:
-        self.array = (ctypes.c_void_p * max(len(items), 1))(*items)
+        self.array = array_type(ctypes.c_void_p, max(len(items), 1))(*items)
         self.address, self.count = ctypes.addressof(self.array), len(items)
 
 

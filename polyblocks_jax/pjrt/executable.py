@@ -35,6 +35,7 @@ from polyblocks_jax.pjrt.errors import invalid
 from polyblocks_jax.pjrt.events import READY_EVENT
 from polyblocks_jax.pjrt.named_values import NamedValues
 from polyblocks_jax.runtime import executable as runtime
+from polyblocks_jax.runtime.foreign_memory import array_type
 
 # Serialized plugin executable: magic, header length, JSON header, runtime executable.
 _MAGIC = b"PBLKPJR3"
@@ -58,16 +59,16 @@ class Executable:
         self.out_shapes = [(s.shape, s.dtype.numpy) for s in outputs]
         self.num_outputs = len(outputs)
         self.num_inputs = len(compiled.inputs)
-        self.output_types = (ctypes.c_int32 * max(len(outputs), 1))(
+        self.output_types = array_type(ctypes.c_int32, max(len(outputs), 1))(
             *[TYPE_OF_NUMPY[s.dtype.numpy] for s in outputs])
-        self.output_dims = (ctypes.c_int64 * max(sum(s.rank for s in outputs), 1))(
+        self.output_dims = array_type(ctypes.c_int64, max(sum(s.rank for s in outputs), 1))(
             *[d for s in outputs for d in s.shape])
-        self.output_ranks = (ctypes.c_size_t * max(len(outputs), 1))(*[s.rank for s in outputs])
+        self.output_ranks = array_type(ctypes.c_size_t, max(len(outputs), 1))(*[s.rank for s in outputs])
         self.memory_kind = Text(MEMORY_KIND)
         self.memory_kinds = HandleArray([self.memory_kind.address] * len(outputs))
-        self.memory_kind_sizes = (ctypes.c_size_t * max(len(outputs), 1))(*[self.memory_kind.size] * len(outputs))
+        self.memory_kind_sizes = array_type(ctypes.c_size_t, max(len(outputs), 1))(*[self.memory_kind.size] * len(outputs))
         self.parameter_kinds = HandleArray([self.memory_kind.address] * self.num_inputs)
-        self.parameter_kind_sizes = (ctypes.c_size_t * max(self.num_inputs, 1))(
+        self.parameter_kind_sizes = array_type(ctypes.c_size_t, max(self.num_inputs, 1))(
             *[self.memory_kind.size] * self.num_inputs)
         self._serialized: bytes | None = None
         self._cost: NamedValues | None = None
@@ -155,7 +156,7 @@ class LoadedExecutable:
         self.executable = executable
         self.device = device
         self.devices = HandleArray([device.handle])
-        self.logical_ids = (ctypes.c_int64 * 2)()  # one {replica 0, partition 0}
+        self.logical_ids = array_type(ctypes.c_int64, 2)()  # one {replica 0, partition 0}
         assignment = device_assignment.encode_grid([[device.description.id]])
         self.device_assignment = ctypes.create_string_buffer(assignment, len(assignment))
         self.deleted = False

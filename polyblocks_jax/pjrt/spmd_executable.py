@@ -18,6 +18,7 @@ from polyblocks_jax.pjrt.errors import invalid
 from polyblocks_jax.pjrt.events import READY_EVENT, handle_of
 from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable
 from polyblocks_jax.runtime.collectives import run_instances
+from polyblocks_jax.runtime.foreign_memory import array_type
 
 
 class SpmdLoadedExecutable:
@@ -33,7 +34,7 @@ class SpmdLoadedExecutable:
             raise invalid("a device assigned to two instances of one program")
         self.instances = [LoadedExecutable(executable, d) for d in flat]
         self.devices = HandleArray([d.handle for d in flat])
-        self.logical_ids = (ctypes.c_int64 * (2 * len(flat)))(
+        self.logical_ids = array_type(ctypes.c_int64, 2 * len(flat))(
             *[i for r, row in enumerate(grid) for p in range(len(row)) for i in (r, p)])
         assignment = device_assignment.encode_grid([[d.description.id for d in row] for row in grid])
         self.device_assignment = ctypes.create_string_buffer(assignment, len(assignment))
@@ -55,10 +56,10 @@ class SpmdLoadedExecutable:
         output_lists = pointer_array(args.output_lists, count)
         for d, results in enumerate(outputs):
             if results:
-                out = (ctypes.c_void_p * len(results)).from_address(output_lists[d])
+                out = array_type(ctypes.c_void_p, len(results)).from_address(output_lists[d])
                 for i, buffer in enumerate(results):
                     out[i] = buffer.handle
         if args.device_complete_events:
-            events = (ctypes.c_void_p * count).from_address(args.device_complete_events)
+            events = array_type(ctypes.c_void_p, count).from_address(args.device_complete_events)
             for d in range(count):
                 events[d] = handle_of(READY_EVENT)
