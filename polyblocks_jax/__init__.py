@@ -22,12 +22,13 @@ __all__ = ["compile", "deserialize", "Executable", "Options", "PolyblocksError",
            "ResourceExhaustedError", "CallbackError"]
 
 
-def compile(program, options: Options | None = None, donate_argnums=None):  # noqa: A001 (mirrors jax's naming)
-    """Compile ``program`` for the host CPU; see ``polyblocks_jax.compiler.compile``."""
+def compile(program, options: Options | None = None, donate_argnums=None, *,  # noqa: A001 (mirrors jax's naming)
+            target: str = "cpu"):
+    """Compile ``program`` for ``target`` (a name of ``polyblocks_jax.targets``: "cpu", this host,
+    or "nvptx-<chip>"); see ``polyblocks_jax.compiler.compile``."""
     options = options or Options.from_env()
     if not options.in_process:
         from polyblocks_jax import compile_workers
         compile_workers.prestart()  # a compile worker imports the compiler while this process does
     from polyblocks_jax import compiler  # the MLIR stack loads on first compile, not on import
-    return compiler.compile(program, options, donate_argnums)
-
+    return compiler.compile(program, options, donate_argnums, target=target)

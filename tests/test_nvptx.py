@@ -19,6 +19,7 @@ import support
 from polyblocks_jax import cpu, passes
 from polyblocks_jax.errors import InvalidProgramError, PolyblocksError
 from polyblocks_jax.nvptx import SM80, SM90, SM90A, GpuExecutable, compile as gpu_compile, lowering, ptx, runtime
+from polyblocks_jax.nvptx.backend import without_host_choices
 from polyblocks_jax.nvptx.mma_kernel import ConvWindow, MmaProblem, kernel_function
 from polyblocks_jax.nvptx.mma_tiles import MmaTiles, WgmmaTiles, choose_mma_tiles, choose_wgmma_tiles
 from polyblocks_jax.nvptx.wgmma_kernel import wgmma_kernel_function
@@ -137,7 +138,7 @@ def _run_mapped_on_host(fn, args) -> list[np.ndarray]:
     from mlir import ir
     from polyblocks_jax.stablehlo_import import import_program
 
-    options = gpu_compile._without_host_choices(Options())
+    options = without_host_choices(Options())
     with ir.Context() as context, ir.Location.unknown():
         imported = import_program(_lowered(fn, *args), context)
         stages = passes.shared_stages(options, SM90.hardware()) + lowering.mapping_stages(options) + \
@@ -621,7 +622,7 @@ class EpilogueFusionTest(parameterized.TestCase):
         from polyblocks_jax.stablehlo_import import import_program
 
         fn, args = FUSED_PROGRAMS[name][0], _fused_args(name)
-        options = gpu_compile._without_host_choices(Options())
+        options = without_host_choices(Options())
         with ir.Context() as context, ir.Location.unknown():
             imported = import_program(_lowered(fn, *args), context)
             target = TARGETS[chip]

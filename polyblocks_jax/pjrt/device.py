@@ -3,19 +3,18 @@
 The host is split into ``POLYBLOCKS_NUM_DEVICES`` devices (ids 0 .. N-1, default one), each
 with its own memory, as XLA CPU's ``jax_num_cpu_devices``: programs for several devices
 (shard_map, pmap) run one instance per device, on threads of this process. When CUDA reports
-devices, one GPU device each follows (ids N, N+1, ...), holding its ``nvptx.runtime.Device``.
+devices, one GPU device each follows (ids N, N+1, ...; gpu_device.py). A device names the
+target its programs compile for and binds their executables to itself: the client asks it.
 Every memory's kind must be "device": JAX's sharding code looks for that kind on every device.
 """
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 
+from polyblocks_jax import targets
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.named_values import NamedValues
-
-logger = logging.getLogger(__name__)
 
 NUM_DEVICES_ENV = "POLYBLOCKS_NUM_DEVICES"
 MEMORY_KIND = "device"
@@ -65,16 +64,26 @@ class Memory:
 
 
 class Device:
-    def __init__(self, device_id: int, kind: str, gpu=None) -> None:
+    """A host device: programs compile for the host target and run in this process; programs
+    for several devices run one instance per device (spmd_executable.py)."""
+    target = targets.HOST      # the name of the target its programs compile for
+    runs_several = True        # whether programs for several devices may include it
+    gpu = None                 # the nvptx.runtime.Device of a GPU device (gpu_device.py)
+
+    def __init__(self, device_id: int, kind: str, where: str = "host") -> None:
         self.description = DeviceDescription(device_id, kind)
         self.local_hardware_id = device_id
-        self.gpu = gpu  # the nvptx.runtime.Device of a GPU device; None on the host
-        self.memory = Memory(device_id, "host" if gpu is None else "GPU")
+        self.memory = Memory(device_id, where)
         self.memories = HandleArray([self.memory.handle])
         self.attributes = NamedValues({})
         self.handle = handles.register(self)
         self.memory.device = self
         self.memory.devices = HandleArray([self.handle])
+
+    def bind(self, executable):
+        """``executable`` (pjrt.executable.Executable) loaded on this device."""
+        from polyblocks_jax.pjrt.executable import LoadedExecutable  # which imports this module
+        return LoadedExecutable(executable, self)
 
 
 def host_device_count() -> int:
@@ -85,15 +94,3 @@ def host_device_count() -> int:
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"{NUM_DEVICES_ENV}={text!r} is not a positive number of devices")
     return int(text)
-
-
-def gpu_devices(first_id: int) -> list[Device]:
-    """One device per CUDA device, ids from ``first_id``; none without cuda-python or a GPU."""
-    from polyblocks_jax.nvptx import runtime  # no MLIR; cuda-python only if installed
-    gpus = []
-    for ordinal in range(runtime.device_count()):
-        try:
-            gpus.append(runtime.device(ordinal))
-        except (runtime.CudaError, RuntimeError) as e:  # e.g. a GPU in exclusive use: the others still serve
-            logger.warning("polyblocks: CUDA device %d not exposed: %s", ordinal, e)
-    return [Device(first_id + i, f"polyblocks gpu {g.chip} {g.name}", g) for i, g in enumerate(gpus)]
