@@ -68,6 +68,7 @@ class Device:
     for several devices run one instance per device (spmd_executable.py)."""
     target = targets.HOST      # the name of the target its programs compile for
     runs_several = True        # whether programs for several devices may include it
+    host_memory = True         # whether its buffers are host arrays (a GPU's are device memory)
     gpu = None                 # the nvptx.runtime.Device of a GPU device (gpu_device.py)
 
     def __init__(self, device_id: int, kind: str, where: str = "host") -> None:

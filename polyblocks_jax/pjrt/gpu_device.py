@@ -20,6 +20,7 @@ _ARCH_SPECIFIC = {"sm_90": "sm_90a"}  # capability -> the PTX that has its own i
 
 class GpuDevice(Device):
     runs_several = False  # no collectives between GPU devices yet
+    host_memory = False
 
     def __init__(self, device_id: int, gpu) -> None:
         super().__init__(device_id, f"polyblocks gpu {gpu.chip} {gpu.name}", "GPU")
