@@ -2,7 +2,9 @@
 
 ``compile(program)`` turns StableHLO (text, a VHLO artifact, or ``jax.jit(f).lower(...)``)
 into an ``Executable`` called with numpy arrays; ``Executable.serialize`` and
-``deserialize`` carry it to a process where MLIR is not installed. The PJRT plugin
+``deserialize`` carry it to a process where MLIR is not installed. ``compile(program,
+target=...)`` compiles for another target of ``polyblocks_jax.targets`` (an NVIDIA chip's
+PTX, ``nvptx.GpuExecutable``). The PJRT plugin
 (``polyblocks_jax.pjrt``) makes the same compiler the platform ``"polyblocks"`` of ``jax.jit``.
 """
 from __future__ import annotations

@@ -90,7 +90,7 @@ class EnumerationTest(WithFakeDriver):
         fake.cuDevicePrimaryCtxRetain = lambda device: (fake_cuda.CUresult.CUDA_ERROR_INVALID_VALUE, None) \
             if device == 0 else (fake_cuda.OK, ("context", device))
         runtime.use_driver(fake)
-        with self.assertLogs("polyblocks_jax.pjrt.device", "WARNING"):
+        with self.assertLogs("polyblocks_jax.pjrt.gpu_device", "WARNING"):
             devices = Client().devices
         self.assertEqual([d.description.kind.buffer.value.decode() for d in devices[1:]],
                          ["polyblocks gpu sm_80 NVIDIA A100-SXM4-80GB"])

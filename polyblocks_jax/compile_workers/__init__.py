@@ -13,8 +13,8 @@ stopped, and the compile is a CompilationError saying so (``POLYBLOCKS_WORKER_ME
 
 ``POLYBLOCKS_FLAGS=in-process`` (``Options(in_process=True)``) compiles in the calling
 process instead, for pdb and profilers; so does every compile when no worker can start
-(a warning says why). Programs of every target compile in workers, but for a host program
-that calls back into Python, which compiles in its caller.
+(a warning says why). A host program that calls back into Python compiles in its caller, and
+so do targets that say so (``Target.compiles_in_workers``: the NVIDIA chips).
 
 A worker's start (Python, numpy, MLIR and the compiler: over a second) overlaps the
 caller's: ``polyblocks_jax.compile`` starts one before importing the compiler itself.
