@@ -5,18 +5,18 @@ description (plain data), the options it compiles with, the stages it runs for t
 it builds an executable from the module those stages leave, and its run-time side (the
 executables it builds, read back from their serialized bytes). The driver
 (``compiler.py``) and the plugin (``pjrt/``) name a target and ask it; neither branches
-on which one it is. This module and every target object load no MLIR: the compile side
+on which one it is. The registry finds the targets in the modules ``PROVIDERS`` names (a
+target folder's run side), and takes others through ``register``. This module and every target object load no MLIR: the compile side
 (``stages``, ``build``) loads it when first called.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
-from polyblocks_jax.cpu.backend import CpuBackend
 from polyblocks_jax.errors import PolyblocksError
-from polyblocks_jax.nvptx.backend import NvptxBackend, target_name
-from polyblocks_jax.nvptx.target import TARGETS as CHIPS
 
 if TYPE_CHECKING:  # annotations only: the compiler's types, which load MLIR
     from polyblocks_jax.donation import Donation
@@ -97,37 +97,37 @@ class Target(Protocol):
         """The executable whose ``serialize`` gave ``data`` (run side: no MLIR)."""
 
 
-_FACTORIES: dict[str, Callable[[], Target]] = {}
-_TARGETS: dict[str, Target] = {}
+# The modules that provide targets, each in its ``PROVIDED``: loaded at the first question
+# about a target, so that this module depends on no target folder.
+PROVIDERS = ("polyblocks_jax.cpu.backend", "polyblocks_jax.nvptx.backend")
+HOST = "cpu"  # the name of this host's target (cpu/backend.py)
 
 
-def register(name: str, factory: Callable[[], Target]) -> None:
-    """Make ``factory()`` the target named ``name``, built at its first use."""
-    _FACTORIES[name] = factory
-    _TARGETS.pop(name, None)
+@functools.cache
+def _registry() -> dict[str, Target]:
+    registry = {}
+    for provider in PROVIDERS:
+        registry.update((target.name, target) for target in importlib.import_module(provider).PROVIDED)
+    return registry
+
+
+def register(target: Target) -> None:
+    """Make ``target`` known by its name (a target of another package, a test's)."""
+    _registry()[target.name] = target
 
 
 def get(name: str) -> Target:
     """The target named ``name``."""
-    if name not in _TARGETS:
-        if name not in _FACTORIES:
-            raise PolyblocksError(f"unknown polyblocks target {name!r}; known: {', '.join(_FACTORIES)}")
-        _TARGETS[name] = _FACTORIES[name]()
-    return _TARGETS[name]
+    registry = _registry()
+    if name not in registry:
+        raise PolyblocksError(f"unknown polyblocks target {name!r}; known: {', '.join(registry)}")
+    return registry[name]
 
 
 def names() -> list[str]:
-    return list(_FACTORIES)
-
-
-HOST = CpuBackend.name
+    return list(_registry())
 
 
 def host() -> Target:
     """The target of this process's CPU."""
     return get(HOST)
-
-
-register(HOST, CpuBackend)
-for _chip in CHIPS:
-    register(target_name(_chip), lambda chip=_chip: NvptxBackend(chip))

@@ -16,7 +16,7 @@ import polyblocks_jax as pb
 import support
 from polyblocks_jax import compiler, passes, targets
 from polyblocks_jax.cpu import CpuBackend
-from polyblocks_jax.nvptx import GpuExecutable, compile_gpu
+from polyblocks_jax.nvptx import GpuExecutable
 
 f32 = np.float32
 
@@ -28,13 +28,15 @@ def _lowered(fn, *args):
 class _CountingHost(CpuBackend):
     """The host under another name, with a stage of its own that counts the programs it sees."""
     name = "test-counting-host"
-    seen = 0
+
+    def __init__(self) -> None:
+        self.seen = 0
 
     def stages(self, options, tier):
         return [passes.Stage("count", self._count), *super().stages(options, tier)]
 
     def _count(self, module, options) -> None:
-        type(self).seen += 1
+        self.seen += 1
 
 
 class RegistryTest(absltest.TestCase):
@@ -48,25 +50,26 @@ class RegistryTest(absltest.TestCase):
             pb.compile(_lowered(lambda x: x + 1.0, np.ones(4, f32)), target="tpu")
 
     def test_a_registered_target_compiles_through_the_driver(self):
-        targets.register(_CountingHost.name, _CountingHost)
+        counting = _CountingHost()
+        targets.register(counting)
         fn = lambda x, y: jax.nn.softmax(x @ y, axis=-1)  # noqa: E731
         x, y = np.random.default_rng(0).standard_normal((2, 16, 32), f32)
         options = pb.Options(in_process=True)  # a worker would register no test target
         exe = pb.compile(_lowered(fn, x, y[0].T), options, target=_CountingHost.name)
-        self.assertEqual(_CountingHost.seen, 1)
+        self.assertEqual(counting.seen, 1)
         self.assertTrue(exe.fingerprint.endswith(_CountingHost.name))
         support.assert_close(self, list(exe(x, y[0].T)), support.xla_cpu(fn, x, y[0].T))
         self.assertIs(pb.compile(_lowered(fn, x, y[0].T), options, target=_CountingHost.name), exe)  # cached
-        self.assertEqual(_CountingHost.seen, 1)
+        self.assertEqual(counting.seen, 1)
 
 
 class NvptxThroughTheDriverTest(absltest.TestCase):
     def test_programs_are_cached_by_target(self):
         lowered = _lowered(lambda x: jnp.exp(x) * 2.0, np.ones((8, 8), f32))
-        exe = compile_gpu(lowered, "sm_80")
+        exe = pb.compile(lowered, target="nvptx-sm_80")
         self.assertIsInstance(exe, GpuExecutable)
         self.assertIs(pb.compile(lowered, target="nvptx-sm_80"), exe)
-        other = compile_gpu(lowered, "sm_90a")
+        other = pb.compile(lowered, target="nvptx-sm_90a")
         self.assertEqual(other.chip, "sm_90a")
         self.assertNotEqual(other.fingerprint, exe.fingerprint)
         again = targets.get("nvptx-sm_80").deserialize(exe.serialize())

@@ -45,3 +45,6 @@ class CpuBackend:
 
     def deserialize(self, data: bytes) -> runtime.Executable:
         return runtime.deserialize(data)
+
+
+PROVIDED = (CpuBackend(),)  # read by the registry (polyblocks_jax.targets)

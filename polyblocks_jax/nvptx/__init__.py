@@ -2,9 +2,10 @@
 
 Importing this package loads no MLIR: the target (``backend``), the chips' records
 (``target``), the executable and its plan, and the CUDA runtime (``runtime``, which needs
-cuda-python and a GPU only when it runs) are run-side pieces. Compiling (``compile``:
-``compile_gpu``) needs the MLIR bindings and, for math functions, libdevice, but no GPU;
-it loads on first use. Serialized executables carry their PTX.
+cuda-python and a GPU only when it runs) are run-side pieces. Compiling
+(``polyblocks_jax.compile(program, target="nvptx-<chip>")``, which runs ``compile``) needs the
+MLIR bindings and, for math functions, libdevice, but no GPU. Serialized executables carry
+their PTX.
 """
 from __future__ import annotations
 
@@ -14,11 +15,5 @@ from polyblocks_jax.nvptx.plan import LaunchPlan
 from polyblocks_jax.nvptx.target import SM80, SM90, SM90A, TARGETS, NvptxTarget, target
 
 __all__ = ["GpuExecutable", "LaunchPlan", "NvptxBackend", "NvptxTarget", "SM80", "SM90", "SM90A", "TARGETS",
-           "compile_gpu", "target", "target_name"]
+           "target", "target_name"]
 
-
-def __getattr__(name: str):
-    if name == "compile_gpu":
-        from polyblocks_jax.nvptx.compile import compile_gpu  # the compiler side: loads MLIR
-        return compile_gpu
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from polyblocks_jax.nvptx.executable import GpuExecutable
-from polyblocks_jax.nvptx.target import NvptxTarget, target
+from polyblocks_jax.nvptx.target import TARGETS, NvptxTarget, target
 from polyblocks_jax.options import Options
 
 if TYPE_CHECKING:  # annotations only: the compiler's types, which load MLIR
@@ -66,3 +66,6 @@ class NvptxBackend:
 
     def deserialize(self, data: bytes) -> GpuExecutable:
         return GpuExecutable.deserialize(data)
+
+
+PROVIDED = tuple(NvptxBackend(chip) for chip in TARGETS)  # read by the registry (polyblocks_jax.targets)

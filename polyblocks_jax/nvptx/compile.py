@@ -19,13 +19,6 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes import Stage
 from polyblocks_jax.targets import LoweredProgram
 
-def compile_gpu(program, chip: str = "sm_90", options: Options | None = None) -> GpuExecutable:
-    """Compile StableHLO text, VHLO bytes or a ``jax.stages.Lowered`` to PTX for ``chip``; no GPU needed."""
-    from polyblocks_jax import compiler  # the driver imports this module's target
-    from polyblocks_jax.nvptx.backend import target_name
-    return compiler.compile(program, options, target=target_name(chip))
-
-
 def gpu_stages(options: Options, target: NvptxTarget) -> list[Stage]:
     """Every stage of a compile for ``target``: the shared ones, then its mapping and lowering to PTX."""
     return passes.shared_stages(options, target.hardware()) + \

@@ -14,8 +14,9 @@ import polyblocks_jax
 from polyblocks_jax import files, targets
 from polyblocks_jax.options import Options
 from polyblocks_jax.pjrt import device_assignment, handles
+from polyblocks_jax.pjrt.c_values import HandleArray, Text
 from polyblocks_jax.pjrt.compile_options import program_options
-from polyblocks_jax.pjrt.device import Device, HandleArray, Text, host_device_count
+from polyblocks_jax.pjrt.device import Device, host_device_count
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
 from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable, deserialize
 from polyblocks_jax.pjrt.gpu_device import gpu_devices

@@ -1,43 +1,23 @@
-"""Devices, their descriptions and memories: plain data with stable handles.
+"""Devices and their descriptions: plain data with stable handles (memories: memory.py).
 
 The host is split into ``POLYBLOCKS_NUM_DEVICES`` devices (ids 0 .. N-1, default one), each
 with its own memory, as XLA CPU's ``jax_num_cpu_devices``: programs for several devices
 (shard_map, pmap) run one instance per device, on threads of this process. When CUDA reports
 devices, one GPU device each follows (ids N, N+1, ...; gpu_device.py). A device names the
 target its programs compile for and binds their executables to itself: the client asks it.
-Every memory's kind must be "device": JAX's sharding code looks for that kind on every device.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 
 from polyblocks_jax import targets
 from polyblocks_jax.pjrt import handles
+from polyblocks_jax.pjrt.c_values import HandleArray, Text
+from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable
+from polyblocks_jax.pjrt.memory import Memory
 from polyblocks_jax.pjrt.named_values import NamedValues
 
 NUM_DEVICES_ENV = "POLYBLOCKS_NUM_DEVICES"
-MEMORY_KIND = "device"
-MEMORY_KIND_ID = 0
-
-
-class Text:
-    """A UTF-8 string with a stable address, handed to jaxlib as (pointer, size)."""
-    __slots__ = ("buffer", "address", "size")
-
-    def __init__(self, text: str) -> None:
-        data = text.encode()
-        self.buffer = ctypes.create_string_buffer(data)
-        self.address, self.size = ctypes.addressof(self.buffer), len(data)
-
-
-class HandleArray:
-    """A C array of handles (e.g. ``PJRT_Device**``) with a stable address."""
-    __slots__ = ("array", "address", "count")
-
-    def __init__(self, items: list[int]) -> None:
-        self.array = (ctypes.c_void_p * max(len(items), 1))(*items)
-        self.address, self.count = ctypes.addressof(self.array), len(items)
 
 
 class DeviceDescription:
@@ -49,18 +29,6 @@ class DeviceDescription:
         self.to_string = Text(f"PolyblocksDevice(id={device_id})")
         self.attributes = NamedValues({})
         self.handle = handles.register(self)
-
-
-class Memory:
-    def __init__(self, memory_id: int, where: str) -> None:
-        self.id = memory_id
-        self.kind = Text(MEMORY_KIND)
-        self.kind_id = MEMORY_KIND_ID
-        self.debug_string = Text(f"polyblocks {where} memory {memory_id}")
-        self.to_string = Text(f"PolyblocksMemory(id={memory_id}, kind={MEMORY_KIND})")
-        self.device = None  # the device this memory belongs to
-        self.devices = HandleArray([])
-        self.handle = handles.register(self, handles.MEMORY, self.kind.address, self.kind.size)
 
 
 class Device:
@@ -81,9 +49,8 @@ class Device:
         self.memory.device = self
         self.memory.devices = HandleArray([self.handle])
 
-    def bind(self, executable):
-        """``executable`` (pjrt.executable.Executable) loaded on this device."""
-        from polyblocks_jax.pjrt.executable import LoadedExecutable  # which imports this module
+    def bind(self, executable: Executable) -> LoadedExecutable:
+        """``executable``, compiled for this device's target, loaded on this device."""
         return LoadedExecutable(executable, self)
 
 

@@ -31,9 +31,10 @@ from polyblocks_jax import targets
 from polyblocks_jax.cpu.array_pool import data_address
 from polyblocks_jax.pjrt import device_assignment, handles, native
 from polyblocks_jax.pjrt.buffer import TYPE_OF_NUMPY, Buffer, aligned_copy, aligned_empty
-from polyblocks_jax.pjrt.device import MEMORY_KIND, HandleArray, Text
+from polyblocks_jax.pjrt.c_values import HandleArray, Text
 from polyblocks_jax.pjrt.errors import invalid
 from polyblocks_jax.pjrt.events import READY_EVENT
+from polyblocks_jax.pjrt.memory import MEMORY_KIND
 from polyblocks_jax.pjrt.named_values import NamedValues
 from polyblocks_jax.targets import CompiledProgram
 

@@ -13,7 +13,7 @@ import ctypes
 
 from polyblocks_jax.pjrt import device_assignment, handles
 from polyblocks_jax.pjrt.callbacks import pointer_array
-from polyblocks_jax.pjrt.device import HandleArray
+from polyblocks_jax.pjrt.c_values import HandleArray
 from polyblocks_jax.pjrt.errors import invalid
 from polyblocks_jax.pjrt.events import READY_EVENT, handle_of
 from polyblocks_jax.pjrt.executable import Executable
