@@ -6,8 +6,9 @@ it builds an executable from the module those stages leave, and its run-time sid
 executables it builds, read back from their serialized bytes). The driver
 (``compiler.py``) and the plugin (``pjrt/``) name a target and ask it; neither branches
 on which one it is. The registry finds the targets in the modules ``PROVIDERS`` names (a
-target folder's run side), and takes others through ``register``. This module and every target object load no MLIR: the compile side
-(``stages``, ``build``) loads it when first called.
+target folder's run side), and takes others through ``register``. This module and every
+target object load no MLIR: the compile side (``stages``, ``build``) loads it when first
+called.
 """
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from polyblocks_jax.errors import PolyblocksError
 
-if TYPE_CHECKING:  # annotations only: the compiler's types, which load MLIR
+if TYPE_CHECKING:  # annotations only: the compiler's types among them load MLIR
     from polyblocks_jax.donation import Donation
     from polyblocks_jax.dtypes import TensorSpec
     from polyblocks_jax.dumps import Dump
     from polyblocks_jax.options import Options
     from polyblocks_jax.passes import Stage
     from polyblocks_jax.passes.work import Tier
+    from polyblocks_jax.runtime.host_callbacks import HostCallback
     from polyblocks_jax.stablehlo_import import ImportedProgram
 
 
@@ -62,7 +64,7 @@ class LoweredProgram:
     imported: ImportedProgram          # the module (now lowered), signature, devices, collectives
     key: str                           # the cache key: the executable's fingerprint
     donation: Donation                 # the inputs given up, and those the outputs reuse
-    callbacks: Sequence[Any]           # the host callbacks the code calls
+    callbacks: Sequence[HostCallback]  # the Python functions the code calls
     tier: Tier                         # the program's estimated work (passes/work.py)
     timings: dict[str, float]          # every step's time so far; the build adds its own
     dump: Dump                         # where the build writes its code (POLYBLOCKS_DUMP)

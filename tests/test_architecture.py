@@ -9,6 +9,7 @@ nothing in ``pjrt/`` compares a target's name or asks whether a device is a GPU.
 from __future__ import annotations
 
 import ast
+import importlib
 import pathlib
 import re
 
@@ -129,8 +130,10 @@ class RunSideTest(absltest.TestCase):
         from polyblocks_jax import targets
         from polyblocks_jax.nvptx import GpuExecutable
         from polyblocks_jax.runtime.executable import Executable
-        for name in targets.names():
-            self.assertIn(type(targets.get(name)).__module__, RUN_SIDE_MODULES, name)
+        for provider in targets.PROVIDERS:
+            self.assertIn(provider, RUN_SIDE_MODULES)
+            for target in importlib.import_module(provider).PROVIDED:
+                self.assertIn(type(target).__module__, RUN_SIDE_MODULES, target.name)
         for executable in (Executable, GpuExecutable):
             self.assertTrue(executable.__module__ in RUN_SIDE_MODULES or
                             executable.__module__.startswith(RUN_SIDE_PACKAGES), executable)
