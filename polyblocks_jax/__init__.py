@@ -9,7 +9,7 @@ PTX, ``nvptx.GpuExecutable``). The PJRT plugin
 """
 from __future__ import annotations
 
-from polyblocks_jax import logs
+from polyblocks_jax import logs, targets
 from polyblocks_jax.errors import (CallbackError, CompilationError, InvalidArgumentError, InvalidProgramError,
                                    PolyblocksError, ResourceExhaustedError, UnsupportedDtypeError,
                                    UnsupportedError)
@@ -25,11 +25,11 @@ __all__ = ["compile", "deserialize", "Executable", "Options", "PolyblocksError",
 
 
 def compile(program, options: Options | None = None, donate_argnums=None, *,  # noqa: A001 (mirrors jax's naming)
-            target: str = "cpu"):
+            target: str = targets.HOST):
     """Compile ``program`` for ``target`` (a name of ``polyblocks_jax.targets``: "cpu", this host,
     or "nvptx-<chip>"); see ``polyblocks_jax.compiler.compile``."""
     options = options or Options.from_env()
-    if not options.in_process:
+    if not options.in_process and targets.get(target).compiles_in_workers:
         from polyblocks_jax import compile_workers
         compile_workers.prestart()  # a compile worker imports the compiler while this process does
     from polyblocks_jax import compiler  # the MLIR stack loads on first compile, not on import
