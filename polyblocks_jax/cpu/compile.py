@@ -33,8 +33,9 @@ def build_program(program: LoweredProgram, options: Options) -> Executable:
     # size. Not -O0: its FastISel fuses no multiply and add marked contractible, so a*b+c
     # would differ in its last bit from the other levels' code and XLA's, and the whole-block
     # selection at -O0 aborts on a scalar bf16 bitcast (jnp.signbit).
+    # overwritten: the donors bufferization may write.
     exe = build(imported.module, imported.inputs, imported.outputs,
                 options.replace(opt_level=1) if program.tier.tiny else options, aliases,
-                overwritten=donated.aliases, timings=program.timings, dump=program.dump)  # the donors bufferization may write
+                overwritten=donated.aliases, timings=program.timings, dump=program.dump)
     return Executable(exe, program.key, program.timings, donated.donated, program.callbacks, imported.replicas,
                       imported.partitions, imported.collectives)
