@@ -1,29 +1,32 @@
 """The PJRT client: the host devices (ids 0 .. N-1), a GPU device per CUDA device (ids N...), compile and load.
 
 Programs are compiled for the devices JAX assigns them (the compile options' device
-assignment): the host's through the CPU pipeline, a GPU's to PTX, a program for several host
-devices once, run by each (spmd_executable.py); with the options
-``POLYBLOCKS_FLAGS`` sets and the program's ``compiler_options`` change (compile_options.py).
+assignment), by the driver for the target the device names, and bound to the device by the
+device; a program for several host devices compiles once and runs on each
+(spmd_executable.py). The options are those ``POLYBLOCKS_FLAGS`` sets and the program's
+``compiler_options`` change (compile_options.py).
 """
 from __future__ import annotations
 
 import ctypes
 
 import polyblocks_jax
-from polyblocks_jax import files
+from polyblocks_jax import files, targets
 from polyblocks_jax.options import Options
 from polyblocks_jax.pjrt import device_assignment, handles
+from polyblocks_jax.pjrt.c_values import HandleArray, Text
 from polyblocks_jax.pjrt.compile_options import program_options
-from polyblocks_jax.pjrt.device import Device, HandleArray, Text, gpu_devices, host_device_count
+from polyblocks_jax.pjrt.device import Device, host_device_count
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
 from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable, deserialize
+from polyblocks_jax.pjrt.gpu_device import gpu_devices
 
 PLATFORM_NAME = "polyblocks"
 
 
 def device_kind() -> str:
-    from polyblocks_jax.cpu.target import host
-    return host().description()
+    """The host devices' kind: the host target's description."""
+    return targets.host().description()
 
 
 def platform_version(kind: str) -> str:
@@ -60,32 +63,27 @@ class Client:
         parsed = _parse(compile_options)
         grid = self._assigned_devices(parsed)
         options = program_options(parsed, Options.from_env())
+        device = grid[0][0]
+        # honours the donation JAX marked in the program
+        compiled = polyblocks_jax.compile(code, options, target=device.target)
+        executable = Executable(compiled, "main", compile_options, code, device.target)
         if len(grid) * len(grid[0]) > 1:
             from polyblocks_jax.pjrt import spmd_executable
-            compiled = polyblocks_jax.compile(code, options)
-            return spmd_executable.SpmdLoadedExecutable(Executable(compiled, "main", compile_options, code), grid)
-        device = grid[0][0]
-        if device.gpu is not None:
-            from polyblocks_jax.pjrt import gpu_executable
-            return gpu_executable.compile_for(code, compile_options, device, options)
-        compiled = polyblocks_jax.compile(code, options)  # honours the donation JAX marked in the program
-        return LoadedExecutable(Executable(compiled, "main", compile_options, code), device)
+            return spmd_executable.SpmdLoadedExecutable(executable, grid)
+        return device.bind(executable)
 
     def load(self, data: bytes, compile_options: bytes | None = None) -> LoadedExecutable:
         """Load on the device the options assign (by default the ones it was compiled with)."""
         executable = deserialize(data)
         grid = self._assigned_devices(_parse(compile_options or executable.compile_options))
-        if len(grid) * len(grid[0]) > 1 and executable.target == "cpu":
+        device = grid[0][0]
+        if executable.target != device.target:
+            raise invalid(f"a serialized {executable.target} executable cannot run on "
+                          f"{device.description.kind.buffer.value.decode()} (target {device.target})")
+        if len(grid) * len(grid[0]) > 1:
             from polyblocks_jax.pjrt import spmd_executable
             return spmd_executable.SpmdLoadedExecutable(executable, grid)
-        device = grid[0][0]
-        if executable.target == "cpu" and device.gpu is None:
-            return LoadedExecutable(executable, device)
-        if executable.target != "cpu" and device.gpu is not None:
-            from polyblocks_jax.pjrt import gpu_executable
-            return gpu_executable.GpuLoadedExecutable(executable, device)
-        raise invalid(f"a serialized {executable.target} executable cannot run on "
-                      f"{device.description.kind.buffer.value.decode()}")
+        return device.bind(executable)
 
     def _assigned_devices(self, options) -> list[list[Device]]:
         """``grid[replica][partition]``: the devices ``options`` (parsed) compile for; without an
@@ -101,8 +99,8 @@ class Client:
             raise invalid(f"a device assignment of {len(ids)} x {len(ids[0])} devices for "
                           f"{build.num_replicas} replicas x {build.num_partitions} partitions")
         grid = [[self.device_by_id(i) for i in row] for row in ids]
-        if len(ids) * len(ids[0]) > 1 and any(d.gpu is not None for row in grid for d in row):
-            raise unimplemented("programs for several GPU devices")
+        if len(ids) * len(ids[0]) > 1 and not all(d.runs_several for row in grid for d in row):
+            raise unimplemented("programs for several devices that are not all host devices")
         return grid
 
 

@@ -84,4 +84,4 @@ class GpuBuffer:
 
 def place(array: np.ndarray, device) -> Buffer | GpuBuffer:
     """A buffer on ``device`` made from ``array``, an aligned host array nobody else holds."""
-    return Buffer(array, device) if device.gpu is None else GpuBuffer.upload(array, device)
+    return Buffer(array, device) if device.host_memory else GpuBuffer.upload(array, device)

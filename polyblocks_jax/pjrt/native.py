@@ -125,7 +125,7 @@ class Native:
         native.c's count.
         """
         exe = loaded.executable
-        entry = getattr(exe.compiled, "entry_address", None) if exe.target == "cpu" else None
+        entry = getattr(exe.compiled, "entry_address", None)  # code called in this process: the host's
         if entry is None or exe.donated or exe.token_outputs or any(a is not None for a in exe.aliases):
             return 0, None
         pointers = exe.num_inputs + exe.num_outputs + (1 if exe.compiled.arena_bytes else 0)

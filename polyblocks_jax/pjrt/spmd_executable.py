@@ -13,10 +13,10 @@ import ctypes
 
 from polyblocks_jax.pjrt import device_assignment, handles
 from polyblocks_jax.pjrt.callbacks import pointer_array
-from polyblocks_jax.pjrt.device import HandleArray
+from polyblocks_jax.pjrt.c_values import HandleArray
 from polyblocks_jax.pjrt.errors import invalid
 from polyblocks_jax.pjrt.events import READY_EVENT, handle_of
-from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable
+from polyblocks_jax.pjrt.executable import Executable
 from polyblocks_jax.runtime.collectives import run_instances
 from polyblocks_jax.runtime.foreign_memory import array_type
 
@@ -32,7 +32,7 @@ class SpmdLoadedExecutable:
         flat = [d for row in grid for d in row]
         if len({id(d) for d in flat}) != len(flat):
             raise invalid("a device assigned to two instances of one program")
-        self.instances = [LoadedExecutable(executable, d) for d in flat]
+        self.instances = [d.bind(executable) for d in flat]
         self.devices = HandleArray([d.handle for d in flat])
         self.logical_ids = array_type(ctypes.c_int64, 2 * len(flat))(
             *[i for r, row in enumerate(grid) for p in range(len(row)) for i in (r, p)])

@@ -117,7 +117,7 @@ def client_buffer_from_host_buffer(args):
                if args.byte_strides and args.num_byte_strides else None)
     view = host_view(args.data, dtype, dims, strides)
     canonical = canonical_bits(view)
-    if device.gpu is not None:
+    if not device.host_memory:
         _upload(args, canonical, device)
         return
     mutable = args.host_buffer_semantics == abi.PJRT_HostBufferSemantics_kMutableZeroCopy

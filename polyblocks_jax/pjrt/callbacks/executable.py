@@ -7,7 +7,7 @@ from pypjrt._abi.pjrt_0_114 import PJRT_Executable_GetCompiledMemoryStats_Args, 
 
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.callbacks import has_field, implements, pointer_array
-from polyblocks_jax.pjrt.device import Text
+from polyblocks_jax.pjrt.c_values import Text
 from polyblocks_jax.pjrt.events import handle_of
 from polyblocks_jax.pjrt.executable import ExecutableRef
 from polyblocks_jax.pjrt.errors import invalid
