@@ -174,6 +174,24 @@ class FloatTest(parameterized.TestCase):
                         *args)
 
 
+class DenormalTest(parameterized.TestCase):
+    """Denormals count as zero and results that would be denormal are zero while a program
+    runs, on every thread of its parallel loops, as on XLA CPU; the caller keeps its own."""
+
+    @parameterized.named_parameters(("f32", np.float32, 1e-39), ("f64", np.float64, 1e-310))
+    def test_flushed_as_xla_does(self, dtype, tiny):
+        x = np.full(1 << 18, tiny, dtype)  # enough work for the parallel loop
+        x[::3] = 1e-20
+        fn = lambda a: (a * 1.5, a * 1e-20, jax.numpy.sum(a * a))
+        expected = support.xla_cpu(fn, x)
+        self.assertEqual(expected[0][1], 0)  # XLA flushes
+        support.assert_close(self, support.polyblocks(fn, x), expected, rtol=1e-6, atol=0)  # the sum: its order
+
+    def test_the_caller_keeps_denormals(self):
+        support.polyblocks(lambda a: a * 1.5, np.full(8, 1e-39, np.float32))
+        self.assertEqual(np.float32(1e-39) * np.float32(2), np.float32(2e-39))
+
+
 class IntTest(parameterized.TestCase):
     # Three programs per dtype: LLVM's compile time grows faster than the op count.
     @parameterized.named_parameters(_params(INTS))

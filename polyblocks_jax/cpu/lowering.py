@@ -7,6 +7,7 @@ from mlir import ir
 from mlir.dialects import func
 
 from polyblocks_jax.cpu.avx512_bf16 import round_computed_vectors
+from polyblocks_jax.cpu.denormals import flush_denormals
 from polyblocks_jax.cpu.bf16 import (bf16_vectors_as_bits, bits_for_bf16_moves, define_truncsfbf2,
                                      emulate_bf16_arithmetic)
 from polyblocks_jax.cpu.heap import check_heap_buffers
@@ -75,6 +76,8 @@ def cpu_stages(options: Options, small: bool = False) -> list[Stage]:
         # let a product reach an add unrounded).
         Stage("bf16-arithmetic", emulate_bf16_arithmetic),
         *roundings,
+        # Denormals are zero while main runs (as on XLA CPU; arithmetic on them is slow).
+        Stage("flush-denormals", flush_denormals),
         # Conversions that work function by function are nested in func.func: MLIR runs them
         # on the outlined kernels in parallel, one per core.
         Stage("to-llvm", lower_to_llvm, verify=False),
