@@ -1,5 +1,8 @@
 """The PJRT client: the host devices (ids 0 .. N-1), a GPU device per CUDA device (ids N...), compile and load.
 
+Under ``jax.distributed`` every process's devices follow, node-major (distributed.py): this
+process's are the addressable ones, the others' only describe themselves.
+
 Programs are compiled for the devices JAX assigns them (the compile options' device
 assignment): the host's through the CPU pipeline, a GPU's to PTX, a program for several host
 devices once, run by each (spmd_executable.py); with the options
@@ -14,7 +17,8 @@ from polyblocks_jax import files
 from polyblocks_jax.options import Options
 from polyblocks_jax.pjrt import device_assignment, handles
 from polyblocks_jax.pjrt.compile_options import program_options
-from polyblocks_jax.pjrt.device import Device, HandleArray, Text, gpu_devices, host_device_count
+from polyblocks_jax.pjrt.device import Device, HandleArray, Text, gpu_kind, gpus, host_device_count
+from polyblocks_jax.pjrt.distributed import KeyValueStore, Node, exchange_kinds
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
 from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable, deserialize
 
@@ -38,14 +42,26 @@ def platform_version(kind: str) -> str:
 
 
 class Client:
-    def __init__(self) -> None:
-        hosts = host_device_count()
-        kind = device_kind()
-        self.devices = [*(Device(i, kind) for i in range(hosts)), *gpu_devices(first_id=hosts)]
+    def __init__(self, node: Node = Node(), store: KeyValueStore | None = None) -> None:
+        """``store``: JAX's key-value store, where ``node`` is one of several."""
+        hosts, local_gpus = host_device_count(), gpus()
+        local_kinds = [device_kind()] * hosts + [gpu_kind(g) for g in local_gpus]
+        kinds = exchange_kinds(store, node, local_kinds) if store is not None else [local_kinds]
+        self.node = node
+        self.devices: list[Device] = []
+        for n, node_kinds in enumerate(kinds):
+            first = len(self.devices)
+            if n == node.index:
+                self.devices += [Device(first + i, k, local_gpus[i - hosts] if i >= hosts else None, n,
+                                        local_hardware_id=i) for i, k in enumerate(node_kinds)]
+            else:
+                self.devices += [Device(first + i, k, None, n, addressable=False) for i, k in enumerate(node_kinds)]
+        local = [d for d in self.devices if d.addressable]
         self.device_handles = HandleArray([d.handle for d in self.devices])
-        self.memory_handles = HandleArray([d.memory.handle for d in self.devices])
+        self.addressable_handles = HandleArray([d.handle for d in local])
+        self.memory_handles = HandleArray([d.memory.handle for d in local])
         self.platform_name = Text(PLATFORM_NAME)
-        self.platform_version = Text(platform_version(self.devices[0].description.kind.buffer.value.decode()))
+        self.platform_version = Text(platform_version(local[0].description.kind.buffer.value.decode()))
         self.handle = handles.register(self)
 
     def device_by_id(self, device_id: int) -> Device:
@@ -63,8 +79,12 @@ class Client:
         if len(grid) * len(grid[0]) > 1:
             from polyblocks_jax.pjrt import spmd_executable
             compiled = polyblocks_jax.compile(code, options)
-            return spmd_executable.SpmdLoadedExecutable(Executable(compiled, "main", compile_options, code), grid)
+            return spmd_executable.SpmdLoadedExecutable(Executable(compiled, "main", compile_options, code), grid,
+                                                        self.node)
         device = grid[0][0]
+        if not device.addressable:
+            raise invalid(f"a program for device {device.description.id} alone, of process "
+                          f"{device.description.process_index}: compile it there")
         if device.gpu is not None:
             from polyblocks_jax.pjrt import gpu_executable
             return gpu_executable.compile_for(code, compile_options, device, options)
@@ -77,7 +97,7 @@ class Client:
         grid = self._assigned_devices(_parse(compile_options or executable.compile_options))
         if len(grid) * len(grid[0]) > 1 and executable.target == "cpu":
             from polyblocks_jax.pjrt import spmd_executable
-            return spmd_executable.SpmdLoadedExecutable(executable, grid)
+            return spmd_executable.SpmdLoadedExecutable(executable, grid, self.node)
         device = grid[0][0]
         if executable.target == "cpu" and device.gpu is None:
             return LoadedExecutable(executable, device)

@@ -42,9 +42,9 @@ class HandleArray:
 
 
 class DeviceDescription:
-    def __init__(self, device_id: int, kind: str) -> None:
+    def __init__(self, device_id: int, kind: str, process_index: int = 0) -> None:
         self.id = device_id
-        self.process_index = 0
+        self.process_index = process_index
         self.kind = Text(kind)
         self.debug_string = Text(f"{kind} (id {device_id})")
         self.to_string = Text(f"PolyblocksDevice(id={device_id})")
@@ -65,12 +65,16 @@ class Memory:
 
 
 class Device:
-    def __init__(self, device_id: int, kind: str, gpu=None) -> None:
-        self.description = DeviceDescription(device_id, kind)
-        self.local_hardware_id = device_id
+    def __init__(self, device_id: int, kind: str, gpu=None, process_index: int = 0, addressable: bool = True,
+                 local_hardware_id: int | None = None) -> None:
+        """A device of another process (``addressable`` false) only describes itself: it has no
+        memories, and programs run on it in that process."""
+        self.description = DeviceDescription(device_id, kind, process_index)
+        self.local_hardware_id = device_id if local_hardware_id is None else local_hardware_id
+        self.addressable = addressable
         self.gpu = gpu  # the nvptx.runtime.Device of a GPU device; None on the host
         self.memory = Memory(device_id, "host" if gpu is None else "GPU")
-        self.memories = HandleArray([self.memory.handle])
+        self.memories = HandleArray([self.memory.handle] if addressable else [])
         self.attributes = NamedValues({})
         self.handle = handles.register(self)
         self.memory.device = self
@@ -87,13 +91,17 @@ def host_device_count() -> int:
     return int(text)
 
 
-def gpu_devices(first_id: int) -> list[Device]:
-    """One device per CUDA device, ids from ``first_id``; none without cuda-python or a GPU."""
+def gpus() -> list:
+    """The ``nvptx.runtime.Device`` of each usable CUDA device; none without cuda-python or a GPU."""
     from polyblocks_jax.nvptx import runtime  # no MLIR; cuda-python only if installed
-    gpus = []
+    found = []
     for ordinal in range(runtime.device_count()):
         try:
-            gpus.append(runtime.device(ordinal))
+            found.append(runtime.device(ordinal))
         except (runtime.CudaError, RuntimeError) as e:  # e.g. a GPU in exclusive use: the others still serve
             logger.warning("polyblocks: CUDA device %d not exposed: %s", ordinal, e)
-    return [Device(first_id + i, f"polyblocks gpu {g.chip} {g.name}", g) for i, g in enumerate(gpus)]
+    return found
+
+
+def gpu_kind(gpu) -> str:
+    return f"polyblocks gpu {gpu.chip} {gpu.name}"
