@@ -1,0 +1,57 @@
+"""Bytes between the processes of a program whose devices span several (``jax.distributed``): MPI.
+
+MPI through mpi4py, over whichever MPI it loads (the ``mpich`` wheel that the ``distributed``
+extra installs, Debian's Open MPI or MPICH): both install from pip, and MPI's own launcher,
+``mpiexec``, starts the processes on one machine or several. Gloo, XLA CPU's other transport,
+ships inside jaxlib without a Python interface and has no maintained binding on PyPI.
+
+MPI's processes are not JAX's by construction: the processes must be started by ``mpiexec``
+(one MPI world), and JAX's node ids are matched to MPI ranks once, so any numbering serves.
+The first process calls MPI from the thread that executes programs, in program order, as
+every process executes the same programs in the same order (JAX's multi-controller rule).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import numpy as np
+
+from polyblocks_jax.errors import UnsupportedError
+
+INSTALL = "pip install 'polyblocks-jax[distributed]' (mpi4py and MPICH)"
+
+
+class MpiTransport:
+    def __init__(self, node: int, count: int) -> None:
+        try:
+            from mpi4py import MPI
+        except (ImportError, RuntimeError) as e:  # RuntimeError: mpi4py found no MPI library
+            raise UnsupportedError(f"programs whose devices span processes move data through MPI: "
+                                   f"{INSTALL}, then start the processes with mpiexec ({e})") from e
+        self._world = MPI.COMM_WORLD
+        if self._world.Get_size() != count:
+            raise UnsupportedError(
+                f"JAX has {count} processes but MPI's world {self._world.Get_size()}: programs whose devices "
+                f"span processes need them started by mpiexec (mpiexec -n {count} python ...)")
+        nodes = self._world.allgather(node)
+        self._rank = {n: rank for rank, n in enumerate(nodes)}
+        self._communicators: dict[tuple[int, ...], object] = {}
+
+    def allgather(self, nodes: tuple[int, ...], data: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
+        """Every node's ``data`` (bytes), concatenated in the order of ``nodes`` (ascending, this
+        one among them), where node ``nodes[i]`` gives ``sizes[i]`` bytes."""
+        communicator = self._communicators.get(nodes)
+        if communicator is None:
+            # Collective over the members only: every member reaches it at the same program.
+            group = self._world.Get_group().Incl([self._rank[n] for n in nodes])
+            communicator = self._communicators[nodes] = self._world.Create_group(group)
+        received = np.empty(sum(sizes), np.uint8)
+        communicator.Allgatherv(data, [received, list(sizes)])
+        return received
+
+
+@functools.cache
+def mpi(node: int, count: int) -> MpiTransport:
+    """The process's transport, made at the first program that needs one."""
+    return MpiTransport(node, count)
