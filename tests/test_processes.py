@@ -1,0 +1,148 @@
+"""Several processes (``jax.distributed``): 2 on localhost, started by ``mpiexec`` as the README
+says, with 2 host devices each, run a shard_map program of every collective and 3 data-parallel
+training steps of a small Flax model over all 4 devices; XLA CPU in one process with 4 devices
+(jax_num_cpu_devices) runs the same, and the results agree at support's per-dtype tolerances.
+Each process saves the shards it holds; the test assembles them."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import support
+import test_devices
+
+PROCESSES, DEVICES = 2, 2
+STEPS = 3
+
+
+def _mpiexec() -> str | None:
+    """The launcher beside this interpreter (the ``mpich`` wheel puts it in the environment's
+    bin) or on the PATH."""
+    here = os.path.dirname(sys.executable)
+    return shutil.which("mpiexec", path=os.pathsep.join([here, os.environ.get("PATH", "")]))
+
+
+def _skip_reason() -> str | None:
+    """Why the test cannot run here; it does not import mpi4py, which would start MPI in this process."""
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed (pip install '.[distributed]')"
+    if _mpiexec() is None:
+        return "no mpiexec beside the interpreter or on the PATH"
+    return None
+
+
+def _model():
+    import flax.linen as nn
+
+    class Mlp(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(4)(nn.tanh(nn.Dense(32)(x)))
+    return Mlp()
+
+
+def _train_step(params, x, y):
+    """One SGD step on each device's batch, gradients averaged over "d"."""
+    def loss(p):
+        return jnp.mean((_model().apply(p, x) - y) ** 2)
+    grads = lax.pmean(jax.grad(loss)(params), "d")
+    return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+
+
+def results(devices: list) -> list[jax.Array]:
+    """The collectives program's and the trained parameters' arrays over ``devices``."""
+    n = len(devices)
+    mesh = Mesh(np.array(devices), ("d",))
+    split, replicated = NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
+
+    def put(value, sharding):
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+    rng = np.random.default_rng(7)
+    x = support.random_array(rng, (4 * n, 8), np.float32, edge=False)
+    collectives = jax.jit(jax.shard_map(test_devices._collectives(n), mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+    out = jax.tree_util.tree_leaves(collectives(put(x, split)))
+
+    data, labels = rng.standard_normal((8 * n, 16), np.float32), rng.standard_normal((8 * n, 4), np.float32)
+    params = jax.tree_util.tree_map(lambda a: put(np.asarray(a), replicated),
+                                    _model().init(jax.random.key(0), np.zeros((1, 16), np.float32)))
+    step = jax.jit(jax.shard_map(_train_step, mesh=mesh, in_specs=(P(), P("d"), P("d")), out_specs=P()))
+    batch, targets = put(data, split), put(labels, split)
+    for _ in range(STEPS):
+        params = step(params, batch, targets)
+    return out + jax.tree_util.tree_leaves(params)
+
+
+def in_process(port: int, folder: str) -> None:
+    """Under mpiexec: join the others, run ``results`` on all processes' devices, save this
+    process's shards as (result, index, data)."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    jax.distributed.initialize(f"localhost:{port}", num_processes=world.Get_size(), process_id=world.Get_rank())
+    assert len(jax.local_devices()) == DEVICES and jax.device_count() == PROCESSES * DEVICES
+    shards = [(i, s.index, np.asarray(s.data)) for i, a in enumerate(results(jax.devices()))
+              for s in a.addressable_shards]
+    with open(os.path.join(folder, f"{jax.process_index()}.pkl"), "wb") as f:
+        pickle.dump(shards, f)
+
+
+def reference(folder: str) -> None:
+    """XLA CPU in one process with as many devices."""
+    jax.config.update("jax_num_cpu_devices", PROCESSES * DEVICES)
+    with open(os.path.join(folder, "xla.pkl"), "wb") as f:
+        pickle.dump([np.asarray(a) for a in results(jax.devices("cpu"))], f)
+
+
+def _python(call: str) -> str:
+    return textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        import test_processes
+        test_processes.{call}
+    """)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@absltest.skipIf(_skip_reason() is not None, _skip_reason() or "")
+class ProcessesTest(absltest.TestCase):
+    def test_collectives_and_training_across_two_processes(self):
+        with tempfile.TemporaryDirectory() as folder:
+            done = support.run_python(_python(f"reference({folder!r})"), env={"JAX_PLATFORMS": "cpu"}, timeout=300)
+            self.assertEqual(done.returncode, 0, done.stderr[-4000:])
+            env = dict(os.environ, JAX_PLATFORMS="polyblocks", POLYBLOCKS_NUM_DEVICES=str(DEVICES))
+            done = subprocess.run([_mpiexec(), "-n", str(PROCESSES), sys.executable, "-c",
+                                   _python(f"in_process({_free_port()}, {folder!r})")],
+                                  env=env, capture_output=True, text=True, errors="replace", timeout=600)
+            self.assertEqual(done.returncode, 0, done.stdout[-2000:] + done.stderr[-4000:])
+            with open(os.path.join(folder, "xla.pkl"), "rb") as f:
+                want = pickle.load(f)
+            got = [np.full(w.shape, np.nan, w.dtype) for w in want]
+            for process in range(PROCESSES):
+                with open(os.path.join(folder, f"{process}.pkl"), "rb") as f:
+                    for i, index, data in pickle.load(f):
+                        got[i][index] = data
+        for i, (g, w) in enumerate(zip(got, want)):
+            rtol, atol = support.tolerance(w.dtype)
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"result {i}")
+
+
+if __name__ == "__main__":
+    absltest.main()
