@@ -8,9 +8,9 @@ into an ``Executable`` called with numpy arrays; ``Executable.serialize`` and
 from __future__ import annotations
 
 from polyblocks_jax import logs
-from polyblocks_jax.errors import (CallbackError, CompilationError, InvalidArgumentError, InvalidProgramError,
-                                   PolyblocksError, ResourceExhaustedError, UnsupportedDtypeError,
-                                   UnsupportedError)
+from polyblocks_jax.errors import (CallbackError, CompilationError, DistributedError, InvalidArgumentError,
+                                   InvalidProgramError, PolyblocksError, ResourceExhaustedError,
+                                   UnsupportedDtypeError, UnsupportedError)
 from polyblocks_jax.options import Options
 from polyblocks_jax.runtime.executable import Executable, deserialize  # no MLIR: loads anywhere
 
@@ -19,7 +19,7 @@ logs.configure()
 
 __all__ = ["compile", "deserialize", "Executable", "Options", "PolyblocksError", "UnsupportedError",
            "UnsupportedDtypeError", "CompilationError", "InvalidProgramError", "InvalidArgumentError",
-           "ResourceExhaustedError", "CallbackError"]
+           "ResourceExhaustedError", "CallbackError", "DistributedError"]
 
 
 def compile(program, options: Options | None = None, donate_argnums=None):  # noqa: A001 (mirrors jax's naming)

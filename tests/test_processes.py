@@ -2,7 +2,8 @@
 says, with 2 host devices each, run a shard_map program of every collective and 3 data-parallel
 training steps of a small Flax model over all 4 devices; XLA CPU in one process with 4 devices
 (jax_num_cpu_devices) runs the same, and the results agree at support's per-dtype tolerances.
-Each process saves the shards it holds; the test assembles them."""
+Each process saves the shards it holds; the test assembles them. Started without mpiexec, the
+processes still agree on the devices, and a collective across them names what is missing."""
 from __future__ import annotations
 
 import importlib.util
@@ -99,6 +100,21 @@ def in_process(port: int, folder: str) -> None:
         pickle.dump(shards, f)
 
 
+def without_mpiexec(process: int, port: int) -> None:
+    """Joined by JAX alone: the global devices, then a cross-process psum's error."""
+    jax.distributed.initialize(f"localhost:{port}", num_processes=PROCESSES, process_id=process)
+    assert [d.process_index for d in jax.devices()] == [p for p in range(PROCESSES) for _ in range(DEVICES)]
+    assert [d.id for d in jax.local_devices()] == [process * DEVICES + i for i in range(DEVICES)]
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    x = np.ones((PROCESSES * DEVICES, 3), np.float32)
+    placed = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("d")), lambda index: x[index])
+    psum = jax.jit(jax.shard_map(lambda a: lax.psum(a, "d"), mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+    try:
+        jax.block_until_ready(psum(placed))
+    except Exception as e:  # noqa: BLE001 (JaxRuntimeError carries our DistributedError)
+        print("error:", e)
+
+
 def reference(folder: str) -> None:
     """XLA CPU in one process with as many devices."""
     jax.config.update("jax_num_cpu_devices", PROCESSES * DEVICES)
@@ -121,8 +137,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@absltest.skipIf(_skip_reason() is not None, _skip_reason() or "")
 class ProcessesTest(absltest.TestCase):
+    @absltest.skipIf(_skip_reason() is not None, _skip_reason() or "")
     def test_collectives_and_training_across_two_processes(self):
         with tempfile.TemporaryDirectory() as folder:
             done = support.run_python(_python(f"reference({folder!r})"), env={"JAX_PLATFORMS": "cpu"}, timeout=300)
@@ -142,6 +158,17 @@ class ProcessesTest(absltest.TestCase):
         for i, (g, w) in enumerate(zip(got, want)):
             rtol, atol = support.tolerance(w.dtype)
             np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"result {i}")
+
+    def test_without_mpiexec_the_error_names_it(self):
+        port, env = _free_port(), dict(os.environ, JAX_PLATFORMS="polyblocks", POLYBLOCKS_NUM_DEVICES=str(DEVICES))
+        started = [subprocess.Popen([sys.executable, "-c", _python(f"without_mpiexec({p}, {port})")], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+                   for p in range(PROCESSES)]
+        for process in started:
+            out, err = process.communicate(timeout=300)
+            self.assertEqual(process.returncode, 0, err[-4000:])
+            self.assertIn("error:", out, err[-4000:])
+            self.assertIn("mpiexec", out)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ ships inside jaxlib without a Python interface and has no maintained binding on 
 
 MPI's processes are not JAX's by construction: the processes must be started by ``mpiexec``
 (one MPI world), and JAX's node ids are matched to MPI ranks once, so any numbering serves.
-The first process calls MPI from the thread that executes programs, in program order, as
-every process executes the same programs in the same order (JAX's multi-controller rule).
+The first instance a process runs calls MPI, on the thread that executes programs: every
+process executes the same programs in the same order (JAX's multi-controller rule), so the
+processes' calls match.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from polyblocks_jax.errors import UnsupportedError
+from polyblocks_jax.errors import DistributedError
 
 INSTALL = "pip install 'polyblocks-jax[distributed]' (mpi4py and MPICH)"
 
@@ -27,11 +28,11 @@ class MpiTransport:
         try:
             from mpi4py import MPI
         except (ImportError, RuntimeError) as e:  # RuntimeError: mpi4py found no MPI library
-            raise UnsupportedError(f"programs whose devices span processes move data through MPI: "
+            raise DistributedError(f"programs whose devices span processes move data through MPI: "
                                    f"{INSTALL}, then start the processes with mpiexec ({e})") from e
         self._world = MPI.COMM_WORLD
         if self._world.Get_size() != count:
-            raise UnsupportedError(
+            raise DistributedError(
                 f"JAX has {count} processes but MPI's world {self._world.Get_size()}: programs whose devices "
                 f"span processes need them started by mpiexec (mpiexec -n {count} python ...)")
         nodes = self._world.allgather(node)
