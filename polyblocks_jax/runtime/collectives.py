@@ -14,10 +14,10 @@ and waits again: until then no instance returns to code that could overwrite its
 or read its results, and no slot is posted anew. Every instance calls the same collectives
 in the same order, as on XLA.
 
-When the program's devices span several processes (``Span``), each runs the instances of its
-own devices; at each collective the first of them, once its local instances posted, gathers
-every instance's operands from the other processes through the transport (transport.py)
-into views of the same slots, with scratch results for the instances it does not run.
+When the program's devices span several nodes (the OS processes of ``jax.distributed``; a
+``Span``), each node runs the instances of its own devices; at each collective the first of
+them, once the node's instances posted, gathers the other nodes' operands through the
+transport (transport.py) into the slots of their instances, with scratch results.
 
 Compiled code cannot unwind: the first exception (of a collective or of an instance) is
 kept, the barrier is broken so that no instance waits for ever, the collectives after it
@@ -128,13 +128,15 @@ def _reduce_into(name: str, values: list[np.ndarray], out: np.ndarray) -> None:
 
 
 class Transport(Protocol):
+    """Moves bytes between nodes (transport.py's MPI)."""
+
     def allgather(self, nodes: tuple[int, ...], data: np.ndarray, sizes: Sequence[int]) -> np.ndarray: ...
 
 
 @dataclasses.dataclass(frozen=True)
 class Span:
-    """A program whose instances run in several processes: ``nodes[p]``, the process of instance
-    ``p``; ``local``, the instances of this process (ascending), which ``run_instances`` gets."""
+    """A program whose instances run on several nodes: ``nodes[p]``, the node of instance ``p``;
+    ``local``, the instances of this node (ascending), which ``run_instances`` gets."""
     nodes: tuple[int, ...]
     local: tuple[int, ...]
     transport: Transport
@@ -171,7 +173,7 @@ def run_instances(instances: Sequence[Callable[[], object]], collectives: Sequen
                   span: Span | None = None) -> list:
     """Call ``instances[i]()`` for each process ``i`` at once, each on its own thread (the
     first on this one), with ``collectives`` the program's; their results, in order. With a
-    ``span``, ``instances[i]`` is instance ``span.local[i]`` of a program that other processes
+    ``span``, ``instances[i]`` is instance ``span.local[i]`` of a program that other nodes
     run too."""
     run = _Run(len(instances), span)
     results: list = [None] * len(instances)
@@ -264,7 +266,7 @@ def _trampoline(index: int, pointers: int) -> None:
         if run.error is not None:
             _zero(collective.results, outputs)
             return
-        # Views of the instance's operands and results: alive until it passes the second barrier.
+        # Views of the instance's operands and results: alive until it passes the last barrier.
         run.posted[process] = ([_view(s, a) for s, a in zip(collective.operands, addresses)],
                                [_view(s, a) for s, a in zip(collective.results, outputs)])
         span = run.span
@@ -277,7 +279,7 @@ def _trampoline(index: int, pointers: int) -> None:
         compute(collective, process, run.posted)
         if span is not None and process == span.local[0] and collective.kind == "all_reduce":
             # Each member of an all_reduce writes its share into every member's results: here,
-            # the shares of the members this process does not run.
+            # the shares of the members other nodes run.
             for q in range(len(span.nodes)):
                 if q not in span.local and any(p in collective.peers[q] for p in span.local):
                     compute(collective, q, run.posted)
@@ -290,7 +292,7 @@ def _trampoline(index: int, pointers: int) -> None:
 
 
 def _gather_remote(collective: Collective, span: Span, posted: list[Posted]) -> None:
-    """Post the operands of the instances other processes run, gathered from them (each sends
+    """Post the operands of the instances other nodes run, gathered from them (each node sends
     its instances' operands in instance order), and scratch results for them."""
     me = span.nodes[span.local[0]]
     nodes = tuple(sorted(set(span.nodes)))
