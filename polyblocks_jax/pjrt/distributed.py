@@ -19,7 +19,7 @@ from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.errors import Error, PjrtError, invalid
 
 TOPOLOGY_KEY = "polyblocks/topology/{node}"
-TIMEOUT_MS = 10 * 60 * 1000  # a slow node still compiling its first program keeps the others waiting
+TIMEOUT_MS = 10 * 60 * 1000  # a process may create its client minutes after the others (imports, a busy machine)
 
 _GET = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(abi.PJRT_KeyValueGetCallback_Args))
 _PUT = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(abi.PJRT_KeyValuePutCallback_Args))
