@@ -6,7 +6,9 @@ extra installs, Debian's Open MPI or MPICH): both install from pip, and MPI's ow
 ships inside jaxlib without a Python interface and has no maintained binding on PyPI.
 
 MPI's processes are not JAX's by construction: the processes must be started by ``mpiexec``
-(one MPI world), and JAX's node ids are matched to MPI ranks once, so any numbering serves.
+(one MPI world), and each one's JAX process id must be its MPI rank, as mpi4py's cluster
+detection makes it; checked without a collective, since processes outside a program never
+reach one.
 The first instance a process runs calls MPI, on the thread that executes programs: every
 process executes the same programs in the same order (JAX's multi-controller rule), so the
 processes' calls match.
@@ -35,8 +37,10 @@ class MpiTransport:
             raise DistributedError(
                 f"JAX has {count} processes but MPI's world {self._world.Get_size()}: programs whose devices "
                 f"span processes need them started by mpiexec (mpiexec -n {count} python ...)")
-        nodes = self._world.allgather(node)
-        self._rank = {n: rank for rank, n in enumerate(nodes)}
+        if self._world.Get_rank() != node:
+            raise DistributedError(
+                f"JAX process {node} is MPI rank {self._world.Get_rank()}: pass process_id=MPI.COMM_WORLD.Get_rank() "
+                f"to jax.distributed.initialize, or cluster_detection_method='mpi4py'")
         self._communicators: dict[tuple[int, ...], object] = {}
 
     def allgather(self, nodes: tuple[int, ...], data: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
@@ -45,7 +49,7 @@ class MpiTransport:
         communicator = self._communicators.get(nodes)
         if communicator is None:
             # Collective over the members only: every member reaches it at the same program.
-            group = self._world.Get_group().Incl([self._rank[n] for n in nodes])
+            group = self._world.Get_group().Incl(list(nodes))
             communicator = self._communicators[nodes] = self._world.Create_group(group)
         received = np.empty(sum(sizes), np.uint8)
         communicator.Allgatherv(data, [received, list(sizes)])
