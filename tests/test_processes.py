@@ -2,8 +2,9 @@
 says, with 2 host devices each, run a shard_map program of every collective and 3 data-parallel
 training steps of a small Flax model over all 4 devices; XLA CPU in one process with 4 devices
 (jax_num_cpu_devices) runs the same, and the results agree at support's per-dtype tolerances.
-Each process saves the shards it holds; the test assembles them. Started without mpiexec, the
-processes still agree on the devices, and a collective across them names what is missing."""
+Each process saves the shards it holds; the test assembles them. A program over 2 of 3
+processes runs while the third does nothing. Started without mpiexec, the processes still
+agree on the devices, and a collective across them names what is missing."""
 from __future__ import annotations
 
 import importlib.util
@@ -87,15 +88,31 @@ def results(devices: list) -> list[jax.Array]:
     return out + jax.tree_util.tree_leaves(params)
 
 
-def in_process(port: int, folder: str) -> None:
-    """Under mpiexec: join the others, run ``results`` on all processes' devices, save this
-    process's shards as (result, index, data)."""
+def _psum_and_gather(devices: list) -> list[jax.Array]:
+    mesh = Mesh(np.array(devices), ("d",))
+    x = support.random_array(np.random.default_rng(3), (2 * len(devices), 5), np.float32, edge=False)
+    placed = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("d")), lambda index: x[index])
+    fn = jax.shard_map(lambda a: (lax.psum(a, "d"), lax.all_gather(a, "d", tiled=True)), mesh=mesh,
+                       in_specs=P("d"), out_specs=P("d"))
+    return list(jax.jit(fn)(placed))
+
+
+PROGRAMS = {"results": results, "psum_and_gather": _psum_and_gather}
+
+
+def in_process(port: int, folder: str, program: str, members: tuple[int, ...] | None = None) -> None:
+    """Under mpiexec: join the others, run ``PROGRAMS[program]`` on the devices of the processes
+    ``members`` (default all; the others run nothing), save this process's shards as (result,
+    index, data)."""
     from mpi4py import MPI
     world = MPI.COMM_WORLD
     jax.distributed.initialize(f"localhost:{port}", num_processes=world.Get_size(), process_id=world.Get_rank())
-    assert len(jax.local_devices()) == DEVICES and jax.device_count() == PROCESSES * DEVICES
-    shards = [(i, s.index, np.asarray(s.data)) for i, a in enumerate(results(jax.devices()))
-              for s in a.addressable_shards]
+    members = tuple(range(jax.process_count())) if members is None else members
+    shards = []
+    if jax.process_index() in members:
+        devices = [d for d in jax.devices() if d.process_index in members]
+        shards = [(i, s.index, np.asarray(s.data)) for i, a in enumerate(PROGRAMS[program](devices))
+                  for s in a.addressable_shards]
     with open(os.path.join(folder, f"{jax.process_index()}.pkl"), "wb") as f:
         pickle.dump(shards, f)
 
@@ -115,11 +132,11 @@ def without_mpiexec(process: int, port: int) -> None:
         print("error:", e)
 
 
-def reference(folder: str) -> None:
+def reference(folder: str, program: str, devices: int) -> None:
     """XLA CPU in one process with as many devices."""
-    jax.config.update("jax_num_cpu_devices", PROCESSES * DEVICES)
+    jax.config.update("jax_num_cpu_devices", devices)
     with open(os.path.join(folder, "xla.pkl"), "wb") as f:
-        pickle.dump([np.asarray(a) for a in results(jax.devices("cpu"))], f)
+        pickle.dump([np.asarray(a) for a in PROGRAMS[program](jax.devices("cpu"))], f)
 
 
 def _python(call: str) -> str:
@@ -138,26 +155,38 @@ def _free_port() -> int:
 
 
 class ProcessesTest(absltest.TestCase):
-    @absltest.skipIf(_skip_reason() is not None, _skip_reason() or "")
-    def test_collectives_and_training_across_two_processes(self):
+    def _against_xla(self, program: str, processes: int, devices: int, members: tuple[int, ...] | None = None):
+        """``program`` on ``processes`` x ``devices`` under mpiexec (on the devices of ``members``)
+        against XLA CPU in one process with as many devices."""
+        used = devices * (processes if members is None else len(members))
         with tempfile.TemporaryDirectory() as folder:
-            done = support.run_python(_python(f"reference({folder!r})"), env={"JAX_PLATFORMS": "cpu"}, timeout=300)
+            done = support.run_python(_python(f"reference({folder!r}, {program!r}, {used})"),
+                                      env={"JAX_PLATFORMS": "cpu"}, timeout=300)
             self.assertEqual(done.returncode, 0, done.stderr[-4000:])
-            env = dict(os.environ, JAX_PLATFORMS="polyblocks", POLYBLOCKS_NUM_DEVICES=str(DEVICES))
-            done = subprocess.run([_mpiexec(), "-n", str(PROCESSES), sys.executable, "-c",
-                                   _python(f"in_process({_free_port()}, {folder!r})")],
+            env = dict(os.environ, JAX_PLATFORMS="polyblocks", POLYBLOCKS_NUM_DEVICES=str(devices))
+            done = subprocess.run([_mpiexec(), "-n", str(processes), sys.executable, "-c",
+                                   _python(f"in_process({_free_port()}, {folder!r}, {program!r}, {members!r})")],
                                   env=env, capture_output=True, text=True, errors="replace", timeout=600)
             self.assertEqual(done.returncode, 0, done.stdout[-2000:] + done.stderr[-4000:])
             with open(os.path.join(folder, "xla.pkl"), "rb") as f:
                 want = pickle.load(f)
             got = [np.full(w.shape, np.nan, w.dtype) for w in want]
-            for process in range(PROCESSES):
+            for process in range(processes):
                 with open(os.path.join(folder, f"{process}.pkl"), "rb") as f:
                     for i, index, data in pickle.load(f):
                         got[i][index] = data
         for i, (g, w) in enumerate(zip(got, want)):
             rtol, atol = support.tolerance(w.dtype)
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"result {i}")
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"{program} result {i}")
+
+    @absltest.skipIf(_skip_reason() is not None, _skip_reason() or "")
+    def test_collectives_and_training_across_two_processes(self):
+        self._against_xla("results", PROCESSES, DEVICES)
+
+    @absltest.skipIf(_skip_reason() is not None, _skip_reason() or "")
+    def test_program_over_some_of_the_processes(self):
+        """Processes 0 and 2 of 3 (1 device each); process 1, outside the program, runs nothing."""
+        self._against_xla("psum_and_gather", 3, 1, members=(0, 2))
 
     def test_without_mpiexec_the_error_names_it(self):
         port, env = _free_port(), dict(os.environ, JAX_PLATFORMS="polyblocks", POLYBLOCKS_NUM_DEVICES=str(DEVICES))

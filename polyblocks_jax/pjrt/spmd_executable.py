@@ -45,6 +45,9 @@ class SpmdLoadedExecutable:
             *[j for i in local for j in divmod(i, len(grid[0]))])
         self.node, self.local = node, local
         self.nodes = tuple(d.description.process_index for d in flat)
+        # Only collectives that move data need MPI: a program over several processes without
+        # them (or with only replica and partition ids) runs where MPI is absent.
+        self.crosses = len(local) < len(flat) and any(c.kind != "device_id" for c in compiled.collectives)
         assignment = device_assignment.encode_grid([[d.description.id for d in row] for row in grid])
         self.device_assignment = ctypes.create_string_buffer(assignment, len(assignment))
         self.deleted = False
@@ -60,9 +63,7 @@ class SpmdLoadedExecutable:
         lookup = handles.LIVE.__getitem__
         lists = pointer_array(args.argument_lists, count)
         arguments = [[lookup(h) for h in pointer_array(lists[d], args.num_args)] for d in range(count)]
-        span = None
-        if len(self.local) < len(self.nodes) and any(c.kind != "device_id" for c in self.executable.compiled.collectives):
-            span = Span(self.nodes, self.local, transport.mpi(self.node.index, self.node.count))
+        span = Span(self.nodes, self.local, transport.mpi(self.node.index, self.node.count)) if self.crosses else None
         outputs = run_instances([lambda d=d: self.instances[d].execute(arguments[d], non_donatable)
                                  for d in range(count)], self.executable.compiled.collectives, span)
         output_lists = pointer_array(args.output_lists, count)
