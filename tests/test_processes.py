@@ -77,6 +77,13 @@ def results(devices: list) -> list[jax.Array]:
     x = support.random_array(rng, (4 * n, 8), np.float32, edge=False)
     collectives = jax.jit(jax.shard_map(test_devices._collectives(n), mesh=mesh, in_specs=P("d"), out_specs=P("d")))
     out = jax.tree_util.tree_leaves(collectives(put(x, split)))
+    # On a 2 x 2 mesh, groups within a process (over "y") and across (over "x"); reductions that
+    # MPI computes (f32 sums, int32 maximum) and those gathered first (bf16, f32 minimum).
+    grid = Mesh(np.array(devices).reshape(2, n // 2), ("x", "y"))
+    reduce = jax.shard_map(lambda a: (lax.psum(a, "y"), lax.psum(a, "x"), lax.pmax((a * 100).astype(jnp.int32), "y"),
+                                      lax.psum(a.astype(jnp.bfloat16), "y"), lax.pmin(a, "x")),
+                           mesh=grid, in_specs=P("x", "y"), out_specs=P("x", "y"))
+    out += list(jax.jit(reduce)(put(x, NamedSharding(grid, P("x", "y")))))
 
     data, labels = rng.standard_normal((8 * n, 16), np.float32), rng.standard_normal((8 * n, 4), np.float32)
     params = jax.tree_util.tree_map(lambda a: put(np.asarray(a), replicated),
@@ -170,12 +177,13 @@ class ProcessesTest(absltest.TestCase):
             self.assertEqual(done.returncode, 0, done.stdout[-2000:] + done.stderr[-4000:])
             with open(os.path.join(folder, "xla.pkl"), "rb") as f:
                 want = pickle.load(f)
-            got = [np.full(w.shape, np.nan, w.dtype) for w in want]
+            got, held = [np.zeros_like(w) for w in want], [np.zeros(w.shape, bool) for w in want]
             for process in range(processes):
                 with open(os.path.join(folder, f"{process}.pkl"), "rb") as f:
                     for i, index, data in pickle.load(f):
-                        got[i][index] = data
+                        got[i][index], held[i][index] = data, True
         for i, (g, w) in enumerate(zip(got, want)):
+            self.assertTrue(held[i].all(), f"{program} result {i}: elements no process holds")
             rtol, atol = support.tolerance(w.dtype)
             np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"{program} result {i}")
 

@@ -128,9 +128,13 @@ def _reduce_into(name: str, values: list[np.ndarray], out: np.ndarray) -> None:
 
 
 class Transport(Protocol):
-    """Moves bytes between nodes (transport.py's MPI)."""
+    """Moves data between nodes (transport.py's MPI)."""
 
     def allgather(self, nodes: tuple[int, ...], data: np.ndarray, sizes: Sequence[int]) -> np.ndarray: ...
+
+    def reduces(self, dtype: np.dtype, reduction: str) -> bool: ...
+
+    def allreduce(self, nodes: tuple[int, ...], data: np.ndarray, reduction: str) -> np.ndarray: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,14 +274,17 @@ def _trampoline(index: int, pointers: int) -> None:
         run.posted[process] = ([_view(s, a) for s, a in zip(collective.operands, addresses)],
                                [_view(s, a) for s, a in zip(collective.results, outputs)])
         span = run.span
+        reduced = span is not None and collective.kind == "all_reduce" and all(
+            span.transport.reduces(s.dtype.numpy, collective.reduction) for s in collective.operands)
         if collective.kind != "device_id":
             run.barrier.wait()
             if span is not None:
                 if process == span.local[0]:
-                    _gather_remote(collective, span, run.posted)
+                    (_reduce_across if reduced else _gather_remote)(collective, span, run.posted)
                 run.barrier.wait()
-        compute(collective, process, run.posted)
-        if span is not None and process == span.local[0] and collective.kind == "all_reduce":
+        if not reduced:
+            compute(collective, process, run.posted)
+        if span is not None and not reduced and process == span.local[0] and collective.kind == "all_reduce":
             # Each member of an all_reduce writes its share into every member's results: here,
             # the shares of the members other nodes run.
             for q in range(len(span.nodes)):
@@ -309,6 +316,40 @@ def _gather_remote(collective: Collective, span: Span, posted: list[Posted]) -> 
             posted[q] = (operands, [np.empty(s.shape, s.dtype.numpy) for s in collective.results])
         else:
             offset += each
+
+
+def _reduce_across(collective: Collective, span: Span, posted: list[Posted]) -> None:
+    """An all_reduce by the transport's reduction, which moves one partial result per group
+    instead of every operand: each node reduces its members' operands of each group (the
+    identity where it has none), the transport combines the nodes' partials, and each member
+    of this node takes its group's. Every node lists the groups in the same order."""
+    nodes = tuple(sorted(set(span.nodes)))
+    groups = sorted(set(collective.peers))
+    local = set(span.local)
+    for i, spec in enumerate(collective.operands):
+        partials = np.empty((len(groups), spec.size), spec.dtype.numpy)
+        for g, members in enumerate(groups):
+            mine = [posted[p][0][i].reshape(-1) for p in members if p in local]
+            if mine:
+                _reduce_into(collective.reduction, mine, partials[g])
+            else:
+                partials[g] = _identity(collective.reduction, spec.dtype.numpy)
+        total = span.transport.allreduce(nodes, partials, collective.reduction)
+        for p in span.local:
+            posted[p][1][i].reshape(-1)[...] = total[groups.index(collective.peers[p])]
+
+
+def _identity(reduction: str, dtype: np.dtype):
+    """The value that ``reduction`` leaves the other operand unchanged with (integers only for
+    maximum, minimum and bitwise_and, as the transport reduces)."""
+    if reduction == "multiply":
+        return 1
+    if reduction in ("maximum", "minimum"):
+        limits = np.iinfo(dtype)
+        return limits.min if reduction == "maximum" else limits.max
+    if reduction == "bitwise_and":
+        return np.iinfo(dtype).max if dtype.kind == "u" else -1
+    return 0
 
 
 def _view(spec: TensorSpec, address: int | None) -> np.ndarray:

@@ -23,6 +23,10 @@ import numpy as np
 from polyblocks_jax.errors import DistributedError
 
 INSTALL = "pip install 'polyblocks-jax[distributed]' (mpi4py and MPICH)"
+# all_reduce bodies (runtime/collectives.py's names) and MPI's operations for them.
+_OPERATIONS = {"add": "SUM", "multiply": "PROD", "maximum": "MAX", "minimum": "MIN",
+               "bitwise_and": "BAND", "bitwise_or": "BOR", "bitwise_xor": "BXOR"}
+_NUMBERS = tuple(np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
 
 
 class MpiTransport:
@@ -46,14 +50,32 @@ class MpiTransport:
     def allgather(self, nodes: tuple[int, ...], data: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
         """Every node's ``data`` (bytes), concatenated in the order of ``nodes`` (ascending, this
         one among them), where node ``nodes[i]`` gives ``sizes[i]`` bytes."""
+        received = np.empty(sum(sizes), np.uint8)
+        self._communicator(nodes).Allgatherv(data, [received, list(sizes)])
+        return received
+
+    def reduces(self, dtype: np.dtype, reduction: str) -> bool:
+        """Whether MPI reduces ``dtype`` by ``reduction`` as StableHLO does: any body on integers,
+        sums and products on numbers of 32 bits and more. Not other floats' maximum or minimum
+        (MPI's compare drops NaN, StableHLO's keeps it), nor types MPI lacks (bfloat16, float16)."""
+        if dtype.kind in "iu":
+            return True
+        return dtype in _NUMBERS and reduction in ("add", "multiply")
+
+    def allreduce(self, nodes: tuple[int, ...], data: np.ndarray, reduction: str) -> np.ndarray:
+        """``data`` of every node in ``nodes`` reduced elementwise by ``reduction``, where ``reduces``."""
+        from mpi4py import MPI
+        out = np.empty_like(data)
+        self._communicator(nodes).Allreduce(data, out, op=getattr(MPI, _OPERATIONS[reduction]))
+        return out
+
+    def _communicator(self, nodes: tuple[int, ...]):
         communicator = self._communicators.get(nodes)
         if communicator is None:
             # Collective over the members only: every member reaches it at the same program.
             group = self._world.Get_group().Incl(list(nodes))
             communicator = self._communicators[nodes] = self._world.Create_group(group)
-        received = np.empty(sum(sizes), np.uint8)
-        communicator.Allgatherv(data, [received, list(sizes)])
-        return received
+        return communicator
 
 
 @functools.cache
