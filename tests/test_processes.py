@@ -2,9 +2,10 @@
 says, with 2 host devices each, run a shard_map program of every collective and 3 data-parallel
 training steps of a small Flax model over all 4 devices; XLA CPU in one process with 4 devices
 (jax_num_cpu_devices) runs the same, and the results agree at support's per-dtype tolerances.
-Each process saves the shards it holds; the test assembles them. A program over 2 of 3
-processes runs while the third does nothing. Started without mpiexec, the processes still
-agree on the devices, and a collective across them names what is missing."""
+A pmap over all 4 devices too. Each process saves the shards it holds; the test assembles
+them. A program over 2 of 3 processes runs while the third does nothing. Started without
+mpiexec, the processes still agree on the devices, and a collective across them names what
+is missing."""
 from __future__ import annotations
 
 import importlib.util
@@ -104,7 +105,21 @@ def _psum_and_gather(devices: list) -> list[jax.Array]:
     return list(jax.jit(fn)(placed))
 
 
-PROGRAMS = {"results": results, "psum_and_gather": _psum_and_gather}
+def _pmap(devices: list) -> list[jax.Array]:
+    """pmap over every device: each process passes the rows of its own devices."""
+    x = support.random_array(np.random.default_rng(5), (len(devices), 3, 5), np.float32, edge=False)
+    rows = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
+    fn = jax.pmap(lambda a: (lax.psum(a, "i") * a + lax.axis_index("i"), lax.pmax(a.sum(), "i")), axis_name="i",
+                  devices=devices)
+    split = NamedSharding(Mesh(np.array(devices), ("i",)), P("i"))
+
+    def whole(a):  # pmap's result holds this process's rows: the global array they are part of
+        parts = [s.data for s in a.addressable_shards]
+        return jax.make_array_from_single_device_arrays((len(devices), *a.shape[1:]), split, parts)
+    return [whole(a) for a in fn(x[rows])]
+
+
+PROGRAMS = {"results": results, "psum_and_gather": _psum_and_gather, "pmap": _pmap}
 
 
 def in_process(port: int, folder: str, program: str, members: tuple[int, ...] | None = None) -> None:
@@ -190,6 +205,10 @@ class ProcessesTest(absltest.TestCase):
     @absltest.skipIf(_skip_reason() is not None, _skip_reason() or "")
     def test_collectives_and_training_across_two_processes(self):
         self._against_xla("results", PROCESSES, DEVICES)
+
+    @absltest.skipIf(_skip_reason() is not None, _skip_reason() or "")
+    def test_pmap_across_two_processes(self):
+        self._against_xla("pmap", PROCESSES, DEVICES)
 
     @absltest.skipIf(_skip_reason() is not None, _skip_reason() or "")
     def test_program_over_some_of_the_processes(self):
