@@ -5,8 +5,9 @@ as many devices (jax_num_cpu_devices), timed batches interleaved, each process a
 Across processes (``--processes P``, 1 device each, started by the environment's mpiexec):
 the same step on polyblocks, and a psum of ``--megabytes`` MB to measure the collectives'
 bandwidth against MPI's own Allgatherv and Allreduce of as many bytes, in the same processes.
-Medians of ``--repeats`` batches of ``--calls`` calls.
-Usage: python bench/scaling.py [--devices 1 2 4] [--processes 2] [--calls N] [--repeats R]
+Medians of ``--repeats`` batches of ``--calls`` calls. Writes scaling-<machine>.json
+(bench/results_files.py says where; ``--save``: bench/results/).
+Usage: python bench/scaling.py [--devices 1 2 4] [--processes 2] [--calls N] [--repeats R] [--save]
 """
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parents[1]
 WIDTH, BATCH = 256, 64  # features and rows per device
 
 
@@ -123,19 +126,23 @@ def _child(call: str, env: dict[str, str], launcher: list[str] | None = None) ->
 
 
 def main() -> None:
+    from bench import results_files
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--devices", type=int, nargs="*", default=[1, 2, 4])
     parser.add_argument("--processes", type=int, nargs="*", default=[2])
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--megabytes", type=float, default=4.0)
+    results_files.add_save_argument(parser)
     args = parser.parse_args()
+    rows: list[dict] = []
     print(f"MLP {WIDTH}-{2 * WIDTH}-{WIDTH}, {BATCH} rows per device; ms per step (median of "
           f"{args.repeats} x {args.calls})")
     print(f"{'devices':>8}{'XLA CPU':>10}{'polyblocks':>12}{'ratio':>8}")
     for n in args.devices:
         r = _child(f"one_process({n}, {args.calls}, {args.repeats})",
                    {"POLYBLOCKS_NUM_DEVICES": str(n), "JAX_PLATFORMS": "cpu,polyblocks"})
+        rows.append({"devices": n, "processes": 1, "xla_ms": r["cpu"], "polyblocks_ms": r["polyblocks"]})
         print(f"{n:>8}{r['cpu']:10.2f}{r['polyblocks']:12.2f}{r['polyblocks'] / r['cpu']:8.2f}")
     mpiexec = shutil.which("mpiexec", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
     for p in args.processes if mpiexec else []:
@@ -144,13 +151,22 @@ def main() -> None:
             port = s.getsockname()[1]
         r = _child(f"across_processes({port}, {args.calls}, {args.repeats}, {args.megabytes})",
                    {"POLYBLOCKS_NUM_DEVICES": "1", "JAX_PLATFORMS": "polyblocks"}, [mpiexec, "-n", str(p)])
+        rows.append({"devices": p, "processes": p, "polyblocks_ms": r["step_ms"], "psum_ms": r["psum_ms"],
+                     "mpi_ms": r["mpi_ms"], "psum_bytes": r["bytes"]})
         mb = r["bytes"] / 2**20
         print(f"{p} processes x 1 device: {r['step_ms']:.2f} ms per step; psum of {mb:.0f} MB "
               f"{r['psum_ms']:.2f} ms ({mb / r['psum_ms'] * 1e3:.0f} MB/s); MPI's own: "
               + ", ".join(f"{k} {v:.2f} ms ({mb / v * 1e3:.0f} MB/s)" for k, v in r["mpi_ms"].items()))
     if not mpiexec:
         print("no mpiexec: pip install -e '.[distributed]' to measure across processes")
+    path = results_files.folder(args.save) / f"scaling-{results_files.machine_slug()}.json"
+    path.write_text(json.dumps({**results_files.provenance(), "load_average": results_files.load_average(),
+                                "model": f"MLP {WIDTH}-{2 * WIDTH}-{WIDTH}, {BATCH} rows per device",
+                                "units": "ms per call, medians", "rows": rows}, indent=1) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
+    if __package__ in (None, ""):  # run as a script: make `bench` importable from the repo root
+        sys.path.insert(0, str(ROOT))
     main()
