@@ -119,7 +119,8 @@ def random_inputs(specs, seed: int = 0) -> list[np.ndarray]:
 
 def build(out: str, small: bool, only: list[str], flags: str) -> None:
     import jax
-    from polyblocks_jax.nvptx import compile_gpu
+    import polyblocks_jax as pb
+    from polyblocks_jax.nvptx import target_name
     from polyblocks_jax.options import Options
 
     options = Options.from_flags(flags)
@@ -132,7 +133,7 @@ def build(out: str, small: bool, only: list[str], flags: str) -> None:
         lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
         for chip in CHIPS:
             start = time.perf_counter()
-            exe = compile_gpu(lowered, chip, options)
+            exe = pb.compile(lowered, options, target=target_name(chip))
             with open(os.path.join(out, f"{name}.{chip}.json"), "wb") as f:
                 f.write(exe.serialize())
             print(f"{name} {chip}: {len(exe.plan.launches)} launches, {time.perf_counter() - start:.1f} s", flush=True)

@@ -2,12 +2,14 @@
 
 ``compile(program)`` turns StableHLO (text, a VHLO artifact, or ``jax.jit(f).lower(...)``)
 into an ``Executable`` called with numpy arrays; ``Executable.serialize`` and
-``deserialize`` carry it to a process where MLIR is not installed. The PJRT plugin
+``deserialize`` carry it to a process where MLIR is not installed. ``compile(program,
+target=...)`` compiles for another target of ``polyblocks_jax.targets`` (an NVIDIA chip's
+PTX, ``nvptx.GpuExecutable``). The PJRT plugin
 (``polyblocks_jax.pjrt``) makes the same compiler the platform ``"polyblocks"`` of ``jax.jit``.
 """
 from __future__ import annotations
 
-from polyblocks_jax import logs
+from polyblocks_jax import logs, targets
 from polyblocks_jax.errors import (CallbackError, CompilationError, DistributedError, InvalidArgumentError,
                                    InvalidProgramError, PolyblocksError, ResourceExhaustedError,
                                    UnsupportedDtypeError, UnsupportedError)
@@ -22,12 +24,13 @@ __all__ = ["compile", "deserialize", "Executable", "Options", "PolyblocksError",
            "ResourceExhaustedError", "CallbackError", "DistributedError"]
 
 
-def compile(program, options: Options | None = None, donate_argnums=None):  # noqa: A001 (mirrors jax's naming)
-    """Compile ``program`` for the host CPU; see ``polyblocks_jax.compiler.compile``."""
+def compile(program, options: Options | None = None, donate_argnums=None, *,  # noqa: A001 (mirrors jax's naming)
+            target: str = targets.HOST):
+    """Compile ``program`` for ``target`` (a name of ``polyblocks_jax.targets``: "cpu", this host,
+    or "nvptx-<chip>"); see ``polyblocks_jax.compiler.compile``."""
     options = options or Options.from_env()
-    if not options.in_process:
+    if not options.in_process and targets.get(target).compiles_in_workers:
         from polyblocks_jax import compile_workers
         compile_workers.prestart()  # a compile worker imports the compiler while this process does
     from polyblocks_jax import compiler  # the MLIR stack loads on first compile, not on import
-    return compiler.compile(program, options, donate_argnums)
-
+    return compiler.compile(program, options, donate_argnums, target=target)

@@ -1,12 +1,16 @@
-"""The driver: program -> import -> shared stages -> target stages -> executable.
+"""The driver: program -> import -> a target's stages -> the target's executable, for every target.
 
-Compiled executables are cached in memory, keyed by the program printed without its
-debug locations (the same program traced from two source lines compiles once), the
-options that change code generation and the requested donation; the cache is bounded
-and evicts the least recently used entry. A program missing from the cache compiles in a
-compile worker (``polyblocks_jax.compile_workers``), so that a crash of MLIR or LLVM is a
+A target (``polyblocks_jax.targets``: the host, an NVIDIA chip) gives its options, its
+stages and its build step; the driver owns the rest. Compiled executables are cached in
+memory, keyed by the program printed without its debug locations (the same program traced
+from two source lines compiles once), the target, the options that change code generation
+and the requested donation; the cache is bounded and evicts the least recently used entry.
+A program missing from the cache compiles in a compile worker
+(``polyblocks_jax.compile_workers``), so that a crash of MLIR or LLVM is a
 CompilationError and not the end of this process; ``Options.in_process`` compiles here.
-This module loads MLIR: the runtime (``polyblocks_jax.runtime``) runs what it builds without it.
+The driver plans donation (for targets whose code reuses donated buffers), writes the dumps
+(``POLYBLOCKS_DUMP``) and times every step. This module loads MLIR: each target's run side
+runs what it builds without it.
 """
 from __future__ import annotations
 
@@ -19,15 +23,15 @@ import time
 from typing import Callable, Sequence
 
 
-from polyblocks_jax import compile_workers, contexts, cpu, donation, logs, passes
-from polyblocks_jax.cpu import codegen
+from polyblocks_jax import compile_workers, contexts, donation, logs, passes, targets
 from polyblocks_jax.dumps import Dump
-from polyblocks_jax.errors import CompilationError
+from polyblocks_jax.errors import CompilationError, UnsupportedError
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import results, work
 from polyblocks_jax.runtime import host_callbacks as runtime_callbacks
-from polyblocks_jax.runtime.executable import Executable, deserialize  # noqa: F401 (compiler.deserialize)
+from polyblocks_jax.runtime.executable import deserialize  # noqa: F401 (compiler.deserialize)
 from polyblocks_jax.stablehlo_import import ImportedProgram, host_callbacks, import_program, reader
+from polyblocks_jax.targets import CompiledProgram, LoweredProgram, Target
 
 CACHE_CAPACITY = 256
 
@@ -35,17 +39,17 @@ CACHE_CAPACITY = 256
 class _Cache:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._entries: collections.OrderedDict[str, Executable] = collections.OrderedDict()
+        self._entries: collections.OrderedDict[str, CompiledProgram] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> Executable | None:
+    def get(self, key: str) -> CompiledProgram | None:
         with self._lock:
             exe = self._entries.get(key)
             if exe is not None:
                 self._entries.move_to_end(key)
             return exe
 
-    def put(self, key: str, exe: Executable) -> None:
+    def put(self, key: str, exe: CompiledProgram) -> None:
         with self._lock:
             self._entries[key] = exe
             while len(self._entries) > self.capacity:
@@ -59,22 +63,26 @@ class _Cache:
 CACHE = _Cache(CACHE_CAPACITY)
 
 
-def fingerprint(source: str | bytes, options: Options, donate_argnums: Sequence[int] | None = None) -> str:
-    """The cache key of ``source`` (text or bytes of a program) compiled with ``options``."""
-    return _key(_read(source)[0], options, donate_argnums)
+def fingerprint(source: str | bytes, options: Options, donate_argnums: Sequence[int] | None = None,
+                target: str = targets.HOST) -> str:
+    """The cache key of ``source`` (text or bytes of a program) compiled with ``options`` for ``target``."""
+    chosen = targets.get(target)
+    return _key(_read(source)[0], chosen.options(options), donate_argnums, chosen)
 
 
 def compile(program, options: Options | None = None,  # noqa: A001 (public API name)
-            donate_argnums: Sequence[int] | None = None) -> Executable:
-    """Compile StableHLO text, VHLO artifact bytes or a ``jax.stages.Lowered`` for the host.
+            donate_argnums: Sequence[int] | None = None, *, target: str = targets.HOST) -> CompiledProgram:
+    """Compile StableHLO text, VHLO artifact bytes or a ``jax.stages.Lowered`` for ``target``
+    (a name of ``polyblocks_jax.targets``; by default this host).
 
     ``donate_argnums``: the arguments whose buffers the outputs may reuse (None: those the
     program marks, as ``jax.jit(f, donate_argnums=...)`` does); see ``polyblocks_jax.donation``.
     """
-    options = options or Options.from_env()
+    chosen = targets.get(target)
+    options = chosen.options(options or Options.from_env())
     source = reader.program_source(program)
     text, marks = _read(source)
-    key = _key(text, options, donate_argnums)
+    key = _key(text, options, donate_argnums, chosen)
     name = logs.program_name(text)
     cached = CACHE.get(key)
     if cached is not None:
@@ -83,33 +91,29 @@ def compile(program, options: Options | None = None,  # noqa: A001 (public API n
     exe = None
     # A program calling back into Python compiles here: its callbacks are objects of this
     # process, and its code calls them at this process's addresses.
-    if not options.in_process and runtime_callbacks.TARGET not in text:
+    if not options.in_process and chosen.compiles_in_workers and runtime_callbacks.TARGET not in text:
         with logs.CompileReport(name, "compile worker") as report:
-            exe = compile_workers.compile(compile_workers.Job(source, options, key, marks, donate_argnums), text,
-                                          report.follow)
+            exe = compile_workers.compile(
+                compile_workers.Job(source, options, key, marks, donate_argnums, chosen.name), text, report.follow)
             if exe is not None:
-                report.note = _objects_note(exe.timings)
+                report.note = logs.objects_note(exe.timings)
     if exe is None:  # in process, or no worker could start (logged)
         with logs.CompileReport(name, "in process") as report:
-            exe = compile_in_process(source, options, key, marks, donate_argnums, report.stage)
+            exe = compile_in_process(source, options, key, marks, donate_argnums, report.stage, chosen.name)
             exe.load()
-            report.note = _objects_note(exe.timings)
+            report.note = logs.objects_note(exe.timings)
     CACHE.put(key, exe)
     return exe
 
 
-def _objects_note(timings: dict[str, float]) -> str:
-    cached, parts = codegen.cached_parts(timings)
-    return f"objects cached: {cached} of {parts}"
-
-
 def compile_in_process(source: str | bytes, options: Options, key: str, marks: dict[int, int | None],
-                       donate_argnums: Sequence[int] | None,
-                       on_stage: Callable[[str], None] | None = None) -> Executable:
-    """Compile here, uncached (what a compile worker runs), the code not loaded yet (the
-    worker only sends it); ``on_stage`` is told each stage's name."""
+                       donate_argnums: Sequence[int] | None, on_stage: Callable[[str], None] | None = None,
+                       target: str = targets.HOST) -> CompiledProgram:
+    """Compile here for ``target`` with its ``options``, uncached (what a compile worker runs),
+    the code not loaded yet (the worker only sends it); ``on_stage`` is told each stage's name."""
     with _cyclic_gc_paused():
-        return _compile_uncached(source, options, key, marks, donate_argnums, on_stage or _ignore)
+        return _compile_uncached(source, options, key, targets.get(target), marks, donate_argnums,
+                                 on_stage or _ignore)
 
 
 _gc_pauses = 0
@@ -156,19 +160,19 @@ def program_text(source: str | bytes) -> str:
     return _read(source)[0]
 
 
-def _key(text: str, options: Options, donate_argnums: Sequence[int] | None) -> str:
+def _key(text: str, options: Options, donate_argnums: Sequence[int] | None, target: Target) -> str:
     requested = "" if donate_argnums is None else "-donate" + ",".join(map(str, donate_argnums))
-    return hashlib.sha256(text.encode()).hexdigest()[:32] + "-" + options.cache_key() + requested
+    return hashlib.sha256(text.encode()).hexdigest()[:32] + "-" + options.cache_key() + requested + "-" + target.name
 
 
 def _ignore(stage: str) -> None:
     pass
 
 
-def _compile_uncached(source: str | bytes, options: Options, key: str,
+def _compile_uncached(source: str | bytes, options: Options, key: str, target: Target,
                       marks: dict[int, int | None] | None = None,
                       donate_argnums: Sequence[int] | None = None,
-                      on_stage: Callable[[str], None] = _ignore) -> Executable:
+                      on_stage: Callable[[str], None] = _ignore) -> CompiledProgram:
     """Compile in this process; ``on_stage`` is told each stage's name as it starts."""
     dump = Dump(None, "")
     if options.dump_dir:
@@ -178,9 +182,12 @@ def _compile_uncached(source: str | bytes, options: Options, key: str,
         on_stage("import")
         imported = import_program(source, context)
         inputs, outputs = imported.inputs, imported.outputs
-        donated = donation.plan(donation.requested_marks(marks or {}, donate_argnums, len(inputs)), inputs, outputs)
+        requested = donation.requested_marks(marks or {}, donate_argnums, len(inputs))
+        # A target whose code cannot reuse a donated buffer gets no donation: the caller's
+        # arguments stay valid, as XLA leaves buffers it cannot reuse.
+        donated = donation.plan(requested, inputs, outputs) if target.donates else donation.Donation()
         try:
-            return _compile_imported(imported, options, key, donated, on_stage, dump)
+            return _compile_imported(imported, options, key, target, donated, on_stage, dump)
         except CompilationError as e:
             if e.stage != "bufferize" or not donated.aliases:
                 raise
@@ -189,30 +196,21 @@ def _compile_uncached(source: str | bytes, options: Options, key: str,
     with contexts.compile_context() as context:
         on_stage("import")
         imported = import_program(source, context)
-        return _compile_imported(imported, options, key, donation.Donation(donated.donated), on_stage, dump)
+        return _compile_imported(imported, options, key, target, donation.Donation(donated.donated), on_stage, dump)
 
 
-def _compile_imported(imported: ImportedProgram, options: Options, key: str,
-                      donated: donation.Donation, on_stage: Callable[[str], None], dump: Dump) -> Executable:
+def _compile_imported(imported: ImportedProgram, options: Options, key: str, target: Target,
+                      donated: donation.Donation, on_stage: Callable[[str], None], dump: Dump) -> CompiledProgram:
     if donated.aliases:
         results.mark_donated_arguments(imported.module, donated.aliases)
     callbacks = host_callbacks.entries(imported.module)
+    if callbacks and not target.calls_back:
+        raise UnsupportedError(host_callbacks.PREFIX, f"calls back into Python from a {target.name} program")
     start = time.perf_counter()
     tier = work.tier(imported.module, options.fast_tier)
     estimated = time.perf_counter() - start
-    stages = cpu.host_stages(options, tier.small)
-    timings = passes.run_stages(imported.module, stages, options, dump, on_stage)
+    timings = passes.run_stages(imported.module, target.stages(options, tier), options, dump, on_stage)
     timings["work estimate"] = estimated
-    recorded = results.output_aliases(imported.module)
-    aliases = None if recorded is None else [None if a < 0 else a for a in recorded]
-    on_stage("codegen")  # translation to LLVM IR, then LLVM (cpu/codegen.py)
-    # A tiny program's code at LLVM's first level (passes/work.py): as fast to run at its
-    # size. Not -O0: its FastISel fuses no multiply and add marked contractible, so a*b+c
-    # would differ in its last bit from the other levels' code and XLA's, and the whole-block
-    # selection at -O0 aborts on a scalar bf16 bitcast (jnp.signbit).
-    exe = cpu.build(imported.module, imported.inputs, imported.outputs,
-                    options.replace(opt_level=1) if tier.tiny else options, aliases,
-                    overwritten=donated.aliases, timings=timings, dump=dump)  # the donors bufferization may write
+    exe = target.build(LoweredProgram(imported, key, donated, callbacks, tier, timings, dump, on_stage), options)
     dump.timings(timings)
-    return Executable(exe, key, timings, donated.donated, callbacks, imported.replicas, imported.partitions,
-                      imported.collectives)
+    return exe

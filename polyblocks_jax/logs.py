@@ -46,6 +46,19 @@ def program_name(text: str) -> str:
     return match.group(1) if match else "program"
 
 
+def cached_parts(timings: dict[str, float]) -> tuple[int, int]:
+    """How many parts of a compile's code the object cache had, and how many parts it had
+    (the timings' names that cpu/codegen.py writes: "cached part N", "llc part N")."""
+    cached = sum(name.startswith("cached part") for name in timings)
+    return cached, cached + sum(name.startswith("llc part") for name in timings)
+
+
+def objects_note(timings: dict[str, float]) -> str:
+    """A compile's report note: the parts of its code that came from the object cache (none: no note)."""
+    cached, parts = cached_parts(timings)
+    return f"objects cached: {cached} of {parts}" if parts else ""
+
+
 class CompileReport:
     """One compile's log lines: progress while it runs, then its outcome.
 

@@ -115,7 +115,7 @@ class MemoryLimitTest(absltest.TestCase):
     def test_a_compile_over_the_limit_is_an_error_and_the_process_goes_on(self):
         lowered = _lowered(_layers, np.ones((64, 64), np.float32))
         with tempfile.TemporaryDirectory() as dump:
-            job = protocol.Job(lowered.as_text(), pb.Options(dump_dir=dump), "memory-limit-test", {}, None)
+            job = protocol.Job(lowered.as_text(), pb.Options(dump_dir=dump), "memory-limit-test", {}, None, "cpu")
             with mock.patch.dict(os.environ, {"POLYBLOCKS_WORKER_MEMORY_GB": "0.001"}):
                 small = pool.Pool(1)  # its workers start under the limit of 1 MiB
             self.addCleanup(small.close)
@@ -198,7 +198,7 @@ class InProcessTest(absltest.TestCase):
         self.assertEqual(pb.Options(in_process=True).cache_key(), pb.Options().cache_key())
 
     def test_no_worker_starting_compiles_here_with_a_warning(self):
-        job = protocol.Job("module {}", pb.Options(), "k", {}, None)
+        job = protocol.Job("module {}", pb.Options(), "k", {}, None, "cpu")
         lonely = pool.Pool(2)
         with mock.patch.object(pool, "Worker", side_effect=OSError("no processes left")):
             with self.assertLogs(pool.logger, "WARNING") as logs:

@@ -314,6 +314,26 @@ class ResourceTest(absltest.TestCase):
         self.assertTrue(all(a <= b for a, b in zip(after, before)),
                         f"(open fds, Python threads, native threads) grew: {before} -> {after}")
 
+    def test_calls_leave_no_reference_cycles(self):
+        """A jitted function's first call, its compile included, makes no garbage for Python's
+        cycle collector (as JAX's core_test checks on XLA): arrays of new lengths, outputs made
+        in C, one-element results."""
+        d = pb_device()
+        # once per process: the plugin's discovery, the OpenMP runtime's lookup and load
+        jax.block_until_ready(jax.jit(lambda a: a + 1)(jax.device_put(np.zeros(2, np.float32), d)))
+        for shape in ((), (3,), (5, 7)):
+            x = jax.device_put(np.zeros(shape, np.float32), d)
+            fn = jax.jit(lambda a: (a.sum(), a * 2))
+            gc.collect()
+            debug = gc.get_debug()
+            try:
+                jax.block_until_ready(fn(x))
+                gc.set_debug(gc.DEBUG_SAVEALL)
+                self.assertEqual(gc.collect(), 0, msg=str([g if isinstance(g, type) else type(g) for g in gc.garbage][:10]))
+            finally:
+                gc.set_debug(debug)
+                gc.garbage.clear()
+
 
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:

@@ -15,10 +15,12 @@ import numpy as np
 from absl.testing import absltest, parameterized
 
 import nvptx_emulator
+import polyblocks_jax as pb
 import support
 from polyblocks_jax import cpu, passes
 from polyblocks_jax.errors import InvalidProgramError, PolyblocksError
-from polyblocks_jax.nvptx import SM80, SM90, SM90A, GpuExecutable, compile as gpu_compile, lowering, ptx, runtime
+from polyblocks_jax.nvptx import SM80, SM90, SM90A, GpuExecutable, lowering, ptx, runtime, target_name
+from polyblocks_jax.nvptx.backend import without_host_choices
 from polyblocks_jax.nvptx.mma_kernel import ConvWindow, MmaProblem, kernel_function
 from polyblocks_jax.nvptx.mma_tiles import MmaTiles, WgmmaTiles, choose_mma_tiles, choose_wgmma_tiles
 from polyblocks_jax.nvptx.wgmma_kernel import wgmma_kernel_function
@@ -75,6 +77,11 @@ def _lowered(fn, *args):
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
 
 
+def _compile(program, chip: str, options: Options | None = None) -> GpuExecutable:
+    """``program``'s PTX and launch plan for ``chip``, from the driver."""
+    return pb.compile(program, options, target=target_name(chip))
+
+
 def check_executable(test, exe: GpuExecutable) -> None:
     """Launches within the chip's limits; the plan and the PTX name the same kernels; ptxas accepts the PTX."""
     target = TARGETS[exe.chip]
@@ -101,7 +108,7 @@ def check_executable(test, exe: GpuExecutable) -> None:
 class PtxTest(parameterized.TestCase):
     @parameterized.product(name=sorted(PROGRAMS), chip=CHIPS)
     def test_program(self, name, chip):
-        exe = gpu_compile.compile_gpu(_lowered(PROGRAMS[name][0], *_args(name)), chip, DEFAULT)
+        exe = _compile(_lowered(PROGRAMS[name][0], *_args(name)), chip, DEFAULT)
         self.assertNotEmpty(exe.plan.launches)
         check_executable(self, exe)
 
@@ -110,14 +117,14 @@ class PtxTest(parameterized.TestCase):
         case = flax_models.make(name, small=True)
         lowered = _lowered(case.apply, case.params, case.input)
         for chip in CHIPS:
-            check_executable(self, gpu_compile.compile_gpu(lowered, chip, DEFAULT))
+            check_executable(self, _compile(lowered, chip, DEFAULT))
 
     def test_small_model_on_tensor_cores(self):
         """With tf32, ResNet's convolutions run as mma.sync kernels. (Under this suite's x64 mode the
         ViT computes in f64, which no tensor core takes.)"""
         case = flax_models.make("resnet18", small=True)
         lowered = _lowered(case.apply, case.params, case.input)
-        exe = gpu_compile.compile_gpu(lowered, "sm_80", Options(precision="tf32"))
+        exe = _compile(lowered, "sm_80", Options(precision="tf32"))
         check_executable(self, exe)
         self.assertGreater(instruction_counts("".join(exe.ptx.values()))["mma"], 0)
 
@@ -137,7 +144,7 @@ def _run_mapped_on_host(fn, args) -> list[np.ndarray]:
     from mlir import ir
     from polyblocks_jax.stablehlo_import import import_program
 
-    options = gpu_compile._without_host_choices(Options())
+    options = without_host_choices(Options())
     with ir.Context() as context, ir.Location.unknown():
         imported = import_program(_lowered(fn, *args), context)
         stages = passes.shared_stages(options, SM90.hardware()) + lowering.mapping_stages(options) + \
@@ -156,7 +163,7 @@ class PlanAndTargetTest(absltest.TestCase):
         SM90.check_launch((1, 1, 1), (32, 1, 1), 200 << 10)  # sm_90 has 227 KiB per block (opt-in)
 
     def test_corrupted_executable_is_rejected(self):
-        exe = gpu_compile.compile_gpu(_lowered(lambda x: x * 2.0, np.ones(4, f32)), "sm_80")
+        exe = _compile(_lowered(lambda x: x * 2.0, np.ones(4, f32)), "sm_80")
         data = exe.serialize().replace(b".target sm_80", b".target sm_99")
         with self.assertRaisesRegex(InvalidProgramError, "checksum"):
             GpuExecutable.deserialize(data)
@@ -172,7 +179,7 @@ class PlanAndTargetTest(absltest.TestCase):
     def test_control_flow_around_kernels_is_unsupported(self):
         lowered = _lowered(lambda x: jax.lax.fori_loop(0, 3, lambda i, v: v * 2 + 1, x), np.ones(8, f32))
         with self.assertRaisesRegex(PolyblocksError, "scf.while"):
-            gpu_compile.compile_gpu(lowered, "sm_90", DEFAULT)
+            _compile(lowered, "sm_90", DEFAULT)
 
 
 # name -> (function, argument shapes and dtypes, option flags, mma operand type): products that
@@ -209,7 +216,7 @@ class TensorCoreTest(parameterized.TestCase):
     def test_mma_kernel_in_ptx(self, name, chip):
         fn, specs, flags, operand = MMA_PROGRAMS[name]
         args = [np.ones(shape, dtype) for shape, dtype in specs]
-        exe = gpu_compile.compile_gpu(_lowered(fn, *args), chip, Options.from_flags(flags))
+        exe = _compile(_lowered(fn, *args), chip, Options.from_flags(flags))
         check_executable(self, exe)
         text = "\n".join(exe.ptx.values())
         counts = instruction_counts(text)
@@ -225,7 +232,7 @@ class TensorCoreTest(parameterized.TestCase):
     def test_benchmark_matmul_4096(self, chip):
         """bench/gpu_check.py's bf16 matmul: 64x64 warp tiles, a pipeline of at least 3 stages, no spills."""
         a = jax.ShapeDtypeStruct((4096, 4096), bf16)
-        exe = gpu_compile.compile_gpu(_lowered(lambda a, b: a @ b, a, a), chip)
+        exe = _compile(_lowered(lambda a, b: a @ b, a, a), chip)
         check_executable(self, exe)
         (launch,) = [launch for launch in exe.plan.launches if launch.shared_bytes > 0]
         tiles = choose_mma_tiles(4096, 4096, 4096, 1, 2, (16, 8, 16), 32, TARGETS[chip])
@@ -239,12 +246,12 @@ class TensorCoreTest(parameterized.TestCase):
 
     def test_f32_matmul_needs_tf32_for_tensor_cores(self):
         lowered = _lowered(lambda a, b: a @ b, np.ones((64, 64), f32), np.ones((64, 64), f32))
-        self.assertEqual(instruction_counts(gpu_compile.compile_gpu(lowered, "sm_80").ptx["main_kernel"])["mma"], 0)
+        self.assertEqual(instruction_counts(_compile(lowered, "sm_80").ptx["main_kernel"])["mma"], 0)
 
     def test_unaligned_rows_stay_off_tensor_cores(self):
         """k = 36 is not a whole number of 16-byte copies: the generic kernels compute it."""
         lowered = _lowered(lambda a, b: a @ b, np.ones((32, 36), bf16), np.ones((36, 16), bf16))
-        exe = gpu_compile.compile_gpu(lowered, "sm_80")
+        exe = _compile(lowered, "sm_80")
         check_executable(self, exe)
         self.assertEqual(instruction_counts("".join(exe.ptx.values()))["mma"], 0)
 
@@ -264,7 +271,7 @@ class WgmmaTest(parameterized.TestCase):
     @parameterized.parameters(*sorted(name for name, case in MMA_PROGRAMS.items() if case[3] != "tf32"))
     def test_wgmma_kernel_in_ptx(self, name):
         fn, specs, flags, operand = MMA_PROGRAMS[name]
-        exe = gpu_compile.compile_gpu(_lowered(fn, *[np.ones(shape, dtype) for shape, dtype in specs]), "sm_90a",
+        exe = _compile(_lowered(fn, *[np.ones(shape, dtype) for shape, dtype in specs]), "sm_90a",
                                       Options.from_flags(flags))
         check_executable(self, exe)
         text = "\n".join(exe.ptx.values())
@@ -281,7 +288,7 @@ class WgmmaTest(parameterized.TestCase):
 
     def test_tf32_stays_on_mma_sync(self):
         fn, specs, flags, _ = MMA_PROGRAMS["matmul_tf32"]
-        exe = gpu_compile.compile_gpu(_lowered(fn, *[np.ones(shape, dtype) for shape, dtype in specs]), "sm_90a",
+        exe = _compile(_lowered(fn, *[np.ones(shape, dtype) for shape, dtype in specs]), "sm_90a",
                                       Options.from_flags(flags))
         text = "\n".join(exe.ptx.values())
         self.assertGreater(instruction_counts(text)["mma"], 0)
@@ -291,7 +298,7 @@ class WgmmaTest(parameterized.TestCase):
         """The cost model's tile for bench/gpu_check.py's bf16 matmul, launched as chosen; per k tile, the k
         loop issues bk / 16 wgmma between one fence, commit and wait; no spills."""
         a = jax.ShapeDtypeStruct((4096, 4096), bf16)
-        exe = gpu_compile.compile_gpu(_lowered(lambda a, b: a @ b, a, a), "sm_90a")
+        exe = _compile(_lowered(lambda a, b: a @ b, a, a), "sm_90a")
         check_executable(self, exe)
         (launch,) = exe.plan.launches
         tiles = choose_wgmma_tiles(4096, 4096, 4096, 1, 2, SM90A)
@@ -607,7 +614,7 @@ class EpilogueFusionTest(parameterized.TestCase):
 
     @parameterized.product(name=sorted(FUSED_PROGRAMS), chip=CHIPS + ("sm_90a",))
     def test_one_kernel_in_ptx(self, name, chip):
-        exe = gpu_compile.compile_gpu(_lowered(FUSED_PROGRAMS[name][0], *_fused_args(name)), chip, DEFAULT)
+        exe = _compile(_lowered(FUSED_PROGRAMS[name][0], *_fused_args(name)), chip, DEFAULT)
         check_executable(self, exe)
         # no separate kernel reads the product back
         self.assertLen(exe.plan.launches, 1 + OTHER_KERNELS.get(name, 0))
@@ -621,7 +628,7 @@ class EpilogueFusionTest(parameterized.TestCase):
         from polyblocks_jax.stablehlo_import import import_program
 
         fn, args = FUSED_PROGRAMS[name][0], _fused_args(name)
-        options = gpu_compile._without_host_choices(Options())
+        options = without_host_choices(Options())
         with ir.Context() as context, ir.Location.unknown():
             imported = import_program(_lowered(fn, *args), context)
             target = TARGETS[chip]
@@ -643,7 +650,7 @@ class GpuExecutionTest(parameterized.TestCase):
     @parameterized.parameters(*sorted(PROGRAMS))
     def test_program(self, name):
         fn, args = PROGRAMS[name][0], _args(name)
-        exe = gpu_compile.compile_gpu(_lowered(fn, *args), runtime.device().chip)
+        exe = _compile(_lowered(fn, *args), runtime.device().chip)
         support.assert_close(self, list(exe(*args)), support.xla_cpu(fn, *args), msg=name, **_tolerance(name))
 
 

@@ -12,7 +12,7 @@ from absl.testing import absltest
 
 import polyblocks_jax as pb
 import support
-from polyblocks_jax import compiler
+from polyblocks_jax import compiler, logs
 from polyblocks_jax.cpu import codegen, object_cache
 
 
@@ -48,7 +48,7 @@ class ObjectCacheTest(absltest.TestCase):
         self.assertIn("cached part0", second.timings)
         self.assertNotIn("opt part0", second.timings)
         self.assertNotIn("llc part0", second.timings)
-        self.assertEqual(codegen.cached_parts(second.timings), (1, 1))
+        self.assertEqual(logs.cached_parts(second.timings), (1, 1))
         self.assertEqual((self.cache.hits, self.cache.misses), (1, 1))
         self.assertEqual(first._exe.library, second._exe.library)
         args = _arguments()

@@ -192,11 +192,11 @@ class CostModelTest(absltest.TestCase):
                 self.assertEqual(_ops(module, "scf.parallel"), [])
 
 
-def _compile(fn, *args, options: pb.Options) -> tuple[compiler.Executable, bool]:
+def _compile(fn, *args, options: pb.Options) -> tuple[pb.Executable, bool]:
     """The executable, and whether its LLVM module forks threads."""
     lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
     with tempfile.TemporaryDirectory() as d:
-        exe = compiler._compile_uncached(lowered.as_text(), options.replace(dump_dir=d), "k")
+        exe = compiler.compile_in_process(lowered.as_text(), options.replace(dump_dir=d), "k", {}, None)
         (program,) = os.listdir(d)
         (last,) = [f for f in os.listdir(os.path.join(d, program)) if f.endswith("to-llvm.mlir")]
         with open(os.path.join(d, program, last)) as f:

@@ -32,7 +32,8 @@ from polyblocks_jax.pjrt.client import Client
 from polyblocks_jax.pjrt.events import ON_READY, CudaEvent
 from polyblocks_jax.pjrt.executable import deserialize
 from polyblocks_jax.pjrt.gpu_buffer import GpuBuffer
-from polyblocks_jax.pjrt.gpu_executable import GpuLoadedExecutable, chip_for
+from polyblocks_jax.pjrt.gpu_device import chip_for
+from polyblocks_jax.pjrt.gpu_executable import GpuLoadedExecutable
 
 H200, A100 = ("NVIDIA H200", (9, 0)), ("NVIDIA A100-SXM4-80GB", (8, 0))
 DTYPES = [np.float32, np.float64, ml_dtypes.bfloat16, np.float16, np.int8, np.int32, np.int64, np.uint8,
@@ -89,7 +90,7 @@ class EnumerationTest(WithFakeDriver):
         fake.cuDevicePrimaryCtxRetain = lambda device: (fake_cuda.CUresult.CUDA_ERROR_INVALID_VALUE, None) \
             if device == 0 else (fake_cuda.OK, ("context", device))
         runtime.use_driver(fake)
-        with self.assertLogs("polyblocks_jax.pjrt.device", "WARNING"):
+        with self.assertLogs("polyblocks_jax.pjrt.gpu_device", "WARNING"):
             devices = Client().devices
         self.assertEqual([d.description.kind.buffer.value.decode() for d in devices[1:]],
                          ["polyblocks gpu sm_80 NVIDIA A100-SXM4-80GB"])
@@ -170,7 +171,7 @@ class CompileForGpuTest(WithFakeDriver):
         loaded = self.client.compile(code, "mlir", compile_options_for(1))
         self.assertIsInstance(loaded, GpuLoadedExecutable)
         self.assertIs(loaded.device, self.gpu)
-        exe = loaded.executable.compiled.exe
+        exe = loaded.executable.compiled
         self.assertEqual(exe.chip, "sm_90a")
         argument = GpuBuffer.upload(x, self.gpu)
         (out,) = loaded.execute([argument], frozenset())
@@ -183,10 +184,10 @@ class CompileForGpuTest(WithFakeDriver):
         again = self.client.load(loaded.executable.serialize())  # PTX travels in the serialized executable
         self.assertIsInstance(again, GpuLoadedExecutable)
         self.assertIs(again.device, self.gpu)
-        self.assertEqual(again.executable.compiled.exe.ptx, exe.ptx)
-        with self.assertRaisesRegex(Exception, "compiled for sm_90a cannot run on a sm_80 GPU"):
+        self.assertEqual(again.executable.compiled.ptx, exe.ptx)
+        with self.assertRaisesRegex(Exception, "nvptx-sm_90a executable cannot run on polyblocks gpu sm_80"):
             self.client.load(loaded.executable.serialize(), compile_options_for(2))
-        with self.assertRaisesRegex(Exception, "nvptx executable cannot run on polyblocks cpu"):
+        with self.assertRaisesRegex(Exception, "nvptx-sm_90a executable cannot run on polyblocks cpu"):
             self.client.load(loaded.executable.serialize(), compile_options_for(0))
 
     def test_introspection_of_a_gpu_program(self):
@@ -198,8 +199,8 @@ class CompileForGpuTest(WithFakeDriver):
         stats = exe.memory_stats()
         self.assertEqual((stats["argument_size_in_bytes"], stats["output_size_in_bytes"]), (x.nbytes, 16 * 16 * 4))
         self.assertEqual(stats["temp_size_in_bytes"],
-                         sum(b.nbytes for b in exe.compiled.exe.plan.buffers if b.kind == "temp"))
-        self.assertEqual(stats["generated_code_size_in_bytes"], sum(map(len, exe.compiled.exe.ptx.values())))
+                         sum(b.nbytes for b in exe.compiled.plan.buffers if b.kind == "temp"))
+        self.assertEqual(stats["generated_code_size_in_bytes"], sum(map(len, exe.compiled.ptx.values())))
         properties = exe.cost_properties()
         named = {ctypes.string_at(p.name, p.name_size).decode(): p.float_value
                  for p in properties.array[:properties.count]}

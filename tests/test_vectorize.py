@@ -502,6 +502,27 @@ class TransposedBroadcastTest(absltest.TestCase):
         self.assertIn("vector.transpose", text)
 
 
+class UnitDimBroadcastTest(parameterized.TestCase):
+    """A register tile of ``sum((x[:, None] - y[None]) ** 2, -1)`` over one step of k reads y's
+    rows along the tile's columns; where the tile is square (rows and a remainder of columns
+    of the same size) upstream's fold of the unit-dim cast read them along its rows instead."""
+
+    @parameterized.named_parameters(
+        ("remainder_of_4", 64, 100, 3), ("remainder_of_8", 200, 200, 3), ("square", 8, 8, 3),
+        ("remainder_of_16", 200, 24, 2), ("one_row", 1, 200, 3), ("k_of_1", 64, 100, 1))
+    def test_pairwise_squared_distances(self, rows, cols, k):
+        rng = np.random.default_rng(0)
+        x, y = rng.standard_normal((rows, k)).astype(np.float32), rng.standard_normal((cols, k)).astype(np.float32)
+        support.check_against_xla(self, lambda x, y: jnp.exp(-0.5 * jnp.sum((x[:, None] - y[None]) ** 2, -1)), x, y,
+                                  rtol=1e-5, atol=1e-6)
+
+    def test_products_of_broadcasts(self):
+        rng = np.random.default_rng(1)
+        x, y = rng.standard_normal((48, 5)).astype(np.float32), rng.standard_normal((52, 5)).astype(np.float32)
+        support.check_against_xla(self, lambda x, y: jnp.max(x[:, None, :] * y[None, :, :] + x[:, None, :], -1), x, y,
+                                  rtol=1e-6, atol=1e-6)
+
+
 class VectorMathTest(parameterized.TestCase):
     """exp, tanh, log and log1p on f32 and f64 vectors are polynomials of ours (libm per lane
     took 23 times XLA's time on f32 tanh, 14 times on f64): within a few ulps of the exact

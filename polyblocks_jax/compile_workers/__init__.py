@@ -13,7 +13,8 @@ stopped, and the compile is a CompilationError saying so (``POLYBLOCKS_WORKER_ME
 
 ``POLYBLOCKS_FLAGS=in-process`` (``Options(in_process=True)``) compiles in the calling
 process instead, for pdb and profilers; so does every compile when no worker can start
-(a warning says why). The GPU path (``nvptx``) compiles in process.
+(a warning says why). A host program that calls back into Python compiles in its caller, and
+so do targets that say so (``Target.compiles_in_workers``: the NVIDIA chips).
 
 A worker's start (Python, numpy, MLIR and the compiler: over a second) overlaps the
 caller's: ``polyblocks_jax.compile`` starts one before importing the compiler itself.
@@ -24,13 +25,13 @@ from typing import Callable
 
 from polyblocks_jax.compile_workers.pool import POOL
 from polyblocks_jax.compile_workers.protocol import Job
-from polyblocks_jax.runtime.executable import Executable
+from polyblocks_jax.targets import CompiledProgram
 
 __all__ = ["Job", "compile", "prestart"]
 
 
 def compile(job: Job, text: str,  # noqa: A001 (the driver's verb)
-            follow: Callable[[Callable[[], str | None]], None] | None = None) -> Executable | None:
+            follow: Callable[[Callable[[], str | None]], None] | None = None) -> CompiledProgram | None:
     """``job`` compiled in a worker (``text``: the program without locations, for a reproducer;
     ``follow``: given, once a worker has the job, the function that reads the stage it is in);
     None when no worker can start."""

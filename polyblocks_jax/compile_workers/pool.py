@@ -19,8 +19,9 @@ import threading
 from typing import Callable
 
 import polyblocks_jax
+from polyblocks_jax import targets
 from polyblocks_jax.compile_workers import crashes, protocol
-from polyblocks_jax.runtime.executable import Executable, deserialize
+from polyblocks_jax.targets import CompiledProgram
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class Worker:
         return None
 
     def compile(self, job: protocol.Job, text: str,
-                follow: Callable[[Callable[[], str | None]], None] | None = None) -> Executable:
+                follow: Callable[[Callable[[], str | None]], None] | None = None) -> CompiledProgram:
         """Run ``job``; raises what the compile raised, or a CompilationError if the worker died.
         ``follow`` is given the function that reads the stage under way."""
         self._stage.write(None)
@@ -117,7 +118,7 @@ class Worker:
             self._job_running = False
         if reply[0] == protocol.ERROR:
             raise protocol.decode_error(reply[1], self.stage or "worker")
-        exe = deserialize(reply[1])
+        exe = targets.get(job.target).deserialize(reply[1])
         exe.timings = reply[2]
         return exe
 
@@ -201,7 +202,7 @@ class Pool:
         self._changed = threading.Condition()
 
     def compile(self, job: protocol.Job, text: str,
-                follow: Callable[[Callable[[], str | None]], None] | None = None) -> Executable | None:
+                follow: Callable[[Callable[[], str | None]], None] | None = None) -> CompiledProgram | None:
         """Compile ``job`` in a worker (``follow``: see ``Worker.compile``); None if no worker can start."""
         worker = self._acquire()
         if worker is None:

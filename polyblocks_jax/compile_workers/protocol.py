@@ -39,6 +39,7 @@ class Job:
     key: str                               # the cache key: the executable's fingerprint, the dumps' folder
     marks: dict[int, int | None]           # the donation the program marks
     donate_argnums: Sequence[int] | None   # the donation requested instead
+    target: str                            # the name of the target it compiles for (polyblocks_jax.targets)
 
 
 class StageSlot:

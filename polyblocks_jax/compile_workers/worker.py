@@ -33,7 +33,8 @@ def main(requests_fd: int, replies_fd: int, stage_fd: int) -> None:
 
 def _compile(compiler, job: protocol.Job, on_stage) -> tuple:
     try:
-        exe = compiler.compile_in_process(job.source, job.options, job.key, job.marks, job.donate_argnums, on_stage)
+        exe = compiler.compile_in_process(job.source, job.options, job.key, job.marks, job.donate_argnums, on_stage,
+                                          job.target)
         return protocol.DONE, exe.serialize(), exe.timings
     except Exception as e:  # noqa: BLE001 (every error goes back to the caller, as raised)
         return protocol.ERROR, protocol.encode_error(e)

@@ -119,12 +119,6 @@ def shared_library(llvm_module, opt_level: int, openmp_runtime: str, cores: int,
             return f.read()
 
 
-def cached_parts(timings: dict[str, float]) -> tuple[int, int]:
-    """How many parts of a compile the object cache had, and how many parts it had."""
-    cached = sum(name.startswith("cached part") for name in timings)
-    return cached, cached + sum(name.startswith("llc part") for name in timings)
-
-
 def _cached_object_code(text: str, part: str, opt_level: int, timings: dict[str, float], dump: Dump) -> bytes:
     name = object_cache.key(text, _cache_context(), str(opt_level))
     if not dump:  # a dump wants the optimized IR and the assembly

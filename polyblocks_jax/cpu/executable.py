@@ -1,6 +1,6 @@
 """A host executable: a shared library of compiled code, called through its entry point.
 
-``build`` makes the library (cpu/codegen.py: LLVM, one thread per part of the
+``cpu.compile.build`` makes the library (cpu/codegen.py: LLVM, one thread per part of the
 module); a serialized executable carries the same bytes, so loading one needs neither MLIR
 nor LLVM, only ``dlopen``.
 
@@ -48,19 +48,6 @@ from polyblocks_jax.runtime.specs import check_arguments
 logger = logging.getLogger(__name__)
 _BARE_ENTRY = "main"
 _DESCRIPTOR_ENTRY = "_mlir_ciface_main"
-
-
-def build(llvm_module, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], options,
-          aliases: Sequence[int | None] | None = None, overwritten: Iterable[int] = (),
-          timings: dict[str, float] | None = None, dump=None) -> "CpuExecutable":
-    """Compile an LLVM-dialect module (compiler side: needs MLIR) into a CpuExecutable; the
-    times of LLVM's tools go into ``timings``, their inputs and outputs into ``dump``."""
-    from polyblocks_jax.cpu import codegen
-    from polyblocks_jax.cpu.target import host
-    from polyblocks_jax.cpu.arena import arena_bytes
-    library = codegen.shared_library(llvm_module, options.opt_level, openmp_runtime(), host().cores, timings, dump,
-                                     options.object_cache)
-    return CpuExecutable(library, inputs, outputs, aliases, overwritten, arena_bytes(llvm_module))
 
 
 DYNAMIC_TEAMS = {"OMP_DYNAMIC": "true", "KMP_DYNAMIC_MODE": "load_balance"}

@@ -61,12 +61,18 @@ def _fold(transpose: ir.Operation, broadcast: ir.Operation) -> None:
 def _origins(broadcast: ir.Operation, transpose: ir.Operation) -> list[int | None]:
     """For each dim of the transpose's result, the source dim of more than one element it
     holds, or None (a dim the broadcast made, stretched or of size 1)."""
+    origin = broadcast_origins(broadcast)
+    return [origin[p] for p in ir.DenseI64ArrayAttr(transpose.attributes["permutation"])]
+
+
+def broadcast_origins(broadcast: ir.Operation) -> list[int | None]:
+    """For each dim of a vector broadcast's result, the source dim of more than one element
+    it holds, or None (a dim the broadcast made, stretched or of size 1)."""
     source = ir.VectorType(broadcast.operands[0].type).shape
     made = ir.VectorType(broadcast.results[0].type).shape
     lead = len(made) - len(source)
-    origin = [d - lead if d >= lead and source[d - lead] == made[d] and made[d] != 1 else None
-              for d in range(len(made))]
-    return [origin[p] for p in ir.DenseI64ArrayAttr(transpose.attributes["permutation"])]
+    return [d - lead if d >= lead and source[d - lead] == made[d] and made[d] != 1 else None
+            for d in range(len(made))]
 
 
 def _through_unit_cast(origins: list[int | None], before: ir.Type, after: ir.Type) -> list[int | None] | None:

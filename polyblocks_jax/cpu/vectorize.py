@@ -29,6 +29,7 @@ from polyblocks_jax.cpu import signed_zeros, vector_math
 from polyblocks_jax.cpu.collapsed_dims import merge_trailing_dims, merged_dims
 from polyblocks_jax.cpu.reversals import unreverse_loops
 from polyblocks_jax.cpu.transposed_broadcasts import fold_transposed_broadcasts
+from polyblocks_jax.cpu.unit_dims import drop_unit_dims_of_elementwise
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import conv_tiling, signed_extrema, templates
 from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, register_tile
@@ -144,7 +145,11 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware, scales_by_e
     if choices:
         apply_script(module, script([Choice(ident, name, tiles, reductions, parallel, peeled, serial)
                                      for (name, tiles, reductions, peeled, serial, parallel), ident in choices.items()]))
-        fold_transposed_broadcasts(module)  # a contraction operand's broadcast, not its transpose
+        # Unit dims leave the elementwise ops before any fold can see a shape cast of a
+        # broadcast; a contraction operand's broadcast loses its transpose first.
+        fold_transposed_broadcasts(module)
+        drop_unit_dims_of_elementwise(module)
+        apply_script(module, _LOWERING)
         _flatten_interleaved_writes(module)
         _reassociate_reductions(module)
         _math_in_f32(module)
@@ -404,10 +409,11 @@ class Choice:
 
 
 def script(choices: list[Choice]) -> str:
-    """Tile the ops of every choice to one register block, vectorize, lower, hoist: one
-    script, so that the function-wide patterns run once, not once per choice. Peeled loops
-    get a remainder iteration; canonicalization then gives each copy of a tiled op static
-    shapes, and every choice's ops are matched again (tiling and peeling replace them).
+    """Tile the ops of every choice to one register block and vectorize them: one script
+    (``_LOWERING`` another), so that the function-wide patterns run once, not once per
+    choice. Peeled loops get a remainder iteration; canonicalization then gives each copy of
+    a tiled op static shapes, and every choice's ops are matched again (tiling and peeling
+    replace them).
     A tiled 2-D convolution (one kernel row) is decomposed into a 1-D one first."""
     tiling = "\n".join(_tiling(c) + _peeling(c) for c in choices)
     canonicalize = ""
@@ -423,12 +429,20 @@ module attributes {{transform.with_named_sequence}} {{
   transform.named_sequence @main(%root: !transform.any_op {{transform.readonly}}) {{
 {tiling}{canonicalize}
 {vectorizing}
+    transform.yield
+  }}
+}}"""
+
+
+# After the vectorized ops lost their unit dims (cpu/unit_dims.py). Canonicalization first:
+# it folds a reduction over a one-step loop into plain elementwise ops, which the lowering
+# would split into one reduction per element. The unit dims of loop-carried vectors and
+# transposes go too: a contraction generic's product over one k (vector<8x32x1>) would reach
+# LLVM as 256 vectors of one element.
+_LOWERING = f"""
+module attributes {{transform.with_named_sequence}} {{
+  transform.named_sequence @main(%root: !transform.any_op {{transform.readonly}}) {{
     %f = transform.structured.match ops{{["func.func"]}} in %root : (!transform.any_op) -> !transform.any_op
-    // Canonicalization first: it folds a reduction over a one-step loop into plain
-    // elementwise ops, which the lowering below would split into one reduction per element.
-    // Unit dims dropped from elementwise ops: a contraction generic's product over one k
-    // (vector<8x32x1>) would reach LLVM as 256 vectors of one element (ViT-Tiny's
-    // attention kernel: 880 KB of LLVM IR, 60% of the model's).
     transform.apply_patterns to %f {{
       transform.apply_patterns.vector.cast_away_vector_leading_one_dim
       transform.apply_patterns.vector.drop_unit_dims_with_shape_cast

@@ -22,6 +22,7 @@ from polyblocks_jax.cpu.memref import aligned_empty, contiguous_strides
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.errors import PjrtError
 from polyblocks_jax.pjrt.events import READY
+from polyblocks_jax.runtime.foreign_memory import array_type, bytes_at
 
 NUMPY_OF_TYPE: dict[int, np.dtype] = {code: np.dtype(t) for code, t in (
     (abi.PJRT_Buffer_Type_PRED, np.bool_),
@@ -66,7 +67,7 @@ class Buffer:
         self.address = data_address(array) if address is None else address
         self.type = TYPE_OF_NUMPY[array.dtype]
         self.num_dims = array.ndim
-        self.dims = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
+        self.dims = array_type(ctypes.c_int64, max(array.ndim, 1))(*array.shape)
         self.nbytes = array.nbytes
         self.device = device
         self.memory = device.memory
@@ -132,7 +133,7 @@ def host_view(data: int, dtype: np.dtype, dims: tuple[int, ...], byte_strides: t
         byte_strides = tuple(s * dtype.itemsize for s in contiguous_strides(dims))
     low = sum((d - 1) * s for d, s in zip(dims, byte_strides) if s < 0)
     high = sum((d - 1) * s for d, s in zip(dims, byte_strides) if s > 0) + dtype.itemsize
-    raw = (ctypes.c_char * (high - low)).from_address(data + low)
+    raw = bytes_at(data + low, high - low)
     return np.ndarray(dims, dtype, buffer=raw, offset=-low, strides=byte_strides)
 
 

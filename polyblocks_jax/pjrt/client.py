@@ -4,30 +4,33 @@ Under ``jax.distributed`` every process's devices follow, node-major (distribute
 process's are the addressable ones, the others' only describe themselves.
 
 Programs are compiled for the devices JAX assigns them (the compile options' device
-assignment): the host's through the CPU pipeline, a GPU's to PTX, a program for several host
-devices once, run by each (spmd_executable.py); with the options
-``POLYBLOCKS_FLAGS`` sets and the program's ``compiler_options`` change (compile_options.py).
+assignment), by the driver for the target the device names, and bound to the device by the
+device; a program for several host devices compiles once and runs on each
+(spmd_executable.py). The options are those ``POLYBLOCKS_FLAGS`` sets and the program's
+``compiler_options`` change (compile_options.py).
 """
 from __future__ import annotations
 
 import ctypes
 
 import polyblocks_jax
-from polyblocks_jax import files
+from polyblocks_jax import files, targets
 from polyblocks_jax.options import Options
 from polyblocks_jax.pjrt import device_assignment, handles
+from polyblocks_jax.pjrt.c_values import HandleArray, Text
 from polyblocks_jax.pjrt.compile_options import program_options
-from polyblocks_jax.pjrt.device import Device, HandleArray, Text, gpu_kind, gpus, host_device_count
-from polyblocks_jax.pjrt.distributed import KeyValueStore, Node, exchange_kinds
+from polyblocks_jax.pjrt.device import Device, OtherDevice, host_device_count
+from polyblocks_jax.pjrt.distributed import KeyValueStore, Node, exchange_devices
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
 from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable, deserialize
+from polyblocks_jax.pjrt.gpu_device import gpu_devices
 
 PLATFORM_NAME = "polyblocks"
 
 
 def device_kind() -> str:
-    from polyblocks_jax.cpu.target import host
-    return host().description()
+    """The host devices' kind: the host target's description."""
+    return targets.host().description()
 
 
 def platform_version(kind: str) -> str:
@@ -44,19 +47,22 @@ def platform_version(kind: str) -> str:
 class Client:
     def __init__(self, node: Node = Node(), store: KeyValueStore | None = None) -> None:
         """``store``: JAX's key-value store, where ``node`` is one of several."""
-        hosts, local_gpus = host_device_count(), gpus()
-        local_kinds = [device_kind()] * hosts + [gpu_kind(g) for g in local_gpus]
-        kinds = exchange_kinds(store, node, local_kinds) if store is not None else [local_kinds]
+        hosts = host_device_count()
+        kind = device_kind()
+        local = [*(Device(i, kind, process_index=node.index) for i in range(hosts)),
+                 *gpu_devices(first_id=hosts, process_index=node.index)]
+        summaries = [d.summary() for d in local]
+        every = exchange_devices(store, node, summaries) if store is not None else [summaries]
         self.node = node
         self.devices: list[Device] = []
-        for n, node_kinds in enumerate(kinds):
+        for n, node_devices in enumerate(every):
             first = len(self.devices)
             if n == node.index:
-                self.devices += [Device(first + i, k, local_gpus[i - hosts] if i >= hosts else None, n,
-                                        local_hardware_id=i) for i, k in enumerate(node_kinds)]
+                for d in local:
+                    d.number(first + d.local_hardware_id)
+                self.devices += local
             else:
-                self.devices += [Device(first + i, k, None, n, addressable=False) for i, k in enumerate(node_kinds)]
-        local = [d for d in self.devices if d.addressable]
+                self.devices += [OtherDevice(first + i, summary, n, i) for i, summary in enumerate(node_devices)]
         self.device_handles = HandleArray([d.handle for d in self.devices])
         self.addressable_handles = HandleArray([d.handle for d in local])
         self.memory_handles = HandleArray([d.memory.handle for d in local])
@@ -76,40 +82,32 @@ class Client:
         parsed = _parse(compile_options)
         grid = self._assigned_devices(parsed)
         options = program_options(parsed, Options.from_env())
+        device = grid[0][0]
+        # honours the donation JAX marked in the program
+        compiled = polyblocks_jax.compile(code, options, target=device.target)
+        executable = Executable(compiled, "main", compile_options, code, device.target)
         if len(grid) * len(grid[0]) > 1:
             from polyblocks_jax.pjrt import spmd_executable
-            compiled = polyblocks_jax.compile(code, options)
-            return spmd_executable.SpmdLoadedExecutable(Executable(compiled, "main", compile_options, code), grid,
-                                                        self.node)
-        device = grid[0][0]
-        if not device.addressable:
-            raise invalid(f"a program for device {device.description.id} alone, of process "
-                          f"{device.description.process_index}: compile it there")
-        if device.gpu is not None:
-            from polyblocks_jax.pjrt import gpu_executable
-            return gpu_executable.compile_for(code, compile_options, device, options)
-        compiled = polyblocks_jax.compile(code, options)  # honours the donation JAX marked in the program
-        return LoadedExecutable(Executable(compiled, "main", compile_options, code), device)
+            return spmd_executable.SpmdLoadedExecutable(executable, grid, self.node)
+        return device.bind(executable)
 
     def load(self, data: bytes, compile_options: bytes | None = None) -> LoadedExecutable:
         """Load on the device the options assign (by default the ones it was compiled with)."""
         executable = deserialize(data)
         grid = self._assigned_devices(_parse(compile_options or executable.compile_options))
-        if len(grid) * len(grid[0]) > 1 and executable.target == "cpu":
+        device = grid[0][0]
+        if executable.target != device.target:
+            raise invalid(f"a serialized {executable.target} executable cannot run on "
+                          f"{device.description.kind.buffer.value.decode()} (target {device.target})")
+        if len(grid) * len(grid[0]) > 1:
             from polyblocks_jax.pjrt import spmd_executable
             return spmd_executable.SpmdLoadedExecutable(executable, grid, self.node)
-        device = grid[0][0]
-        if executable.target == "cpu" and device.gpu is None:
-            return LoadedExecutable(executable, device)
-        if executable.target != "cpu" and device.gpu is not None:
-            from polyblocks_jax.pjrt import gpu_executable
-            return gpu_executable.GpuLoadedExecutable(executable, device)
-        raise invalid(f"a serialized {executable.target} executable cannot run on "
-                      f"{device.description.kind.buffer.value.decode()}")
+        return device.bind(executable)
 
     def _assigned_devices(self, options) -> list[list[Device]]:
         """``grid[replica][partition]``: the devices ``options`` (parsed) compile for; without an
-        assignment, the first host devices. Programs for several devices run on host devices."""
+        assignment, the first host devices. Programs for several devices run on host devices,
+        at least one of them this process's."""
         build = options.executable_build_options
         assignment = build.device_assignment
         if assignment is None:
@@ -121,8 +119,12 @@ class Client:
             raise invalid(f"a device assignment of {len(ids)} x {len(ids[0])} devices for "
                           f"{build.num_replicas} replicas x {build.num_partitions} partitions")
         grid = [[self.device_by_id(i) for i in row] for row in ids]
-        if len(ids) * len(ids[0]) > 1 and any(d.gpu is not None for row in grid for d in row):
-            raise unimplemented("programs for several GPU devices")
+        if len(ids) * len(ids[0]) > 1 and not all(d.runs_several for row in grid for d in row):
+            raise unimplemented("programs for several devices that are not all host devices")
+        if not any(d.addressable for row in grid for d in row):
+            raise invalid(f"a program for devices of other processes only "
+                          f"({sorted({d.description.process_index for row in grid for d in row})}): "
+                          f"compile it there")
         return grid
 
 

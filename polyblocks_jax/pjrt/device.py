@@ -1,84 +1,91 @@
-"""Devices, their descriptions and memories: plain data with stable handles.
+"""Devices and their descriptions: plain data with stable handles (memories: memory.py).
 
 The host is split into ``POLYBLOCKS_NUM_DEVICES`` devices (ids 0 .. N-1, default one), each
 with its own memory, as XLA CPU's ``jax_num_cpu_devices``: programs for several devices
 (shard_map, pmap) run one instance per device, on threads of this process. When CUDA reports
-devices, one GPU device each follows (ids N, N+1, ...), holding its ``nvptx.runtime.Device``.
-Every memory's kind must be "device": JAX's sharding code looks for that kind on every device.
+devices, one GPU device each follows (ids N, N+1, ...; gpu_device.py). A device names the
+target its programs compile for and binds their executables to itself: the client asks it.
+Under ``jax.distributed`` the devices of the other processes follow as ``OtherDevice``s: they
+only describe themselves (distributed.py).
 """
 from __future__ import annotations
 
-import ctypes
-import logging
 import os
 
+from polyblocks_jax import targets
 from polyblocks_jax.pjrt import handles
+from polyblocks_jax.pjrt.c_values import HandleArray, Text
+from polyblocks_jax.pjrt.errors import invalid
+from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable
+from polyblocks_jax.pjrt.memory import Memory
 from polyblocks_jax.pjrt.named_values import NamedValues
 
-logger = logging.getLogger(__name__)
-
 NUM_DEVICES_ENV = "POLYBLOCKS_NUM_DEVICES"
-MEMORY_KIND = "device"
-MEMORY_KIND_ID = 0
-
-
-class Text:
-    """A UTF-8 string with a stable address, handed to jaxlib as (pointer, size)."""
-    __slots__ = ("buffer", "address", "size")
-
-    def __init__(self, text: str) -> None:
-        data = text.encode()
-        self.buffer = ctypes.create_string_buffer(data)
-        self.address, self.size = ctypes.addressof(self.buffer), len(data)
-
-
-class HandleArray:
-    """A C array of handles (e.g. ``PJRT_Device**``) with a stable address."""
-    __slots__ = ("array", "address", "count")
-
-    def __init__(self, items: list[int]) -> None:
-        self.array = (ctypes.c_void_p * max(len(items), 1))(*items)
-        self.address, self.count = ctypes.addressof(self.array), len(items)
 
 
 class DeviceDescription:
     def __init__(self, device_id: int, kind: str, process_index: int = 0) -> None:
-        self.id = device_id
         self.process_index = process_index
         self.kind = Text(kind)
-        self.debug_string = Text(f"{kind} (id {device_id})")
-        self.to_string = Text(f"PolyblocksDevice(id={device_id})")
+        self.number(device_id)
         self.attributes = NamedValues({})
         self.handle = handles.register(self)
 
-
-class Memory:
-    def __init__(self, memory_id: int, where: str) -> None:
-        self.id = memory_id
-        self.kind = Text(MEMORY_KIND)
-        self.kind_id = MEMORY_KIND_ID
-        self.debug_string = Text(f"polyblocks {where} memory {memory_id}")
-        self.to_string = Text(f"PolyblocksMemory(id={memory_id}, kind={MEMORY_KIND})")
-        self.device = None  # the device this memory belongs to
-        self.devices = HandleArray([])
-        self.handle = handles.register(self, handles.MEMORY, self.kind.address, self.kind.size)
+    def number(self, device_id: int) -> None:
+        self.id = device_id
+        self.debug_string = Text(f"{self.kind.buffer.value.decode()} (id {device_id})")
+        self.to_string = Text(f"PolyblocksDevice(id={device_id})")
 
 
 class Device:
-    def __init__(self, device_id: int, kind: str, gpu=None, process_index: int = 0, addressable: bool = True,
-                 local_hardware_id: int | None = None) -> None:
-        """A device of another process (``addressable`` false) only describes itself: it has no
-        memories, and programs run on it in that process."""
+    """A host device: programs compile for the host target and run in this process; programs
+    for several devices run one instance per device (spmd_executable.py)."""
+    target = targets.HOST      # the name of the target its programs compile for
+    runs_several = True        # whether programs for several devices may include it
+    host_memory = True         # whether its buffers are host arrays (a GPU's are device memory)
+    gpu = None                 # the nvptx.runtime.Device of a GPU device (gpu_device.py)
+    addressable = True         # whether it is this process's (OtherDevice: another's)
+
+    def __init__(self, device_id: int, kind: str, where: str = "host", process_index: int = 0) -> None:
         self.description = DeviceDescription(device_id, kind, process_index)
-        self.local_hardware_id = device_id if local_hardware_id is None else local_hardware_id
-        self.addressable = addressable
-        self.gpu = gpu  # the nvptx.runtime.Device of a GPU device; None on the host
-        self.memory = Memory(device_id, "host" if gpu is None else "GPU")
-        self.memories = HandleArray([self.memory.handle] if addressable else [])
+        self.local_hardware_id = device_id  # its index among this process's devices
+        self.memory = Memory(device_id, where)
+        self.memories = HandleArray([self.memory.handle])
         self.attributes = NamedValues({})
         self.handle = handles.register(self)
         self.memory.device = self
         self.memory.devices = HandleArray([self.handle])
+
+    def bind(self, executable: Executable) -> LoadedExecutable:
+        """``executable``, compiled for this device's target, loaded on this device."""
+        return LoadedExecutable(executable, self)
+
+    def number(self, device_id: int) -> None:
+        """Give the device its global id once the processes before this one have said how
+        many devices they have; ``local_hardware_id`` stays its index in this process."""
+        self.description.number(device_id)
+        self.memory.number(device_id)
+
+    def summary(self) -> dict:
+        """What other processes know of it (``OtherDevice``), as JSON."""
+        return {"kind": self.description.kind.buffer.value.decode(), "target": self.target,
+                "runs_several": self.runs_several}
+
+
+class OtherDevice(Device):
+    """A device of another process (``jax.distributed``) from its ``Device.summary``: it has no
+    memories, and programs run on it in that process."""
+    addressable = False
+
+    def __init__(self, device_id: int, summary: dict, process_index: int, local_hardware_id: int) -> None:
+        super().__init__(device_id, summary["kind"], f"process {process_index}'s", process_index)
+        self.local_hardware_id = local_hardware_id
+        self.target, self.runs_several = summary["target"], summary["runs_several"]
+        self.memories = HandleArray([])
+
+    def bind(self, executable: Executable) -> LoadedExecutable:
+        raise invalid(f"device {self.description.id} is process {self.description.process_index}'s: "
+                      f"its programs load there")
 
 
 def host_device_count() -> int:
@@ -89,19 +96,3 @@ def host_device_count() -> int:
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"{NUM_DEVICES_ENV}={text!r} is not a positive number of devices")
     return int(text)
-
-
-def gpus() -> list:
-    """The ``nvptx.runtime.Device`` of each usable CUDA device; none without cuda-python or a GPU."""
-    from polyblocks_jax.nvptx import runtime  # no MLIR; cuda-python only if installed
-    found = []
-    for ordinal in range(runtime.device_count()):
-        try:
-            found.append(runtime.device(ordinal))
-        except (runtime.CudaError, RuntimeError) as e:  # e.g. a GPU in exclusive use: the others still serve
-            logger.warning("polyblocks: CUDA device %d not exposed: %s", ordinal, e)
-    return found
-
-
-def gpu_kind(gpu) -> str:
-    return f"polyblocks gpu {gpu.chip} {gpu.name}"

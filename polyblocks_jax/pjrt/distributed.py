@@ -2,9 +2,9 @@
 
 JAX creates the client of a multi-process run with this process's ``node_id`` and the
 ``num_nodes`` as create options, and callbacks into the key-value store of its coordination
-service. Each node publishes the kinds of its devices under its id and reads every other
-node's: all nodes then list the same devices with the same ids, node-major (node 0's first),
-each with its process index. Data moves between nodes through MPI (runtime/transport.py),
+service. Each node publishes its devices' summaries (kind, target: ``Device.summary``) under
+its id and reads every other node's: all nodes then list the same devices with the same ids,
+node-major (node 0's first), each with its process index. Data moves between nodes through MPI (runtime/transport.py),
 not through this store, which JAX meant for small agreements.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pypjrt._abi import pjrt_0_114 as abi
 
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.errors import Error, PjrtError, invalid
+from polyblocks_jax.runtime.foreign_memory import array_type
 
 TOPOLOGY_KEY = "polyblocks/topology/{node}"
 TIMEOUT_MS = 10 * 60 * 1000  # a process may create its client minutes after the others (imports, a busy machine)
@@ -94,7 +95,7 @@ def node_and_store(args) -> tuple[Node, KeyValueStore | None]:
 def _create_options(address: int | None, count: int) -> dict[str, object]:
     """The integer and string create options by name (JAX passes node_id and num_nodes as int64)."""
     values: dict[str, object] = {}
-    for entry in (abi.PJRT_NamedValue * count).from_address(address) if count else ():
+    for entry in array_type(abi.PJRT_NamedValue, count).from_address(address) if count else ():
         name = ctypes.string_at(entry.name, entry.name_size).decode()
         if entry.type == abi.PJRT_NamedValue_kInt64:
             values[name] = entry.int64_value
@@ -103,8 +104,9 @@ def _create_options(address: int | None, count: int) -> dict[str, object]:
     return values
 
 
-def exchange_kinds(store: KeyValueStore, node: Node, kinds: list[str]) -> list[list[str]]:
-    """The device kinds of every node (``kinds`` this node's), through the store."""
-    store.put(TOPOLOGY_KEY.format(node=node.index), json.dumps(kinds).encode())
-    return [kinds if n == node.index else json.loads(store.get(TOPOLOGY_KEY.format(node=n)))
+def exchange_devices(store: KeyValueStore, node: Node, summaries: list[dict]) -> list[list[dict]]:
+    """The summaries of every node's devices (``Device.summary``: kind, target; ``summaries``
+    this node's), through the store."""
+    store.put(TOPOLOGY_KEY.format(node=node.index), json.dumps(summaries).encode())
+    return [summaries if n == node.index else json.loads(store.get(TOPOLOGY_KEY.format(node=n)))
             for n in range(node.count)]

@@ -2,9 +2,9 @@
 
 ``Executable`` is the compiled program with the metadata jaxlib asks for (output types,
 dimensions, memory kinds, fingerprint, compile options), each kept as a C array with a
-stable address. ``LoadedExecutable`` binds it to the host device; Execute is synchronous
-there (``gpu_executable`` binds PTX programs to a GPU device). Loading a serialized
-executable goes through ``polyblocks_jax.runtime`` (or ``nvptx``): no MLIR.
+stable address; it names the target it was compiled for (``polyblocks_jax.targets``), whose
+run side reads it back from its serialized form (no MLIR). ``LoadedExecutable`` binds it to a
+host device; Execute is synchronous there (a GPU device binds it with ``gpu_executable``).
 
 Introspection: the Executable keeps the StableHLO it was compiled from (in its serialized
 form too); ``compiled.as_text()`` shows it without its dead ops (jaxlib prints it as HLO),
@@ -27,14 +27,17 @@ import json
 import struct
 from typing import Sequence
 
+from polyblocks_jax import targets
 from polyblocks_jax.cpu.array_pool import data_address
 from polyblocks_jax.pjrt import device_assignment, handles, native
 from polyblocks_jax.pjrt.buffer import TYPE_OF_NUMPY, Buffer, aligned_copy, aligned_empty
-from polyblocks_jax.pjrt.device import MEMORY_KIND, HandleArray, Text
+from polyblocks_jax.pjrt.c_values import HandleArray, Text
 from polyblocks_jax.pjrt.errors import invalid
 from polyblocks_jax.pjrt.events import READY_EVENT
+from polyblocks_jax.pjrt.memory import MEMORY_KIND
 from polyblocks_jax.pjrt.named_values import NamedValues
-from polyblocks_jax.runtime import executable as runtime
+from polyblocks_jax.runtime.foreign_memory import array_type
+from polyblocks_jax.targets import CompiledProgram
 
 # Serialized plugin executable: magic, header length, JSON header, runtime executable.
 _MAGIC = b"PBLKPJR3"
@@ -42,10 +45,10 @@ _PREFIX = struct.Struct("<8sI")
 
 
 class Executable:
-    def __init__(self, compiled, name: str, compile_options: bytes, program: bytes, target: str = "cpu",
-                 token_outputs: Sequence[int] | None = None) -> None:
-        self.compiled = compiled  # a runtime.Executable (cpu) or a gpu_executable.GpuProgram (nvptx)
-        self.target = target
+    def __init__(self, compiled: CompiledProgram, name: str, compile_options: bytes, program: bytes,
+                 target: str = targets.HOST, token_outputs: Sequence[int] | None = None) -> None:
+        self.compiled = compiled  # what the target built (a runtime.Executable on the host)
+        self.target = target      # the target's name
         self.name = Text(name or "main")
         self.compile_options = compile_options
         self.program = program  # the StableHLO received, serialized with the executable
@@ -58,16 +61,16 @@ class Executable:
         self.out_shapes = [(s.shape, s.dtype.numpy) for s in outputs]
         self.num_outputs = len(outputs)
         self.num_inputs = len(compiled.inputs)
-        self.output_types = (ctypes.c_int32 * max(len(outputs), 1))(
+        self.output_types = array_type(ctypes.c_int32, max(len(outputs), 1))(
             *[TYPE_OF_NUMPY[s.dtype.numpy] for s in outputs])
-        self.output_dims = (ctypes.c_int64 * max(sum(s.rank for s in outputs), 1))(
+        self.output_dims = array_type(ctypes.c_int64, max(sum(s.rank for s in outputs), 1))(
             *[d for s in outputs for d in s.shape])
-        self.output_ranks = (ctypes.c_size_t * max(len(outputs), 1))(*[s.rank for s in outputs])
+        self.output_ranks = array_type(ctypes.c_size_t, max(len(outputs), 1))(*[s.rank for s in outputs])
         self.memory_kind = Text(MEMORY_KIND)
         self.memory_kinds = HandleArray([self.memory_kind.address] * len(outputs))
-        self.memory_kind_sizes = (ctypes.c_size_t * max(len(outputs), 1))(*[self.memory_kind.size] * len(outputs))
+        self.memory_kind_sizes = array_type(ctypes.c_size_t, max(len(outputs), 1))(*[self.memory_kind.size] * len(outputs))
         self.parameter_kinds = HandleArray([self.memory_kind.address] * self.num_inputs)
-        self.parameter_kind_sizes = (ctypes.c_size_t * max(self.num_inputs, 1))(
+        self.parameter_kind_sizes = array_type(ctypes.c_size_t, max(self.num_inputs, 1))(
             *[self.memory_kind.size] * self.num_inputs)
         self._serialized: bytes | None = None
         self._cost: NamedValues | None = None
@@ -132,11 +135,10 @@ def deserialize(data: bytes) -> Executable:
         tokens = [int(i) for i in header["token_outputs"]]
     except (ValueError, KeyError, TypeError) as e:
         raise invalid(f"corrupted serialized polyblocks executable: {e}") from None
-    body = data[_PREFIX.size + size:]
-    if target == "cpu":
-        return Executable(runtime.deserialize(body), name, options, program, token_outputs=tokens)
-    from polyblocks_jax.pjrt import gpu_executable
-    return Executable(gpu_executable.deserialize_program(body), name, options, program, target, tokens)
+    if target not in targets.names():
+        raise invalid(f"a serialized executable for target {target!r}, unknown here (known: {targets.names()})")
+    compiled = targets.get(target).deserialize(data[_PREFIX.size + size:])
+    return Executable(compiled, name, options, program, target, tokens)
 
 
 class ExecutableRef:
@@ -155,7 +157,7 @@ class LoadedExecutable:
         self.executable = executable
         self.device = device
         self.devices = HandleArray([device.handle])
-        self.logical_ids = (ctypes.c_int64 * 2)()  # one {replica 0, partition 0}
+        self.logical_ids = array_type(ctypes.c_int64, 2)()  # one {replica 0, partition 0}
         assignment = device_assignment.encode_grid([[device.description.id]])
         self.device_assignment = ctypes.create_string_buffer(assignment, len(assignment))
         self.deleted = False

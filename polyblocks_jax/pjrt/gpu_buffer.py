@@ -18,6 +18,7 @@ from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.buffer import TYPE_OF_NUMPY, Buffer
 from polyblocks_jax.pjrt.errors import PjrtError
 from polyblocks_jax.pjrt.events import CudaEvent
+from polyblocks_jax.runtime.foreign_memory import array_type
 
 
 class GpuBuffer:
@@ -28,7 +29,7 @@ class GpuBuffer:
         self.dtype, self.shape = np.dtype(dtype), tuple(shape)
         self.type = TYPE_OF_NUMPY[self.dtype]
         self.num_dims = len(self.shape)
-        self.dims = (ctypes.c_int64 * max(self.num_dims, 1))(*self.shape)
+        self.dims = array_type(ctypes.c_int64, max(self.num_dims, 1))(*self.shape)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.device, self.memory = device, device.memory
         self.address: int | None = device.gpu.alloc(self.nbytes)
@@ -83,4 +84,4 @@ class GpuBuffer:
 
 def place(array: np.ndarray, device) -> Buffer | GpuBuffer:
     """A buffer on ``device`` made from ``array``, an aligned host array nobody else holds."""
-    return Buffer(array, device) if device.gpu is None else GpuBuffer.upload(array, device)
+    return Buffer(array, device) if device.host_memory else GpuBuffer.upload(array, device)

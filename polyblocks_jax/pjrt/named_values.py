@@ -5,6 +5,8 @@ import ctypes
 
 from pypjrt._abi import pjrt_0_114 as abi
 
+from polyblocks_jax.runtime.foreign_memory import array_type
+
 
 class NamedValues:
     """An immutable PJRT_NamedValue[] kept alive with its strings and int lists."""
@@ -34,7 +36,7 @@ class NamedValues:
             entry.type = abi.PJRT_NamedValue_kString
             entry.string_value, entry.value_size = self._string(value)
         else:
-            ints = (ctypes.c_int64 * max(len(value), 1))(*value)
+            ints = array_type(ctypes.c_int64, max(len(value), 1))(*value)
             self._keep.append(ints)
             entry.type = abi.PJRT_NamedValue_kInt64List
             entry.int64_array_value, entry.value_size = ctypes.addressof(ints), len(value)

@@ -26,6 +26,7 @@ from polyblocks_jax.cpu.array_pool import MIN_BYTES
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.buffer import NUMPY_OF_TYPE, Buffer
 from polyblocks_jax.pjrt.events import READY
+from polyblocks_jax.runtime.foreign_memory import array_type, bytes_at
 
 logger = logging.getLogger(__name__)
 _SOURCE = os.path.join(os.path.dirname(__file__), "native.c")
@@ -101,7 +102,7 @@ class Native:
     def drain(self) -> None:
         while self.pending.value:
             # A buffer per call: ctypes releases the GIL in pb_take, and threads drain at once.
-            out = (ctypes.c_void_p * _BATCH)()
+            out = array_type(ctypes.c_void_p, _BATCH)()
             count = self._take(out, _BATCH)
             for handle in out[:count]:
                 obj = handles.LIVE.get(handle)
@@ -124,7 +125,7 @@ class Native:
         native.c's count.
         """
         exe = loaded.executable
-        entry = getattr(exe.compiled, "entry_address", None) if exe.target == "cpu" else None
+        entry = getattr(exe.compiled, "entry_address", None)  # code called in this process: the host's
         if entry is None or exe.donated or exe.token_outputs or any(a is not None for a in exe.aliases):
             return 0, None
         pointers = exe.num_inputs + exe.num_outputs + (1 if exe.compiled.arena_bytes else 0)
@@ -154,10 +155,10 @@ class Native:
             if known is not None:
                 return known
             block = _NativeBuffer.from_address(handle)
-            dims = tuple((ctypes.c_int64 * block.rank).from_address(handle + ctypes.sizeof(_NativeBuffer)))
+            dims = tuple(array_type(ctypes.c_int64, block.rank).from_address(handle + ctypes.sizeof(_NativeBuffer)))
             data = block.words[6]
-            memory = (ctypes.c_char * max(block.nbytes, 1)).from_address(data)
-            weakref.finalize(memory, self._give_back, data, block.nbytes).atexit = False  # once no array views it
+            memory = bytes_at(data, max(block.nbytes, 1))
+            weakref.finalize(memory.base, self._give_back, data, block.nbytes).atexit = False  # once no array views it
             array = np.ndarray(dims, NUMPY_OF_TYPE[block.type], buffer=memory)
             buffer = Buffer(array, handles.LIVE[block.words[2]], handle=handle)
             self._adopted_in_c(handle)

@@ -15,13 +15,14 @@ import ctypes
 
 from polyblocks_jax.pjrt import device_assignment, handles
 from polyblocks_jax.pjrt.callbacks import pointer_array
-from polyblocks_jax.pjrt.device import HandleArray
+from polyblocks_jax.pjrt.c_values import HandleArray
 from polyblocks_jax.pjrt.distributed import Node
 from polyblocks_jax.pjrt.errors import invalid
 from polyblocks_jax.pjrt.events import READY_EVENT, handle_of
-from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable
+from polyblocks_jax.pjrt.executable import Executable
 from polyblocks_jax.runtime import transport
 from polyblocks_jax.runtime.collectives import Span, run_instances
+from polyblocks_jax.runtime.foreign_memory import array_type
 
 
 class SpmdLoadedExecutable:
@@ -39,9 +40,9 @@ class SpmdLoadedExecutable:
         if not local:
             raise invalid(f"a program for devices of other processes only "
                           f"({sorted({d.description.process_index for d in flat})})")
-        self.instances = [LoadedExecutable(executable, flat[i]) for i in local]
+        self.instances = [flat[i].bind(executable) for i in local]
         self.devices = HandleArray([flat[i].handle for i in local])
-        self.logical_ids = (ctypes.c_int64 * (2 * len(local)))(
+        self.logical_ids = array_type(ctypes.c_int64, 2 * len(local))(
             *[j for i in local for j in divmod(i, len(grid[0]))])
         self.node, self.local = node, local
         self.nodes = tuple(d.description.process_index for d in flat)
@@ -69,10 +70,10 @@ class SpmdLoadedExecutable:
         output_lists = pointer_array(args.output_lists, count)
         for d, results in enumerate(outputs):
             if results:
-                out = (ctypes.c_void_p * len(results)).from_address(output_lists[d])
+                out = array_type(ctypes.c_void_p, len(results)).from_address(output_lists[d])
                 for i, buffer in enumerate(results):
                     out[i] = buffer.handle
         if args.device_complete_events:
-            events = (ctypes.c_void_p * count).from_address(args.device_complete_events)
+            events = array_type(ctypes.c_void_p, count).from_address(args.device_complete_events)
             for d in range(count):
                 events[d] = handle_of(READY_EVENT)

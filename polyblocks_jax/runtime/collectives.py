@@ -35,6 +35,7 @@ import ml_dtypes  # noqa: F401 (registers bfloat16 and the float8 types with num
 import numpy as np
 
 from polyblocks_jax.dtypes import TensorSpec
+from polyblocks_jax.runtime.foreign_memory import array_type, bytes_at
 from polyblocks_jax.runtime.specs import spec_from_json, spec_to_json
 
 SYMBOL = "polyblocks_collectives"  # the library's global holding the trampoline's address
@@ -263,7 +264,7 @@ def _trampoline(index: int, pointers: int) -> None:
         return
     collective = instance.collectives[index]
     count = len(collective.operands)
-    addresses = (ctypes.c_void_p * (count + len(collective.results))).from_address(pointers)
+    addresses = array_type(ctypes.c_void_p, count + len(collective.results)).from_address(pointers)
     outputs = list(addresses[count:])
     run, process = instance.run, instance.process
     try:
@@ -357,7 +358,7 @@ def _view(spec: TensorSpec, address: int | None) -> np.ndarray:
     dtype = spec.dtype.numpy
     if not spec.nbytes:
         return np.empty(spec.shape, dtype)
-    return np.frombuffer((ctypes.c_char * spec.nbytes).from_address(address), dtype).reshape(spec.shape)
+    return bytes_at(address, spec.nbytes).view(dtype).reshape(spec.shape)
 
 
 def _zero(specs: Sequence[TensorSpec], addresses: Sequence[int | None]) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 
 from polyblocks_jax.cpu.array_pool import data_address
 from polyblocks_jax.errors import CallbackError
+from polyblocks_jax.runtime.foreign_memory import array_type
 
 # The custom_call target of a callback; its backend_config is the key, in decimal.
 TARGET = "polyblocks.host_callback"
@@ -120,7 +121,7 @@ def _trampoline(key: int, pointers: int) -> None:
         if call is not None and call.error is None:
             call.error, call.text = CallbackError(f"host callback {key} is no longer alive"), ""
         return
-    addresses = (ctypes.c_void_p * (len(entry.operands) + len(entry.results))).from_address(pointers)
+    addresses = array_type(ctypes.c_void_p, len(entry.operands) + len(entry.results)).from_address(pointers)
     outputs = list(addresses[len(entry.operands):])
     if call is not None and call.error is not None:
         _zero(entry.results, outputs)

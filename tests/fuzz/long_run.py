@@ -56,6 +56,9 @@ def save(out: str, spec: dict, setting: str, error: str) -> bool:
 EDGE_KINDS = tuple(edge_ops.GENERATORS) + ("binary", "cast", "reduce", "dot", "conv", "window", "scatter",
                                            "dynamic_slice")
 MASK_KINDS = ("iota", "unary", "binary", "compare", "cast")
+PAIR_KINDS = ("pairwise", "unary", "binary", "cast")
+# 16-bit sums of terms that cancel differ from XLA's past any tolerance of their length alone
+PAIR_DTYPES = ("float32", "float64", "int32", "uint8")
 MATRIX_KINDS = ("dot", "conv", "unary", "binary", "cast", "reduce", "transpose")
 FAMILIES = {"all": lambda: programs.programs(max_ops=8), "loops": loop_programs.loop_programs,
             "large": lambda: programs.programs(max_ops=5, shapes=programs.LARGE),
@@ -65,6 +68,9 @@ FAMILIES = {"all": lambda: programs.programs(max_ops=8), "loops": loop_programs.
             "edge": lambda: programs.programs(kinds=EDGE_KINDS),
             # masks of positions on matrices split into a parallel loop over rows
             "masks": lambda: programs.programs(max_ops=3, shapes=programs.ROWS, kinds=MASK_KINDS, first="iota"),
+            # every row of one matrix against every row of another, reduced along the rows
+            "pairwise": lambda: programs.programs(max_ops=3, shapes=programs.PAIRS, kinds=PAIR_KINDS, first="pairwise",
+                                                    dtypes=PAIR_DTYPES),
             "transformed": lambda: programs.programs(transforms=True, dtypes=edge_ops.TRANSFORMED_DTYPES)}
 
 

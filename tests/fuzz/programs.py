@@ -53,6 +53,9 @@ LARGE = {"dim": st.one_of(st.integers(1, 5), st.sampled_from((1, 7, 16, 17, 31, 
 # Matrices of a few hundred rows of odd widths: enough work for the parallel loop over rows,
 # and a remainder past the last full vector of each row (a mask hoisted out of that loop).
 ROWS = {"dim": st.sampled_from((131, 150, 197, 200, 257, 300)), "cap": 1 << 17}
+# Matrices of many short rows, and of few: rows of one against rows of another (pairwise) make
+# register tiles whose rows and remainder columns are of one size.
+PAIRS = {"dim": st.sampled_from((1, 2, 3, 4, 5, 8, 16, 24, 64, 100, 131, 200)), "cap": 1 << 15}
 
 def kind(dtype: str) -> str:
     if dtype in COMPLEX:
@@ -151,6 +154,30 @@ def _gen_broadcast(p: Program, x: int) -> None:
     out = list(shape[:at]) + p.shape(1, 1, within=math.prod(shape)) + list(shape[at:])
     dims = [d if d < at else d + 1 for d in range(len(shape))]
     p.add({"op": "broadcast", "x": x, "shape": out, "dims": dims}, out, dtype)
+
+
+def _gen_pairwise(p: Program, x: int) -> None:
+    """Every row of a matrix x against every row of a new matrix y, combined elementwise and
+    reduced along the rows' length (squared distances, kernels, k-means): both broadcast to
+    (rows of x, rows of y, length), each missing another loop of the vectorized tile."""
+    shape, dtype = p.values[x]
+    if len(shape) != 2 or dtype == "bool":
+        dtype = "float32" if dtype == "bool" else dtype
+        x = p.new_input(p.shape(2, 2), dtype)
+        shape = p.values[x][0]
+    rows, length = shape
+    others = p.draw(st.one_of(p.shapes["dim"], st.sampled_from((4, 8, 16, 24, 100, 200))))
+    others = max(1, min(others, 4 * p.shapes["cap"] // max(1, rows * length)))
+    y = p.new_input([others, length], dtype)
+    out = [rows, others, length]
+    bx = p.add({"op": "broadcast", "x": x, "shape": out, "dims": [0, 2]}, out, dtype)
+    by = p.add({"op": "broadcast", "x": y, "shape": out, "dims": [1, 2]}, out, dtype)
+    fn = p.draw(st.sampled_from(p.fns(BINARY, dtype)))
+    z = p.add({"op": "binary", "fn": fn, "x": bx, "y": by}, out, dtype)
+    # XLA's max and min along rows of a matrix drop NaN (a (200, 24) float32 max along its rows:
+    # no NaN where a row holds one), so floats are summed or multiplied here
+    reducer = p.draw(st.sampled_from(REDUCERS if kind(dtype) in ("int", "uint") else ("sum", "prod")))
+    p.add({"op": "reduce", "fn": reducer, "x": z, "axes": [2]}, out[:2], dtype)
 
 
 def _gen_reduce(p: Program, x: int) -> None:
@@ -394,7 +421,8 @@ GENERATORS = {"unary": _gen_unary, "binary": _gen_binary, "compare": _gen_compar
               "concat": _gen_concat, "pad": _gen_pad, "rev": _gen_rev, "dot": _gen_dot,
               "conv": _gen_conv, "gather": _gen_gather, "scatter": _gen_scatter,
               "dynamic_slice": _gen_dynamic_slice, "cond": _gen_cond, "fori": _gen_fori,
-              "sort": _gen_sort, "cumulative": _gen_cumulative, "window": _gen_window}
+              "sort": _gen_sort, "cumulative": _gen_cumulative, "window": _gen_window,
+              "pairwise": _gen_pairwise}
 
 
 from . import loop_programs  # noqa: E402 (loops build on Program and GENERATORS above)

@@ -11,6 +11,8 @@ from typing import Callable
 
 from pypjrt._abi import pjrt_0_114 as abi
 
+from polyblocks_jax.runtime.foreign_memory import array_type
+
 IMPLEMENTATIONS: dict[str, tuple[type[ctypes.Structure], Callable]] = {}
 
 
@@ -28,4 +30,4 @@ def has_field(args: ctypes.Structure, name: str) -> bool:
 
 
 def pointer_array(address: int, count: int) -> list[int | None]:
-    return list((ctypes.c_void_p * count).from_address(address)) if count else []
+    return list(array_type(ctypes.c_void_p, count).from_address(address)) if count else []

@@ -9,6 +9,7 @@ from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.callbacks import implements
 from polyblocks_jax.pjrt.errors import PjrtError, invalid, unimplemented
 from polyblocks_jax.pjrt.gpu_buffer import place
+from polyblocks_jax.runtime.foreign_memory import array_type
 
 _MAX_RANK = 16
 # minor_to_major of the row-major layout of each rank: (r-1, ..., 0).
@@ -114,7 +115,7 @@ def buffer_to_host_buffer(args):
 def _check_row_major(layout, rank: int) -> None:
     if layout.type == abi.PJRT_Buffer_MemoryLayout_Type_Tiled:
         tiled = layout.tiled
-        order = list((ctypes.c_int64 * tiled.minor_to_major_size).from_address(tiled.minor_to_major)) \
+        order = list(array_type(ctypes.c_int64, tiled.minor_to_major_size).from_address(tiled.minor_to_major)) \
             if tiled.minor_to_major_size else []
         if order == list(range(rank - 1, -1, -1)) and not tiled.num_tiles:
             return

@@ -13,6 +13,7 @@ from polyblocks_jax.pjrt.distributed import node_and_store
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
 from polyblocks_jax.pjrt.events import READY, PendingEvent
 from polyblocks_jax.pjrt.gpu_buffer import GpuBuffer
+from polyblocks_jax.runtime.foreign_memory import array_type
 from polyblocks_jax.runtime.specs import canonical_bits
 
 
@@ -118,12 +119,12 @@ def client_buffer_from_host_buffer(args):
         raise unimplemented(f"buffers of PJRT element type {args.type}")
     if args.device_layout:
         raise unimplemented("device layouts other than the default row-major one")
-    dims = tuple((ctypes.c_int64 * args.num_dims).from_address(args.dims)) if args.num_dims else ()
-    strides = (tuple((ctypes.c_int64 * args.num_byte_strides).from_address(args.byte_strides))
+    dims = tuple(array_type(ctypes.c_int64, args.num_dims).from_address(args.dims)) if args.num_dims else ()
+    strides = (tuple(array_type(ctypes.c_int64, args.num_byte_strides).from_address(args.byte_strides))
                if args.byte_strides and args.num_byte_strides else None)
     view = host_view(args.data, dtype, dims, strides)
     canonical = canonical_bits(view)
-    if device.gpu is not None:
+    if not device.host_memory:
         _upload(args, canonical, device)
         return
     mutable = args.host_buffer_semantics == abi.PJRT_HostBufferSemantics_kMutableZeroCopy

@@ -7,11 +7,12 @@ from pypjrt._abi.pjrt_0_114 import PJRT_Executable_GetCompiledMemoryStats_Args, 
 
 from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.callbacks import has_field, implements, pointer_array
-from polyblocks_jax.pjrt.device import Text
+from polyblocks_jax.pjrt.c_values import Text
 from polyblocks_jax.pjrt.events import handle_of
 from polyblocks_jax.pjrt.executable import ExecutableRef
 from polyblocks_jax.pjrt.errors import invalid
 from polyblocks_jax.pjrt.spmd_executable import SpmdLoadedExecutable
+from polyblocks_jax.runtime.foreign_memory import array_type
 
 _BYTES_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 # Serialized bytes handed to jaxlib stay in the handle table until it calls this deleter.
@@ -37,7 +38,7 @@ def loaded_execute(args):
     buffers = [lookup(h) for h in pointer_array(argument_list, args.num_args)]
     outputs = loaded.execute(buffers, _non_donatable(args.options))
     if outputs:  # a program of no outputs (only effects, e.g. a debug print) gets no list
-        out_list = (ctypes.c_void_p * len(outputs)).from_address(
+        out_list = array_type(ctypes.c_void_p, len(outputs)).from_address(
             ctypes.c_void_p.from_address(args.output_lists).value)
         for i, buffer in enumerate(outputs):
             out_list[i] = buffer.handle
@@ -59,7 +60,7 @@ def _non_donatable(options_address: int | None) -> frozenset[int]:
     count = options.num_non_donatable_input_indices
     if not count:
         return frozenset()
-    return frozenset((ctypes.c_int64 * count).from_address(options.non_donatable_input_indices))
+    return frozenset(array_type(ctypes.c_int64, count).from_address(options.non_donatable_input_indices))
 
 
 @implements("PJRT_LoadedExecutable_Destroy")
