@@ -10,9 +10,9 @@ PTX, ``nvptx.GpuExecutable``). The PJRT plugin
 from __future__ import annotations
 
 from polyblocks_jax import logs, targets
-from polyblocks_jax.errors import (CallbackError, CompilationError, InvalidArgumentError, InvalidProgramError,
-                                   PolyblocksError, ResourceExhaustedError, UnsupportedDtypeError,
-                                   UnsupportedError)
+from polyblocks_jax.errors import (CallbackError, CompilationError, DistributedError, InvalidArgumentError,
+                                   InvalidProgramError, PolyblocksError, ResourceExhaustedError,
+                                   UnsupportedDtypeError, UnsupportedError)
 from polyblocks_jax.options import Options
 from polyblocks_jax.runtime.executable import Executable, deserialize  # no MLIR: loads anywhere
 
@@ -21,7 +21,7 @@ logs.configure()
 
 __all__ = ["compile", "deserialize", "Executable", "Options", "PolyblocksError", "UnsupportedError",
            "UnsupportedDtypeError", "CompilationError", "InvalidProgramError", "InvalidArgumentError",
-           "ResourceExhaustedError", "CallbackError"]
+           "ResourceExhaustedError", "CallbackError", "DistributedError"]
 
 
 def compile(program, options: Options | None = None, donate_argnums=None, *,  # noqa: A001 (mirrors jax's naming)

@@ -52,6 +52,11 @@ class InvalidArgumentError(PolyblocksError, ValueError):
     """Arguments passed to an executable do not match its signature."""
 
 
+class DistributedError(PolyblocksError):
+    """The processes of a ``jax.distributed`` run cannot move data between them: no MPI, or
+    processes not started by MPI's launcher (PJRT: FAILED_PRECONDITION)."""
+
+
 class CallbackError(PolyblocksError):
     """A Python function that the program calls back (jax.debug.print, pure_callback,
     io_callback) raised; the original exception is the cause, its traceback in the message."""

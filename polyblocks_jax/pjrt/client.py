@@ -1,5 +1,8 @@
 """The PJRT client: the host devices (ids 0 .. N-1), a GPU device per CUDA device (ids N...), compile and load.
 
+Under ``jax.distributed`` every process's devices follow, node-major (distributed.py): this
+process's are the addressable ones, the others' only describe themselves.
+
 Programs are compiled for the devices JAX assigns them (the compile options' device
 assignment), by the driver for the target the device names, and bound to the device by the
 device; a program for several host devices compiles once and runs on each
@@ -16,7 +19,8 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.pjrt import device_assignment, handles
 from polyblocks_jax.pjrt.c_values import HandleArray, Text
 from polyblocks_jax.pjrt.compile_options import program_options
-from polyblocks_jax.pjrt.device import Device, host_device_count
+from polyblocks_jax.pjrt.device import Device, OtherDevice, host_device_count
+from polyblocks_jax.pjrt.distributed import KeyValueStore, Node, exchange_devices
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
 from polyblocks_jax.pjrt.executable import Executable, LoadedExecutable, deserialize
 from polyblocks_jax.pjrt.gpu_device import gpu_devices
@@ -41,14 +45,29 @@ def platform_version(kind: str) -> str:
 
 
 class Client:
-    def __init__(self) -> None:
+    def __init__(self, node: Node = Node(), store: KeyValueStore | None = None) -> None:
+        """``store``: JAX's key-value store, where ``node`` is one of several."""
         hosts = host_device_count()
         kind = device_kind()
-        self.devices = [*(Device(i, kind) for i in range(hosts)), *gpu_devices(first_id=hosts)]
+        local = [*(Device(i, kind, process_index=node.index) for i in range(hosts)),
+                 *gpu_devices(first_id=hosts, process_index=node.index)]
+        summaries = [d.summary() for d in local]
+        every = exchange_devices(store, node, summaries) if store is not None else [summaries]
+        self.node = node
+        self.devices: list[Device] = []
+        for n, node_devices in enumerate(every):
+            first = len(self.devices)
+            if n == node.index:
+                for d in local:
+                    d.number(first + d.local_hardware_id)
+                self.devices += local
+            else:
+                self.devices += [OtherDevice(first + i, summary, n, i) for i, summary in enumerate(node_devices)]
         self.device_handles = HandleArray([d.handle for d in self.devices])
-        self.memory_handles = HandleArray([d.memory.handle for d in self.devices])
+        self.addressable_handles = HandleArray([d.handle for d in local])
+        self.memory_handles = HandleArray([d.memory.handle for d in local])
         self.platform_name = Text(PLATFORM_NAME)
-        self.platform_version = Text(platform_version(self.devices[0].description.kind.buffer.value.decode()))
+        self.platform_version = Text(platform_version(local[0].description.kind.buffer.value.decode()))
         self.handle = handles.register(self)
 
     def device_by_id(self, device_id: int) -> Device:
@@ -69,7 +88,7 @@ class Client:
         executable = Executable(compiled, "main", compile_options, code, device.target)
         if len(grid) * len(grid[0]) > 1:
             from polyblocks_jax.pjrt import spmd_executable
-            return spmd_executable.SpmdLoadedExecutable(executable, grid)
+            return spmd_executable.SpmdLoadedExecutable(executable, grid, self.node)
         return device.bind(executable)
 
     def load(self, data: bytes, compile_options: bytes | None = None) -> LoadedExecutable:
@@ -82,12 +101,13 @@ class Client:
                           f"{device.description.kind.buffer.value.decode()} (target {device.target})")
         if len(grid) * len(grid[0]) > 1:
             from polyblocks_jax.pjrt import spmd_executable
-            return spmd_executable.SpmdLoadedExecutable(executable, grid)
+            return spmd_executable.SpmdLoadedExecutable(executable, grid, self.node)
         return device.bind(executable)
 
     def _assigned_devices(self, options) -> list[list[Device]]:
         """``grid[replica][partition]``: the devices ``options`` (parsed) compile for; without an
-        assignment, the first host devices. Programs for several devices run on host devices."""
+        assignment, the first host devices. Programs for several devices run on host devices,
+        at least one of them this process's."""
         build = options.executable_build_options
         assignment = build.device_assignment
         if assignment is None:
@@ -101,6 +121,10 @@ class Client:
         grid = [[self.device_by_id(i) for i in row] for row in ids]
         if len(ids) * len(ids[0]) > 1 and not all(d.runs_several for row in grid for d in row):
             raise unimplemented("programs for several devices that are not all host devices")
+        if not any(d.addressable for row in grid for d in row):
+            raise invalid(f"a program for devices of other processes only "
+                          f"({sorted({d.description.process_index for row in grid for d in row})}): "
+                          f"compile it there")
         return grid
 
 

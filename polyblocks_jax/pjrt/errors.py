@@ -10,7 +10,7 @@ import ctypes
 
 from pypjrt._abi import pjrt_0_114 as abi
 
-from polyblocks_jax.errors import InvalidArgumentError, InvalidProgramError, UnsupportedError
+from polyblocks_jax.errors import DistributedError, InvalidArgumentError, InvalidProgramError, UnsupportedError
 from polyblocks_jax.pjrt import handles
 
 
@@ -46,6 +46,8 @@ def code_of(exc: BaseException) -> int:
         return abi.PJRT_Error_Code_UNIMPLEMENTED
     if isinstance(exc, (InvalidProgramError, InvalidArgumentError, ValueError, TypeError, LookupError)):
         return abi.PJRT_Error_Code_INVALID_ARGUMENT
+    if isinstance(exc, DistributedError):
+        return abi.PJRT_Error_Code_FAILED_PRECONDITION
     if isinstance(exc, MemoryError):
         return abi.PJRT_Error_Code_RESOURCE_EXHAUSTED
     return abi.PJRT_Error_Code_INTERNAL

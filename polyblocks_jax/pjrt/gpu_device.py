@@ -22,8 +22,8 @@ class GpuDevice(Device):
     runs_several = False  # no collectives between GPU devices yet
     host_memory = False
 
-    def __init__(self, device_id: int, gpu) -> None:
-        super().__init__(device_id, f"polyblocks gpu {gpu.chip} {gpu.name}", "GPU")
+    def __init__(self, device_id: int, gpu, process_index: int = 0) -> None:
+        super().__init__(device_id, f"polyblocks gpu {gpu.chip} {gpu.name}", "GPU", process_index)
         self.gpu = gpu  # its nvptx.runtime.Device
         self.target = target_name(chip_for(gpu.chip))
 
@@ -42,7 +42,7 @@ def chip_for(capability: str) -> str:
     return max(known, key=lambda t: int(t.removeprefix("sm_")))
 
 
-def gpu_devices(first_id: int) -> list[GpuDevice]:
+def gpu_devices(first_id: int, process_index: int = 0) -> list[GpuDevice]:
     """One device per CUDA device, ids from ``first_id``; none without cuda-python or a GPU."""
     gpus = []
     for ordinal in range(runtime.device_count()):
@@ -50,4 +50,4 @@ def gpu_devices(first_id: int) -> list[GpuDevice]:
             gpus.append(runtime.device(ordinal))
         except (runtime.CudaError, RuntimeError) as e:  # e.g. a GPU in exclusive use: the others still serve
             logger.warning("polyblocks: CUDA device %d not exposed: %s", ordinal, e)
-    return [GpuDevice(first_id + i, g) for i, g in enumerate(gpus)]
+    return [GpuDevice(first_id + i, g, process_index) for i, g in enumerate(gpus)]

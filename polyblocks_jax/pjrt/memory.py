@@ -11,11 +11,15 @@ MEMORY_KIND_ID = 0
 
 class Memory:
     def __init__(self, memory_id: int, where: str) -> None:
-        self.id = memory_id
+        self.where = where
         self.kind = Text(MEMORY_KIND)
         self.kind_id = MEMORY_KIND_ID
-        self.debug_string = Text(f"polyblocks {where} memory {memory_id}")
-        self.to_string = Text(f"PolyblocksMemory(id={memory_id}, kind={MEMORY_KIND})")
+        self.number(memory_id)
         self.device = None  # the device this memory belongs to
         self.devices = HandleArray([])
         self.handle = handles.register(self, handles.MEMORY, self.kind.address, self.kind.size)
+
+    def number(self, memory_id: int) -> None:
+        self.id = memory_id
+        self.debug_string = Text(f"polyblocks {self.where} memory {memory_id}")
+        self.to_string = Text(f"PolyblocksMemory(id={memory_id}, kind={MEMORY_KIND})")

@@ -14,6 +14,11 @@ and waits again: until then no instance returns to code that could overwrite its
 or read its results, and no slot is posted anew. Every instance calls the same collectives
 in the same order, as on XLA.
 
+When the program's devices span several nodes (the OS processes of ``jax.distributed``; a
+``Span``), each node runs the instances of its own devices; at each collective the first of
+them, once the node's instances posted, gathers the other nodes' operands through the
+transport (transport.py) into the slots of their instances, with scratch results.
+
 Compiled code cannot unwind: the first exception (of a collective or of an instance) is
 kept, the barrier is broken so that no instance waits for ever, the collectives after it
 only zero their results, and ``run_instances`` raises it once every instance returned.
@@ -24,7 +29,7 @@ import ctypes
 import dataclasses
 import functools
 import threading
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import ml_dtypes  # noqa: F401 (registers bfloat16 and the float8 types with numpy)
 import numpy as np
@@ -123,12 +128,32 @@ def _reduce_into(name: str, values: list[np.ndarray], out: np.ndarray) -> None:
         ufunc(out, value, out=out)
 
 
+class Transport(Protocol):
+    """Moves data between nodes (transport.py's MPI)."""
+
+    def allgather(self, nodes: tuple[int, ...], data: np.ndarray, sizes: Sequence[int]) -> np.ndarray: ...
+
+    def reduces(self, dtype: np.dtype, reduction: str) -> bool: ...
+
+    def allreduce(self, nodes: tuple[int, ...], data: np.ndarray, reduction: str) -> np.ndarray: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """A program whose instances run on several nodes: ``nodes[p]``, the node of instance ``p``;
+    ``local``, the instances of this node (ascending), which ``run_instances`` gets."""
+    nodes: tuple[int, ...]
+    local: tuple[int, ...]
+    transport: Transport
+
+
 class _Run:
     """The instances of one call: their barrier, posted buffers and first error."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, span: Span | None) -> None:
         self.barrier = threading.Barrier(count)
-        self.posted: list[Posted] = [([], []) for _ in range(count)]
+        self.span = span
+        self.posted: list[Posted] = [([], []) for _ in range(count if span is None else len(span.nodes))]
         self.error: BaseException | None = None
         self._lock = threading.Lock()
 
@@ -149,15 +174,18 @@ class _Instance:
 _THREAD = threading.local()
 
 
-def run_instances(instances: Sequence[Callable[[], object]], collectives: Sequence[Collective]) -> list:
-    """Call ``instances[p]()`` for each process ``p`` at once, each on its own thread (the
-    first on this one), with ``collectives`` the program's; their results, in order."""
-    run = _Run(len(instances))
+def run_instances(instances: Sequence[Callable[[], object]], collectives: Sequence[Collective],
+                  span: Span | None = None) -> list:
+    """Call ``instances[i]()`` for each process ``i`` at once, each on its own thread (the
+    first on this one), with ``collectives`` the program's; their results, in order. With a
+    ``span``, ``instances[i]`` is instance ``span.local[i]`` of a program that other nodes
+    run too."""
+    run = _Run(len(instances), span)
     results: list = [None] * len(instances)
     finished = threading.Semaphore(0)
 
     def instance(process: int) -> None:
-        _THREAD.instance = _Instance(run, process, collectives)
+        _THREAD.instance = _Instance(run, process if span is None else span.local[process], collectives)
         try:
             results[process] = instances[process]()
         except BaseException as e:  # noqa: BLE001 (raised below, once every instance returned)
@@ -243,18 +271,86 @@ def _trampoline(index: int, pointers: int) -> None:
         if run.error is not None:
             _zero(collective.results, outputs)
             return
-        # Views of the instance's operands and results: alive until it passes the second barrier.
+        # Views of the instance's operands and results: alive until it passes the last barrier.
         run.posted[process] = ([_view(s, a) for s, a in zip(collective.operands, addresses)],
                                [_view(s, a) for s, a in zip(collective.results, outputs)])
+        span = run.span
+        reduced = span is not None and collective.kind == "all_reduce" and all(
+            span.transport.reduces(s.dtype.numpy, collective.reduction) for s in collective.operands)
         if collective.kind != "device_id":
             run.barrier.wait()
-        compute(collective, process, run.posted)
+            if span is not None:
+                if process == span.local[0]:
+                    (_reduce_across if reduced else _gather_remote)(collective, span, run.posted)
+                run.barrier.wait()
+        if not reduced:
+            compute(collective, process, run.posted)
+        if span is not None and not reduced and process == span.local[0] and collective.kind == "all_reduce":
+            # Each member of an all_reduce writes its share into every member's results: here,
+            # the shares of the members other nodes run.
+            for q in range(len(span.nodes)):
+                if q not in span.local and any(p in collective.peers[q] for p in span.local):
+                    compute(collective, q, run.posted)
         if collective.kind != "device_id":
             run.barrier.wait()  # every instance has read the operands and written the results
     except BaseException as e:  # noqa: BLE001 (a broken barrier, a bad shape: raised by run_instances)
         _zero(collective.results, outputs)
         if not isinstance(e, threading.BrokenBarrierError):
             run.fail(e)
+
+
+def _gather_remote(collective: Collective, span: Span, posted: list[Posted]) -> None:
+    """Post the operands of the instances other nodes run, gathered from them (each node sends
+    its instances' operands in instance order), and scratch results for them."""
+    me = span.nodes[span.local[0]]
+    nodes = tuple(sorted(set(span.nodes)))
+    each = sum(s.nbytes for s in collective.operands)
+    mine = np.frombuffer(b"".join(v.tobytes() for p in span.local for v in posted[p][0]), np.uint8)
+    received = span.transport.allgather(nodes, mine, [each * span.nodes.count(n) for n in nodes])
+    offset = 0
+    for q in sorted(range(len(span.nodes)), key=lambda q: (span.nodes[q], q)):
+        if span.nodes[q] != me:
+            operands = []
+            for spec in collective.operands:
+                operands.append(np.frombuffer(received, spec.dtype.numpy, spec.size, offset).reshape(spec.shape))
+                offset += spec.nbytes
+            posted[q] = (operands, [np.empty(s.shape, s.dtype.numpy) for s in collective.results])
+        else:
+            offset += each
+
+
+def _reduce_across(collective: Collective, span: Span, posted: list[Posted]) -> None:
+    """An all_reduce by the transport's reduction, which moves one partial result per group
+    instead of every operand: each node reduces its members' operands of each group (the
+    identity where it has none), the transport combines the nodes' partials, and each member
+    of this node takes its group's. Every node lists the groups in the same order."""
+    nodes = tuple(sorted(set(span.nodes)))
+    groups = sorted(set(collective.peers))
+    local = set(span.local)
+    for i, spec in enumerate(collective.operands):
+        partials = np.empty((len(groups), spec.size), spec.dtype.numpy)
+        for g, members in enumerate(groups):
+            mine = [posted[p][0][i].reshape(-1) for p in members if p in local]
+            if mine:
+                _reduce_into(collective.reduction, mine, partials[g])
+            else:
+                partials[g] = _identity(collective.reduction, spec.dtype.numpy)
+        total = span.transport.allreduce(nodes, partials, collective.reduction)
+        for p in span.local:
+            posted[p][1][i].reshape(-1)[...] = total[groups.index(collective.peers[p])]
+
+
+def _identity(reduction: str, dtype: np.dtype):
+    """The value that ``reduction`` leaves the other operand unchanged with (integers only for
+    maximum, minimum and bitwise_and, as the transport reduces)."""
+    if reduction == "multiply":
+        return 1
+    if reduction in ("maximum", "minimum"):
+        limits = np.iinfo(dtype)
+        return limits.min if reduction == "maximum" else limits.max
+    if reduction == "bitwise_and":
+        return np.iinfo(dtype).max if dtype.kind == "u" else -1
+    return 0
 
 
 def _view(spec: TensorSpec, address: int | None) -> np.ndarray:

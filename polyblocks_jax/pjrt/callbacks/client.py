@@ -9,6 +9,7 @@ from polyblocks_jax.pjrt import handles
 from polyblocks_jax.pjrt.buffer import NUMPY_OF_TYPE, Buffer, aligned_copy, can_alias, host_view
 from polyblocks_jax.pjrt.callbacks import has_field, implements
 from polyblocks_jax.pjrt.client import Client, c_bytes
+from polyblocks_jax.pjrt.distributed import node_and_store
 from polyblocks_jax.pjrt.errors import invalid, unimplemented
 from polyblocks_jax.pjrt.events import READY, PendingEvent
 from polyblocks_jax.pjrt.gpu_buffer import GpuBuffer
@@ -18,12 +19,18 @@ from polyblocks_jax.runtime.specs import canonical_bits
 
 @implements("PJRT_Client_Create")
 def client_create(args):
-    args.client = Client().handle
+    args.client = Client(*node_and_store(args)).handle
 
 
 @implements("PJRT_Client_Destroy")
 def client_destroy(args, _release=handles.release):
     _release(args.client)
+
+
+@implements("PJRT_Client_UpdateGlobalProcessInfo")
+def client_update_global_process_info(args):
+    """JAX's coordination service reports which processes are up; jaxlib aborts if this fails.
+    Nothing here acts on it: a process that dies leaves MPI's launcher to end the others."""
 
 
 @implements("PJRT_Client_PlatformName")
@@ -40,7 +47,7 @@ def client_platform_version(args):
 
 @implements("PJRT_Client_ProcessIndex")
 def client_process_index(args):
-    args.process_index = 0
+    args.process_index = handles.lookup(args.client).node.index
 
 
 @implements("PJRT_Client_Devices")
@@ -51,7 +58,7 @@ def client_devices(args):
 
 @implements("PJRT_Client_AddressableDevices")
 def client_addressable_devices(args):
-    devices = handles.lookup(args.client).device_handles
+    devices = handles.lookup(args.client).addressable_handles
     args.addressable_devices, args.num_addressable_devices = devices.address, devices.count
 
 
@@ -64,7 +71,7 @@ def client_lookup_device(args):
 def client_lookup_addressable_device(args):
     client = handles.lookup(args.client)
     for device in client.devices:
-        if device.local_hardware_id == args.local_hardware_id:
+        if device.addressable and device.local_hardware_id == args.local_hardware_id:
             args.addressable_device = device.handle
             return
     raise invalid(f"no addressable polyblocks device with local hardware id {args.local_hardware_id}")

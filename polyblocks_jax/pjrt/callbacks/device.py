@@ -55,7 +55,7 @@ def device_get_description(args):
 
 @implements("PJRT_Device_IsAddressable")
 def device_is_addressable(args):
-    args.is_addressable = True
+    args.is_addressable = handles.lookup(args.device).addressable
 
 
 @implements("PJRT_Device_LocalHardwareId")
