@@ -175,10 +175,23 @@ def _window_start(h: Pair, active: ir.Value) -> ir.Value:
                                builders.constant_like(_SAFE_MINIMUM, scale))
         small = arith.cmpf(arith.CmpFPredicate.OLE, field.norm1(sub), bound)
         take = arith.andi(small, cmp("ule", row, active))
-        return [arith.select(take, arith.maxui(acc, row), acc)]
-    (start,) = field.generic([below, before, after], [builders.filled(builders.index_constant(0), [])],
+        return [arith.select(take, arith.maxui(acc, _as_i64(row)), acc)]
+    (start,) = field.generic([below, before, after], [builders.filled(builders.splat(0, _i64()), [])],
                              [affine_map(e, e)] * 3 + [affine_map(e, [])], ["reduction"], body)
-    return tensor.ExtractOp(start, []).result
+    return _as_index(tensor.ExtractOp(start, []).result)
+
+
+def _i64() -> ir.Type:
+    return ir.IntegerType.get_signless(64)
+
+
+def _as_i64(i: ir.Value) -> ir.Value:
+    """An index as i64: tensors of indices hold i64, which every stage handles."""
+    return arith.index_cast(_i64(), i)
+
+
+def _as_index(i: ir.Value) -> ir.Value:
+    return arith.index_cast(ir.IndexType.get(), i)
 
 
 def _element(x: Pair, i: ir.Value, j: ir.Value) -> Pair:
@@ -315,15 +328,13 @@ def _normalized(v: Pair) -> Pair:
         ["reduction", "parallel"],
         lambda s, acc, top: [arith.addf(acc, s), arith.maximumf(top, s)])
     (where,) = builders.generic(
-        [squares, largest], [builders.filled(builders.index_constant(n), [n])], [whole, column, column],
+        [squares, largest], [builders.filled(builders.splat(n - 1, _i64()), [n])], [whole, column, column],
         ["reduction", "parallel"],
         lambda s, top, acc: [arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, s, top),
-                                          arith.minui(acc, linalg.IndexOp(0).result), acc)])
-    safe = builders.parallel_generic([where], builders.empty_like(where), [affine_map(dims(1), dims(1))],
-                                     lambda i, _: arith.minui(i, builders.index_constant(n - 1)))
+                                          arith.minui(acc, _as_i64(linalg.IndexOp(0).result)), acc)])
     lead = field.parallel_generic(
-        [safe], Pair(*(tensor.EmptyOp([n], f64).result for _ in range(2))), [affine_map(dims(1), dims(1))],
-        lambda i, _: _element(v, i, linalg.IndexOp(0).result))
+        [where], Pair(*(tensor.EmptyOp([n], f64).result for _ in range(2))), [affine_map(dims(1), dims(1))],
+        lambda i, _: _element(v, _as_index(i), linalg.IndexOp(0).result))
 
     def scaled(x: Pair, norm_squared: ir.Value, lead_k: Pair, at: ir.Value, _: Pair) -> Pair:
         size = complex.magnitude(lead_k)
@@ -333,6 +344,6 @@ def _normalized(v: Pair) -> Pair:
         norm = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, norm, builders.constant_like(0.0, norm)),
                             builders.constant_like(1.0, norm), norm)
         y = field.div(field.mul(x, phase), norm)
-        leading = cmp("eq", linalg.IndexOp(0).result, at)
+        leading = cmp("eq", linalg.IndexOp(0).result, _as_index(at))
         return Pair(y.re, arith.select(leading, builders.constant_like(0.0, y.im), y.im))
-    return field.parallel_generic([v, total, lead, safe], field.empty_like(v), [whole, column, column, column], scaled)
+    return field.parallel_generic([v, total, lead, where], field.empty_like(v), [whole, column, column, column], scaled)
