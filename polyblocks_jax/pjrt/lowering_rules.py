@@ -86,7 +86,8 @@ def _register_lapack_rules() -> None:
     from jax._src.interpreters import mlir as internal_mlir
     try:
         from jax._src.lax import linalg
-        primitives = (linalg.lu_p, linalg.hessenberg_p, linalg.tridiagonal_p, linalg.eig_p)
+        primitives = (linalg.lu_p, linalg.hessenberg_p, linalg.tridiagonal_p, linalg.eig_p,
+                      linalg.schur_p)
         rules = [internal_mlir._platform_specific_lowerings["cpu"][p].rule for p in primitives]
     except (ImportError, AttributeError, KeyError):
         return

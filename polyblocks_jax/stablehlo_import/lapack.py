@@ -19,13 +19,13 @@ from mlir import ir
 from mlir.dialects import arith, tensor
 
 from polyblocks_jax.stablehlo_import import (field, hessenberg, householder, linear_algebra, lu, nonsymmetric_eigen,
-                                             symmetric_eigen)
+                                             schur, symmetric_eigen)
 from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import Value
 from polyblocks_jax.tensor_ir.types import element_type
 
-_TARGET = re.compile(r"lapack_[sd](trsm|potrf|geqrf|orgqr|getrf|syevd|gehrd|sytrd|geev)_ffi"
-                     r"|lapack_[cz](trsm|potrf|geqrf|ungqr|getrf|heevd|gehrd|hetrd|geev)_ffi")
+_TARGET = re.compile(r"lapack_[sd](trsm|potrf|geqrf|orgqr|getrf|syevd|gehrd|sytrd|geev|gees)_ffi"
+                     r"|lapack_[cz](trsm|potrf|geqrf|ungqr|getrf|heevd|gehrd|hetrd|geev|gees)_ffi")
 # syevd's sweeps at most: JAX's own setting for XLA's Jacobi eigh
 _SWEEPS = 100
 
@@ -56,6 +56,8 @@ def lapack_call(op, target: str) -> list[Value] | None:
         return lu.lu_factor(operands[0])
     if routine == "gehrd":  # JAX asks for the whole matrix: ilo = 1, ihi = n
         return [*hessenberg.hessenberg(operands[0]), _no_failure(op)]
+    if routine == "gees":  # Schur vectors computed whether asked for or not; nothing sorted
+        return schur.gees(operands[0], target[7] in "sd")
     if routine == "geev":
         return nonsymmetric_eigen.geev(operands[0], target[7] in "sd", flags["compute_left"] == "V",
                                        flags["compute_right"] == "V")
