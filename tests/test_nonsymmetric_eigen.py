@@ -1,12 +1,14 @@
-"""jnp.linalg.eig (LAPACK's geev, computed by the importer) on the polyblocks device
-against XLA CPU (LAPACK there).
+"""jnp.linalg.eig and lax.linalg.schur (LAPACK's geev and gees, computed by the importer)
+on the polyblocks device against XLA CPU (LAPACK there).
 
 The two give the eigenvalues in different orders: each of XLA's is matched with the
 nearest unused one of ours, and must lie within ``n`` eps |A| of it (f32 and c64 matrices
 are computed in f64, hence their tolerance of their own eps). Eigenvectors are checked by
 their residual |A V - V diag(w)| / |A| (against XLA's own, which is LAPACK's), their unit
 norm and real positive largest component, and against XLA's up to a phase where the
-eigenvalues are well apart.
+eigenvalues are well apart. Schur forms are not unique (the eigenvalues' order, the
+vectors' phases): Z T Z^H must give A back, Z be unitary, T (quasi) triangular, with XLA's
+eigenvalues.
 """
 from __future__ import annotations
 
@@ -104,6 +106,23 @@ class EigTest(absltest.TestCase):
         for a in (rotation, q @ blocks @ q.T, rng.standard_normal((10, 10))):
             self.check(a.astype(np.float64))
 
+    def test_real_matrix_pairs_are_exact(self):
+        # as LAPACK's: real eigenvalues exactly real, pairs exactly conjugate (+ first), their
+        # vectors conjugate, a real eigenvalue's vector real
+        a = np.random.default_rng(5).standard_normal((3, 12, 12))
+        w, _, vr = run_pb(_eig_both, a)
+        for values, vectors in zip(w, vr):
+            k = 0
+            while k < len(values):
+                if values[k].imag == 0:
+                    self.assertTrue(np.all(vectors[:, k].imag == 0))
+                    k += 1
+                    continue
+                self.assertGreater(values[k].imag, 0)
+                self.assertEqual(values[k + 1], np.conj(values[k]))
+                np.testing.assert_array_equal(vectors[:, k + 1], np.conj(vectors[:, k]))
+                k += 2
+
     def test_symmetric(self):
         # real eigenvalues (to rounding), orthogonal vectors
         rng = np.random.default_rng(3)
@@ -156,6 +175,67 @@ class EigTest(absltest.TestCase):
         roots_of = functools.partial(jnp.roots, strip_zeros=False)  # jit needs it
         roots, want = run_pb(roots_of, coefficients)[0], support.xla_cpu(roots_of, coefficients)[0]
         np.testing.assert_allclose(roots[_matched(roots, want)], want, rtol=1e-12, atol=1e-12)
+
+
+def _schur(a):
+    return lax.linalg.schur(a)
+
+
+class SchurTest(absltest.TestCase):
+    def check(self, a: np.ndarray) -> None:
+        t, z = run_pb(_schur, a)
+        want_t, want_z = support.xla_cpu(_schur, a)
+        self.assertEqual((t.dtype, t.shape, z.dtype, z.shape), (want_t.dtype, want_t.shape, want_z.dtype, want_z.shape))
+        n = a.shape[-1]
+        eps = _eps(a.dtype)
+        adjoint = np.conj(np.swapaxes(z, -1, -2)).astype(np.complex128)
+        scale = np.linalg.norm(a.astype(np.complex128), axis=(-2, -1), keepdims=True)
+        self.assertLess(np.max(np.abs(z @ t @ adjoint - a) / scale), 4 * n * eps)
+        self.assertLess(np.max(np.abs(z @ adjoint - np.eye(n))), 4 * n * eps)
+        self.assertTrue(np.all(np.tril(t, -2) == 0))
+        subdiagonal = np.diagonal(t, -1, -2, -1)
+        if a.dtype.kind == "c":
+            self.assertTrue(np.all(subdiagonal == 0))
+        else:  # 2x2 blocks apart, each of a complex pair
+            self.assertFalse(np.any((subdiagonal[..., 1:] != 0) & (subdiagonal[..., :-1] != 0)))
+        for m in range(t.reshape(-1, n, n).shape[0]):
+            mine = np.linalg.eigvals(t.reshape(-1, n, n)[m].astype(np.complex128))
+            want = np.linalg.eigvals(want_t.reshape(-1, n, n)[m].astype(np.complex128))
+            np.testing.assert_allclose(mine[_matched(mine, want)], want, atol=8 * n * eps * np.max(scale))
+
+    def test_dtypes_and_sizes(self):
+        rng = np.random.default_rng(6)
+        for n in (1, 2, 4, 15, 40):
+            self.check(_random(rng, (n, n), np.float32))
+        for dtype in (np.float64, np.complex64, np.complex128):
+            self.check(_random(rng, (9, 9), dtype))
+
+    def test_batched_symmetric_and_blocks(self):
+        rng = np.random.default_rng(7)
+        symmetric = rng.standard_normal((10, 10))
+        rotation = np.kron(np.eye(3), np.array([[0.0, -1.0], [1.0, 0.0]]))
+        self.check(np.stack([symmetric + symmetric.T, rng.standard_normal((10, 10))]))
+        self.check(rotation)
+
+    def test_not_finite_is_nan(self):
+        # info 1, so JAX's rule gives NaN (LAPACK's gees reports no failure there and hands
+        # back the matrix partly reduced: no answer to compare with)
+        a = np.eye(3, dtype=np.complex64)
+        a[0, 2] = np.nan
+        for result in run_pb(_schur, a):
+            self.assertTrue(np.all(np.isnan(result)))
+
+    def test_no_rows(self):
+        x = np.zeros((2, 0, 0), np.float32)
+        support.assert_close(self, run_pb(_schur, x), support.xla_cpu(_schur, x))
+
+    def test_what_is_built_on_it(self):
+        # sqrtm and funm take the complex Schur form; their results are unique
+        rng = np.random.default_rng(8)
+        a = rng.standard_normal((12, 12))
+        spd = a @ a.T + np.eye(12)
+        for fn, x in ((jax.scipy.linalg.sqrtm, spd), (lambda x: jax.scipy.linalg.funm(x, jnp.exp), a / 4)):
+            support.assert_close(self, run_pb(fn, x), support.xla_cpu(fn, x), rtol=1e-9, atol=1e-9)
 
 
 if __name__ == "__main__":
