@@ -2,13 +2,16 @@
 
 A program ``jax.jit(f).lower(...)`` lowered for XLA CPU calls LAPACK for its linear
 algebra; ``pb.compile`` computes the same routines with linear_algebra.py, householder.py,
-lu.py, hessenberg.py and symmetric_eigen.py: trsm, potrf, geqrf, orgqr (ungqr), getrf,
-syevd (heevd), gehrd and sytrd (hetrd), real or complex (JAX's cholesky, triangular
-solves, qr, lu and so solve, inv and det, eigh, hessenberg, tridiagonal). The routine's flags are characters in ``mhlo.backend_config`` (uplo "L"/"U", side,
-trans_x "N"/"T"/"C", diag "N"/"U", mode "V"/"N"); the operands' column-major layouts are
+lu.py, hessenberg.py, symmetric_eigen.py, schur.py and nonsymmetric_eigen.py: trsm, potrf,
+geqrf, orgqr (ungqr), getrf, syevd (heevd), gehrd and sytrd (hetrd), gees and geev, real or
+complex (JAX's cholesky, triangular solves, qr, lu and so solve, inv and det, eigh,
+hessenberg, tridiagonal, schur, eig). The routine's flags are characters in
+``mhlo.backend_config`` (uplo "L"/"U", side, trans_x "N"/"T"/"C", diag "N"/"U", mode
+"V"/"N", compute_left / compute_right "V"/"N"); the operands' column-major layouts are
 physical only. Each info result is 0, or positive where the routine would report a
-failure (potrf: not positive definite; getrf: a zero pivot), which is what JAX's lowering
-tests. Other routines (gesdd, geev, ...) raise UnsupportedError naming the target.
+failure (potrf: not positive definite; getrf: a zero pivot; gees and geev: a non-finite
+matrix or QR iterations that did not converge), which is what JAX's lowering tests. Other
+routines (gesdd, ...) raise UnsupportedError naming the target.
 """
 from __future__ import annotations
 
