@@ -7,8 +7,8 @@ are computed in f64, hence their tolerance of their own eps). Eigenvectors are c
 their residual |A V - V diag(w)| / |A| (against XLA's own, which is LAPACK's), their unit
 norm and real positive largest component, and against XLA's up to a phase where the
 eigenvalues are well apart. Schur forms are not unique (the eigenvalues' order, the
-vectors' phases): Z T Z^H must give A back, Z be unitary, T (quasi) triangular, with XLA's
-eigenvalues.
+vectors' phases): Z T Z^H must give A back, Z be unitary, T (quasi) triangular (a real
+matrix's 2x2 blocks in LAPACK's standard form), with XLA's eigenvalues.
 """
 from __future__ import annotations
 
@@ -196,8 +196,12 @@ class SchurTest(absltest.TestCase):
         subdiagonal = np.diagonal(t, -1, -2, -1)
         if a.dtype.kind == "c":
             self.assertTrue(np.all(subdiagonal == 0))
-        else:  # 2x2 blocks apart, each of a complex pair
+        else:  # 2x2 blocks apart, each of a complex pair in LAPACK's standard form
             self.assertFalse(np.any((subdiagonal[..., 1:] != 0) & (subdiagonal[..., :-1] != 0)))
+            diagonal, superdiagonal = np.diagonal(t, 0, -2, -1), np.diagonal(t, 1, -2, -1)
+            block = subdiagonal != 0
+            np.testing.assert_array_equal(diagonal[..., :-1][block], diagonal[..., 1:][block])
+            self.assertTrue(np.all(superdiagonal[block] * subdiagonal[block] < 0))
         for m in range(t.reshape(-1, n, n).shape[0]):
             mine = np.linalg.eigvals(t.reshape(-1, n, n)[m].astype(np.complex128))
             want = np.linalg.eigvals(want_t.reshape(-1, n, n)[m].astype(np.complex128))

@@ -9,9 +9,8 @@ QR steps over the active window, as LAPACK's zlahqr and dlahqr: a subdiagonal el
 deflates where it is at most the unit roundoff times its two diagonal neighbours (|re| +
 |im|). A complex matrix takes single Wilkinson shifts, T upper triangular. A real one takes
 Francis double shifts (the trailing 2x2 block's two eigenvalues, in real arithmetic), T
-quasi upper triangular: a 2x2 block on the diagonal for each complex conjugate pair, one
-with real eigenvalues split by the rotation onto its eigenvector (the pair's block is left
-as the sweeps leave it, not in LAPACK's standard form of equal diagonal elements). Both
+quasi upper triangular: a 2x2 block on the diagonal for each complex conjugate pair, in
+LAPACK's standard form (equal diagonal elements), one with real eigenvalues split. Both
 take an exceptional shift every 10 sweeps without deflation, as LAPACK does. Every step
 is built from Givens rotations applied to whole rows and columns (a double shift's 3x3
 reflector as two of them). info is 1 for a matrix with a non-finite element or whose QR
@@ -131,7 +130,7 @@ def eigenvalues(t: Value) -> Pair:
     f64 = field.elem_type(t)
     index = builders.index_constant
 
-    def body(_: ir.Value, __: ir.Value) -> Pair:
+    def body(_: Pair) -> Pair:
         k = linalg.IndexOp(0).result
         first, second = pair_positions(t, k)
         top = arith.select(second, arith.subi(k, index(1)), k)
@@ -146,8 +145,7 @@ def eigenvalues(t: Value) -> Pair:
         return Pair(arith.select(in_pair, arith.mulf(arith.addf(a, d), half), element(t, k, k)),
                     arith.select(in_pair, im, builders.splat(0.0, f64)))
     empty = Pair(*(tensor.EmptyOp([n], f64).result for _ in range(2)))
-    d = diagonal(t)
-    return field.parallel_generic([d], empty, [ir.AffineMap.get_identity(1)], lambda x, _: body(x, x))
+    return field.parallel_generic([], empty, [], body)
 
 
 def pair_positions(t: ir.Value, k: ir.Value) -> tuple[ir.Value, ir.Value]:
@@ -404,27 +402,42 @@ def rotated_if(condition: ir.Value, h: Value, z: Value, k: ir.Value, c: ir.Value
 
 
 def _split_block(h: ir.Value, z: ir.Value, k: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """A deflated real 2x2 block [[a, b], [c, d]] at rows k, k + 1 with real eigenvalues
-    made upper triangular by the rotation onto the eigenvector (lambda - d, c) of its
-    eigenvalue lambda nearer d, d - bc / (p +- sqrt(p^2 + bc)), p = (a - d) / 2; a block of
-    a complex pair left as it is."""
+    """A deflated real 2x2 block [[a, b], [c, d]] at rows k, k + 1 in LAPACK's standard form
+    (dlanv2's): with real eigenvalues upper triangular, by the rotation onto the eigenvector
+    (lambda - d, c) of its eigenvalue lambda nearer d, d - bc / (p +- sqrt(p^2 + bc)), p =
+    (a - d) / 2; with a complex pair its diagonal elements equal, by dlanv2's rotation
+    (cos = sqrt((1 + |b + c| / t) / 2), sin = -p / (t cos) sign(b + c), t = |(b + c, a - d)|),
+    then set to their mean."""
     f64 = field.elem_type(h)
-    a, b, c, d = _trailing_block(h, arith.addi(k, builders.index_constant(1)))
+    one = arith.addi(k, builders.index_constant(1))
+    a, b, c, d = _trailing_block(h, one)
     half = builders.splat(0.5, f64)
     p = arith.mulf(arith.subf(a, d), half)
     bc = arith.mulf(b, c)
     discriminant = arith.addf(arith.mulf(p, p), bc)
     zero = builders.splat(0.0, f64)
-    real = arith.andi(arith.cmpf(arith.CmpFPredicate.OGE, discriminant, zero),
-                      arith.cmpf(arith.CmpFPredicate.UNE, c, zero))
+    real = arith.cmpf(arith.CmpFPredicate.OGE, discriminant, zero)
     larger = arith.addf(p, math.copysign(math.sqrt(arith.maximumf(discriminant, zero)), p))
     # lambda - d as -bc / larger: computed as lambda, then less d, it would cancel
     offset = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, larger, zero), zero,
                           arith.negf(arith.divf(bc, larger)))
     cosine, sine, _ = givens(offset, c)
-    h, z = rotated_if(real, h, z, k, cosine, sine)
-    below = arith.addi(k, builders.index_constant(1))
-    return _zeroed_where(h, below, k, real), z
+    sigma = arith.addf(b, c)
+    tau = complex.magnitude(Pair(sigma, arith.subf(a, d)))
+    flat = arith.cmpf(arith.CmpFPredicate.OEQ, tau, zero)  # b = -c and a = d: standard already
+    tau = arith.select(flat, builders.splat(1.0, f64), tau)
+    pair_cosine = math.sqrt(arith.mulf(half, arith.addf(builders.splat(1.0, f64), arith.divf(math.absf(sigma), tau))))
+    pair_sine = arith.mulf(arith.divf(p, arith.mulf(tau, pair_cosine)), math.copysign(builders.splat(1.0, f64), sigma))
+    cosine = arith.select(real, cosine, arith.select(flat, builders.splat(1.0, f64), pair_cosine))
+    sine = arith.select(real, sine, arith.select(flat, zero, pair_sine))  # J's s is dlanv2's -sn
+    block = arith.cmpf(arith.CmpFPredicate.UNE, c, zero)
+    h, z = rotated_if(block, h, z, k, cosine, sine)
+    h = _zeroed_where(h, one, k, arith.andi(block, real))
+    mean = arith.mulf(half, arith.addf(element(h, k, k), element(h, one, one)))
+    pair = arith.andi(block, arith.xori(real, _true()))
+    for i in (k, one):
+        h = tensor.InsertOp(arith.select(pair, mean, element(h, i, i)), h, [i, i]).result
+    return h, z
 
 
 def givens(x: Value, y: Value) -> tuple[ir.Value, Value, Value]:
