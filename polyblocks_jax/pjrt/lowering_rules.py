@@ -16,13 +16,14 @@ as fast or faster (2-core Xeon: 64x64 0.24 ms, generic 0.28; 128x64 0.68, generi
 beyond it runs up to 2x slower (96x96 1.85 ms, generic 0.94; 64x128 0.86, generic 0.52).
 We register a rule that takes the CPU's up to 64 columns.
 eigh has platform rules only: we register the TPU's (QDWH, ending in XLA's "Eigh" custom
-call: stablehlo_import/symmetric_eigen.py), and svd's generic rule calls eigh. hessenberg
-and tridiagonal have LAPACK rules only: we register the CPU's, whose gehrd and sytrd
-(hetrd) calls the importer computes (stablehlo_import/hessenberg.py). tridiagonal_solve
+call: stablehlo_import/symmetric_eigen.py), and svd's generic rule calls eigh. hessenberg,
+tridiagonal, schur and eig have LAPACK rules only (eig a cuSOLVER one too): we register
+the CPU's, whose gehrd, sytrd (hetrd), gees and geev calls the importer computes
+(stablehlo_import/hessenberg.py, schur.py, nonsymmetric_eigen.py). tridiagonal_solve
 pivots, and perturbs singular systems where asked, in JAX (tridiagonal_solve.py). The other
-primitives with platform rules only (eig, schur, geqp3) fail at lowering with JAX's own
-error naming the primitive and the platform ("MLIR translation rule for primitive 'eig'
-not found for platform polyblocks"); callbacks are host_callbacks.py's.
+primitive with platform rules only (geqp3) fails at lowering with JAX's own error naming
+the primitive and the platform ("MLIR translation rule for primitive 'geqp3' not found
+for platform polyblocks"); callbacks are host_callbacks.py's.
 
 erf, erfc, top_k, argmax and argmin: a program reaches a PJRT plugin as a portable
 artifact, and jaxlib expands every chlo op into StableHLO on the way (erfc: three
@@ -78,15 +79,16 @@ def _register_eigh() -> None:
 
 
 def _register_lapack_rules() -> None:
-    """lu, hessenberg and tridiagonal as the CPU lowers them: LAPACK's getrf, gehrd and sytrd
-    (hetrd) custom calls, which the importer computes. The CPU's rules are internal to JAX (no
-    public API returns a platform's rule); where a JAX version moves them, lu keeps its
-    generic rule and the others keep failing at lowering as before."""
+    """lu, hessenberg, tridiagonal, eig and schur as the CPU lowers them: LAPACK's getrf,
+    gehrd, sytrd (hetrd), geev and gees custom calls, which the importer computes. The CPU's
+    rules are internal to JAX (no public API returns a platform's rule); where a JAX version
+    moves them, lu keeps its generic rule and the others keep failing at lowering as before."""
     from jax.interpreters import mlir
     from jax._src.interpreters import mlir as internal_mlir
     try:
         from jax._src.lax import linalg
-        primitives = (linalg.lu_p, linalg.hessenberg_p, linalg.tridiagonal_p)
+        primitives = (linalg.lu_p, linalg.hessenberg_p, linalg.tridiagonal_p, linalg.eig_p,
+                      linalg.schur_p)
         rules = [internal_mlir._platform_specific_lowerings["cpu"][p].rule for p in primitives]
     except (ImportError, AttributeError, KeyError):
         return

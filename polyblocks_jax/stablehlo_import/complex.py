@@ -131,7 +131,7 @@ def _log(x: Pair) -> Pair:
     return Pair(_log_abs(x), _arg(x))
 
 
-def _sqrt(x: Pair) -> Pair:
+def sqrt(x: Pair) -> Pair:
     """The principal root: t = sqrt((|a| + |z|) / 2), then (t, b / 2t) for a >= 0 and
     (|b| / 2t, +-t) otherwise; (0, b) at 0 and (inf, b) for infinite b."""
     a, b = x
@@ -154,7 +154,7 @@ def _sqrt(x: Pair) -> Pair:
 
 def _rsqrt(x: Pair) -> Pair:
     one = _c(1.0, x.re)
-    return divide(Pair(one, _c(0.0, one)), _sqrt(x))
+    return divide(Pair(one, _c(0.0, one)), sqrt(x))
 
 
 def _pow(x: Pair, y: Pair) -> Pair:
@@ -262,7 +262,7 @@ _UNARY: dict[str, Callable[[Pair], Pair]] = {
     "stablehlo.negate": lambda x: Pair(arith.negf(x.re), arith.negf(x.im)),
     "stablehlo.exponential": _exp, "stablehlo.exponential_minus_one": _expm1,
     "stablehlo.log": _log, "stablehlo.log_plus_one": _log1p,
-    "stablehlo.sqrt": _sqrt, "stablehlo.rsqrt": _rsqrt,
+    "stablehlo.sqrt": sqrt, "stablehlo.rsqrt": _rsqrt,
     "stablehlo.sine": _sin, "stablehlo.cosine": _cos, "stablehlo.tan": _tan, "stablehlo.tanh": _tanh,
     "stablehlo.sign": _sign, "stablehlo.logistic": _logistic,
 }

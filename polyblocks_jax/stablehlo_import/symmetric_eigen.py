@@ -134,12 +134,12 @@ def _rotate(carried: list[Value], p: ir.Value, q: ir.Value, n: int) -> list[Valu
     c = arith.divf(one, math.sqrt(arith.addf(arith.mulf(t, t), one)))
     phase = field.select(nothing, field.constant(1.0, apq), field.div(apq, size))
     s = field.mul(arith.mulf(t, c), phase)
-    a = _rotate_pair(a, p, q, c, s, n, columns=True)
-    a = _rotate_pair(a, p, q, c, s, n, columns=False)
-    return [a, _rotate_pair(v, p, q, c, s, n, columns=True)]
+    a = rotate_pair(a, p, q, c, s, n, columns=True)
+    a = rotate_pair(a, p, q, c, s, n, columns=False)
+    return [a, rotate_pair(v, p, q, c, s, n, columns=True)]
 
 
-def _rotate_pair(x: Value, p: ir.Value, q: ir.Value, c: ir.Value, s: Value, n: int, columns: bool) -> Value:
+def rotate_pair(x: Value, p: ir.Value, q: ir.Value, c: ir.Value, s: Value, n: int, columns: bool) -> Value:
     """Columns p and q of ``x`` replaced by c x_p - conj(s) x_q and s x_p + c x_q (x J);
     rows by c x_p - s x_q and conj(s) x_p + c x_q (J^H x)."""
     sizes = [n, 1] if columns else [1, n]
