@@ -2,13 +2,15 @@
 
 A program ``jax.jit(f).lower(...)`` lowered for XLA CPU calls LAPACK for its linear
 algebra; ``pb.compile`` computes the same routines with linear_algebra.py, householder.py,
-lu.py, hessenberg.py and symmetric_eigen.py: trsm, potrf, geqrf, orgqr (ungqr), getrf,
-syevd (heevd), gehrd and sytrd (hetrd), real or complex (JAX's cholesky, triangular
-solves, qr, lu and so solve, inv and det, eigh, hessenberg, tridiagonal). The routine's flags are characters in ``mhlo.backend_config`` (uplo "L"/"U", side,
-trans_x "N"/"T"/"C", diag "N"/"U", mode "V"/"N"); the operands' column-major layouts are
-physical only. Each info result is 0, or positive where the routine would report a
-failure (potrf: not positive definite; getrf: a zero pivot), which is what JAX's lowering
-tests. Other routines (gesdd, geev, ...) raise UnsupportedError naming the target.
+lu.py, hessenberg.py, symmetric_eigen.py and singular_values.py: trsm, potrf, geqrf, orgqr
+(ungqr), getrf, syevd (heevd), gehrd, sytrd (hetrd), gesdd and gesvd, real or complex (JAX's
+cholesky, triangular solves, qr, lu and so solve, inv and det, eigh, hessenberg,
+tridiagonal, svd). The routine's flags are characters in ``mhlo.backend_config`` (uplo
+"L"/"U", side, trans_x "N"/"T"/"C", diag "N"/"U", mode "V"/"N", gesdd's "A"/"S"/"N"); the
+operands' column-major layouts are physical only. Each info result is 0, or positive where
+the routine would report a failure (potrf: not positive definite; getrf: a zero pivot;
+gesdd: not converged), which is what JAX's lowering tests. Other routines (geev, ...) raise
+UnsupportedError naming the target.
 """
 from __future__ import annotations
 
@@ -18,13 +20,14 @@ from jaxlib.mlir import ir as jir
 from mlir import ir
 from mlir.dialects import arith, tensor
 
-from polyblocks_jax.stablehlo_import import field, hessenberg, householder, linear_algebra, lu, symmetric_eigen
+from polyblocks_jax.stablehlo_import import (field, hessenberg, householder, linear_algebra, lu, singular_values,
+                                            symmetric_eigen)
 from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import Value
 from polyblocks_jax.tensor_ir.types import element_type
 
-_TARGET = re.compile(r"lapack_[sd](trsm|potrf|geqrf|orgqr|getrf|syevd|gehrd|sytrd)_ffi"
-                     r"|lapack_[cz](trsm|potrf|geqrf|ungqr|getrf|heevd|gehrd|hetrd)_ffi")
+_TARGET = re.compile(r"lapack_[sd](trsm|potrf|geqrf|orgqr|getrf|syevd|gehrd|sytrd|gesdd|gesvd)_ffi"
+                     r"|lapack_[cz](trsm|potrf|geqrf|ungqr|getrf|heevd|gehrd|hetrd|gesdd|gesvd)_ffi")
 # syevd's sweeps at most: JAX's own setting for XLA's Jacobi eigh
 _SWEEPS = 100
 
@@ -55,6 +58,8 @@ def lapack_call(op, target: str) -> list[Value] | None:
         return lu.lu_factor(operands[0])
     if routine == "gehrd":  # JAX asks for the whole matrix: ilo = 1, ihi = n
         return [*hessenberg.hessenberg(operands[0]), _no_failure(op)]
+    if routine in ("gesdd", "gesvd"):  # the same decomposition; mode "A", "S" or "N"
+        return singular_values.svd(operands[0], flags["mode"], op.result_specs)
     if routine in ("sytrd", "hetrd"):
         return [*hessenberg.tridiagonal(operands[0], flags["uplo"] == "L"), _no_failure(op)]
     vectors, values = symmetric_eigen.eigh(operands[0], flags["uplo"] == "L", True, _SWEEPS)
