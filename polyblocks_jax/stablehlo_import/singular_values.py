@@ -64,7 +64,10 @@ def svd(a: Value, mode: str, result_specs: Sequence[TensorSpec]) -> list[Value]:
         if single:
             b = map_parts(lambda part: arith.extf(builders.shaped_like(part, ir.F64Type.get()), part), b)
         b, scale, finite = _scaled_to_one(b)
-        z, p, rotating = _sweeps(b, vectors, tolerance, finite)
+        # rows shorter than this are B's rounding (a rank-deficient B keeps shrinking them,
+        # never orthogonal to the others, which span them): none rotates, U completes them
+        negligible = arith.mulf(math.sqrt(_squared_norm(b)), builders.constant_like(tolerance, scale))
+        z, p, rotating = _sweeps(b, vectors, tolerance, finite, negligible)
         norms = _row_norms(z)
         source = sorting_sources(norms, descending=True)
         norms = gathered(norms, source)
@@ -78,7 +81,7 @@ def svd(a: Value, mode: str, result_specs: Sequence[TensorSpec]) -> list[Value]:
         info_out = tensor.InsertOp(info, info_out, [i]).result
         if not vectors:
             return [s_out, info_out]
-        rows = _completed(_normalized_rows(z, norms, source), norms, vrows if wide else ucols)
+        rows = _completed(_normalized_rows(z, norms, source, negligible), norms, negligible, vrows if wide else ucols)
         p = _gathered_rows(p, source)
         u, vt = (adjoint(p), rows) if wide else (adjoint(rows), p)
         u_out, vt_out = uv
@@ -111,7 +114,17 @@ def _scaled_to_one(b: Value) -> tuple[Value, ir.Value, ir.Value]:
     return scaled, scale, finite
 
 
-def _sweeps(b: Value, vectors: bool, tolerance: float, finite: ir.Value) -> tuple[Value, Value | None, ir.Value]:
+def _squared_norm(b: Value) -> ir.Value:
+    """The sum of |b_ij|^2 (a scalar)."""
+    scalar = ir.AffineMap.get(2, 0, [])
+    zero = builders.filled(builders.splat(0.0, field.elem_type(b)), [])
+    (total,) = field.generic([b], [zero], [ir.AffineMap.get_identity(2), scalar], ["reduction"] * 2,
+                             lambda x, acc: [arith.addf(acc, field.squared_magnitude(x))])
+    return tensor.ExtractOp(total, []).result
+
+
+def _sweeps(b: Value, vectors: bool, tolerance: float, finite: ir.Value,
+            negligible: ir.Value) -> tuple[Value, Value | None, ir.Value]:
     """(Z, P, whether the last sweep still rotated): sweeps while one rotates, from B and
     the identity (where the vectors are asked for), none where B is not ``finite``."""
     k = field.shape_of(b)[0]
@@ -123,7 +136,7 @@ def _sweeps(b: Value, vectors: bool, tolerance: float, finite: ir.Value) -> tupl
         flat = flatten(carried)
         branch = scf.IfOp(carried[-1], [v.type for v in flat], has_else=True)
         with ir.InsertionPoint(branch.then_block):
-            scf.YieldOp(flatten(_sweep(carried[:-1], tolerance)))
+            scf.YieldOp(flatten(_sweep(carried[:-1], tolerance, negligible)))
         with ir.InsertionPoint(branch.else_block):
             scf.YieldOp(flat)
         return field.regroup(list(branch.results), carried)
@@ -131,7 +144,7 @@ def _sweeps(b: Value, vectors: bool, tolerance: float, finite: ir.Value) -> tupl
     return matrices[0], (matrices[1] if vectors else None), rotating
 
 
-def _sweep(matrices: list[Value], tolerance: float) -> list[Value]:
+def _sweep(matrices: list[Value], tolerance: float, negligible: ir.Value) -> list[Value]:
     """One pass over every pair of rows p < q, row by row: the matrices rotated, and
     whether any pair was."""
     k = field.shape_of(matrices[0])[0]
@@ -140,21 +153,23 @@ def _sweep(matrices: list[Value], tolerance: float) -> list[Value]:
     def row(p: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
         first = arith.addi(p, builders.index_constant(1))
         return builders.for_loop(first, builders.index_constant(k), builders.index_constant(1), values,
-                                 lambda q, vs: flatten(_rotate(field.regroup(vs, like), p, q, tolerance)))
+                                 lambda q, vs: flatten(_rotate(field.regroup(vs, like), p, q, tolerance, negligible)))
     flat = builders.for_loop(builders.index_constant(0), builders.index_constant(k - 1),
                              builders.index_constant(1), flatten(like), row)
     return field.regroup(flat, like)
 
 
-def _rotate(carried: list[Value], p: ir.Value, q: ir.Value, tolerance: float) -> list[Value]:
+def _rotate(carried: list[Value], p: ir.Value, q: ir.Value, tolerance: float, negligible: ir.Value) -> list[Value]:
     """Rows p and q of Z (and P) rotated where they are further from orthogonal than
-    ``tolerance`` (or NaN), and the flag of a rotation set then."""
+    ``tolerance`` and both longer than ``negligible``, and the flag of a rotation set then."""
     z, *rest, rotated = carried
     length = field.shape_of(z)[1]
     zp, zq = (field.extract_slice(z, [1, length], [k, 0]) for k in (p, q))
     alpha, beta, gamma = _gram(zp, zq)
     bound = arith.mulf(arith.mulf(math.sqrt(alpha), math.sqrt(beta)), builders.constant_like(tolerance, alpha))
-    far = arith.cmpf(arith.CmpFPredicate.UGT, field.magnitude(gamma), bound)
+    far = arith.andi(arith.cmpf(arith.CmpFPredicate.OGT, field.magnitude(gamma), bound),
+                     arith.cmpf(arith.CmpFPredicate.OGT, arith.minimumf(alpha, beta),
+                                arith.mulf(negligible, negligible)))
     flat = flatten(carried)
     branch = scf.IfOp(far, [v.type for v in flat], has_else=True)
     with ir.InsertionPoint(branch.then_block):
@@ -188,14 +203,14 @@ def _row_norms(z: Value) -> ir.Value:
     return math.sqrt(squares)
 
 
-def _normalized_rows(z: Value, norms: ir.Value, source: ir.Value) -> Value:
-    """Row source[i] of ``z`` divided by norms[i] (its norm), 0 where that is 0."""
+def _normalized_rows(z: Value, norms: ir.Value, source: ir.Value, negligible: ir.Value) -> Value:
+    """Row source[i] of ``z`` divided by norms[i] (its norm), 0 where that is ``negligible``."""
     d = dims(2)
     per_row = affine_map(d, [d[0]])
 
     def body(k: ir.Value, norm: ir.Value, _: Value) -> Value:
         element = map_parts(lambda part: tensor.ExtractOp(part, [k, linalg.IndexOp(1).result]).result, z)
-        zero = arith.cmpf(arith.CmpFPredicate.OEQ, norm, builders.constant_like(0.0, norm))
+        zero = arith.cmpf(arith.CmpFPredicate.OLE, norm, negligible)
         return field.select(zero, field.constant(0.0, element), field.div(element, norm))
     return field.parallel_generic([source, norms], field.empty_like(z), [per_row, per_row], body)
 
@@ -208,10 +223,10 @@ def _gathered_rows(x: Value, source: ir.Value) -> Value:
         lambda k, _: map_parts(lambda part: tensor.ExtractOp(part, [k, linalg.IndexOp(1).result]).result, x))
 
 
-def _completed(rows: Value, norms: ir.Value, count: int) -> Value:
-    """``count`` orthonormal rows: those of ``rows`` (k x r, orthonormal, then zero where
-    ``norms`` is 0), the zero ones and the ``count - k`` more from the Householder QR of
-    the others' adjoint (its Q's columns beyond theirs are orthogonal to them)."""
+def _completed(rows: Value, norms: ir.Value, negligible: ir.Value, count: int) -> Value:
+    """``count`` orthonormal rows: those of ``rows`` (k x r) whose norms are above
+    ``negligible`` (orthonormal, first; the others zero), then the Householder QR of the
+    adjoint of ``rows``'s: its Q's further columns are orthogonal to theirs."""
     k, r = field.shape_of(rows)
     factored, taus = householder.householder_qr(adjoint(rows))
     if count > k:
@@ -222,7 +237,7 @@ def _completed(rows: Value, norms: ir.Value, count: int) -> Value:
     d = dims(2)
 
     def body(kept: Value, norm: ir.Value, basis: Value, _: Value) -> Value:
-        return field.select(arith.cmpf(arith.CmpFPredicate.OGT, norm, builders.constant_like(0.0, norm)), kept, basis)
+        return field.select(arith.cmpf(arith.CmpFPredicate.OGT, norm, negligible), kept, basis)
     identity = ir.AffineMap.get_identity(2)
     return field.parallel_generic([rows, norms, q], field.empty_like(q), [identity, affine_map(d, [d[0]]), identity],
                                   body)
