@@ -24,17 +24,17 @@ NaNs).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from mlir import ir
-from mlir.dialects import arith, linalg, math, scf, tensor
+from mlir.dialects import arith, linalg, math, scf, tensor, vector
 
 from polyblocks_jax.dtypes import TensorSpec
 from polyblocks_jax.stablehlo_import import field, householder
 from polyblocks_jax.tensor_ir import builders
-from polyblocks_jax.stablehlo_import.complex_values import Value, flatten, map_parts
-from polyblocks_jax.stablehlo_import.jacobi_rotations import gathered, rotate_pair, rotation, sorting_sources
+from polyblocks_jax.stablehlo_import.complex_values import Pair, Value, flatten, map_parts
+from polyblocks_jax.stablehlo_import.jacobi_rotations import gathered, rotation, sorting_sources
 from polyblocks_jax.stablehlo_import.linear_algebra import adjoint, affine_map, dims, identity_like
 
 # LAPACK's gesvj stops after 30 sweeps too; Jacobi's convergence is quadratic, and matrices
@@ -163,9 +163,7 @@ def _rotate(carried: list[Value], p: ir.Value, q: ir.Value, tolerance: float, ne
     """Rows p and q of Z (and P) rotated where they are further from orthogonal than
     ``tolerance`` and both longer than ``negligible``, and the flag of a rotation set then."""
     z, *rest, rotated = carried
-    length = field.shape_of(z)[1]
-    zp, zq = (field.extract_slice(z, [1, length], [k, 0]) for k in (p, q))
-    alpha, beta, gamma = _gram(zp, zq)
+    alpha, beta, gamma = _gram(z, p, q)
     bound = arith.mulf(arith.mulf(math.sqrt(alpha), math.sqrt(beta)), builders.constant_like(tolerance, alpha))
     far = arith.andi(arith.cmpf(arith.CmpFPredicate.OGT, field.magnitude(gamma), bound),
                      arith.cmpf(arith.CmpFPredicate.OGT, arith.minimumf(alpha, beta),
@@ -174,24 +172,84 @@ def _rotate(carried: list[Value], p: ir.Value, q: ir.Value, tolerance: float, ne
     branch = scf.IfOp(far, [v.type for v in flat], has_else=True)
     with ir.InsertionPoint(branch.then_block):
         c, s = rotation(alpha, beta, gamma)
-        rotated_matrices = [rotate_pair(x, p, q, c, s, field.shape_of(x)[1], columns=False) for x in (z, *rest)]
+        rotated_matrices = [_rotated_rows(x, p, q, c, s) for x in (z, *rest)]
         scf.YieldOp(flatten([*rotated_matrices, builders.splat(True, rotated.type)]))
     with ir.InsertionPoint(branch.else_block):
         scf.YieldOp(flat)
     return field.regroup(list(branch.results), carried)
 
 
-def _gram(zp: Value, zq: Value) -> tuple[ir.Value, ir.Value, Value]:
-    """(|zp|^2, |zq|^2, zp . conj(zq)) of two rows (1 x r), in one pass."""
-    zero = builders.filled(builders.splat(0.0, field.elem_type(zp)), [])
-    scalar = ir.AffineMap.get(2, 0, [])
-    sums = field.generic(
-        [zp, zq], [zero, zero, field.zeros(zp, [])], [ir.AffineMap.get_identity(2)] * 2 + [scalar] * 3,
-        ["reduction"] * 2,
-        lambda x, y, a, b, g: [arith.addf(a, field.squared_magnitude(x)), arith.addf(b, field.squared_magnitude(y)),
-                               field.add(g, field.mul(x, field.conj(y)))])
-    alpha, beta, gamma = (map_parts(lambda part: tensor.ExtractOp(part, []).result, v) for v in sums)
-    return alpha, beta, gamma
+# Rows are read and written a vector of f64 at a time, in the importer: as linalg ops on
+# row slices, tiled beyond 64 elements, they read rows written in place, so bufferization
+# copied both rows (element by element) for each rotation.
+_LANES = 8
+
+
+def _gram(z: Value, p: ir.Value, q: ir.Value) -> tuple[ir.Value, ir.Value, Value]:
+    """(|z_p|^2, |z_q|^2, z_p . conj(z_q)) of rows p and q of ``z``, in one pass."""
+    zero = vector.broadcast(_vector_type(z), builders.splat(0.0, field.elem_type(z)))
+    sums = [zero, zero, Pair(zero, zero) if isinstance(z, Pair) else zero]
+
+    def chunk(j: ir.Value, in_bounds: bool, flat: list[ir.Value]) -> list[ir.Value]:
+        a, b, g = field.regroup(flat, sums)
+        x, y = _read(z, p, j, in_bounds), _read(z, q, j, in_bounds)
+        return flatten([arith.addf(a, field.squared_magnitude(x)), arith.addf(b, field.squared_magnitude(y)),
+                        field.add(g, field.mul(x, field.conj(y)))])
+    a, b, g = field.regroup(_by_chunks(field.shape_of(z)[1], flatten(sums), chunk), sums)
+    elem = field.elem_type(z)
+
+    def total(v: ir.Value) -> ir.Value:
+        return vector.reduction(elem, vector.CombiningKind.ADD, v)
+    return total(a), total(b), map_parts(total, g)
+
+
+def _rotated_rows(x: Value, p: ir.Value, q: ir.Value, c: ir.Value, s: Value) -> Value:
+    """Rows p and q of ``x`` replaced by c x_p - s x_q and conj(s) x_p + c x_q (J^H x)."""
+    vector_type = _vector_type(x)
+    c = vector.broadcast(vector_type, c)
+    s = map_parts(lambda part: vector.broadcast(vector_type, part), s)
+
+    def chunk(j: ir.Value, in_bounds: bool, flat: list[ir.Value]) -> list[ir.Value]:
+        (y,) = field.regroup(flat, [x])
+        yp, yq = _read(y, p, j, in_bounds), _read(y, q, j, in_bounds)
+        y = _write(field.sub(field.mul(c, yp), field.mul(s, yq)), y, p, j, in_bounds)
+        return flatten([_write(field.add(field.mul(field.conj(s), yp), field.mul(c, yq)), y, q, j, in_bounds)])
+    (x,) = field.regroup(_by_chunks(field.shape_of(x)[1], flatten([x]), chunk), [x])
+    return x
+
+
+def _by_chunks(length: int, carried: list[ir.Value],
+               chunk: Callable[[ir.Value, bool, list[ir.Value]], list[ir.Value]]) -> list[ir.Value]:
+    """``chunk(offset, in_bounds, carried)`` over a row of ``length`` by ``_LANES``: an scf.for
+    over the whole chunks, then the partial one (read padded with zeros, written masked)."""
+    whole = length - length % _LANES
+    if whole:
+        carried = builders.for_loop(builders.index_constant(0), builders.index_constant(whole),
+                                    builders.index_constant(_LANES), carried, lambda j, vs: chunk(j, True, vs))
+    if whole < length:
+        carried = chunk(builders.index_constant(whole), False, carried)
+    return carried
+
+
+def _vector_type(x: Value) -> ir.VectorType:
+    return ir.VectorType.get([_LANES], field.elem_type(x))
+
+
+def _read(x: Value, row: ir.Value, offset: ir.Value, in_bounds: bool) -> Value:
+    """``_LANES`` elements of ``x``'s row from ``offset`` (zeros beyond the row)."""
+    along_row = ir.AffineMap.get(2, 0, [ir.AffineExpr.get_dim(1)])
+    return map_parts(lambda part: vector.transfer_read(
+        _vector_type(part), part, [row, offset], along_row, builders.splat(0.0, field.elem_type(part)),
+        [in_bounds]), x)
+
+
+def _write(v: Value, x: Value, row: ir.Value, offset: ir.Value, in_bounds: bool) -> Value:
+    """``x`` with ``v`` written into its row from ``offset`` (what is beyond the row dropped)."""
+    along_row = ir.AffineMap.get(2, 0, [ir.AffineExpr.get_dim(1)])
+    if isinstance(x, Pair):
+        return Pair(*(vector.transfer_write(xp.type, vp, xp, [row, offset], along_row, [in_bounds])
+                      for vp, xp in zip(v, x)))
+    return vector.transfer_write(x.type, v, x, [row, offset], along_row, [in_bounds])
 
 
 def _row_norms(z: Value) -> ir.Value:
