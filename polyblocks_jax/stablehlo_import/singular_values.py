@@ -282,9 +282,26 @@ def _gathered_rows(x: Value, source: ir.Value) -> Value:
 
 
 def _completed(rows: Value, norms: ir.Value, negligible: ir.Value, count: int) -> Value:
-    """``count`` orthonormal rows: those of ``rows`` (k x r) whose norms are above
-    ``negligible`` (orthonormal, first; the others zero), then the Householder QR of the
-    adjoint of ``rows``'s: its Q's further columns are orthogonal to theirs."""
+    """``count`` orthonormal rows: those of ``rows`` (k x r) whose norms (descending) are
+    above ``negligible`` (orthonormal; the others zero), then the Householder QR of the
+    adjoint of ``rows``'s: its Q's further columns are orthogonal to theirs. Where ``count``
+    is k, the QR runs only if a norm is negligible."""
+    k = field.shape_of(rows)[0]
+    if count > k:
+        return _with_basis(rows, norms, negligible, count)
+    smallest = tensor.ExtractOp(norms, [builders.index_constant(k - 1)]).result
+    branch = scf.IfOp(arith.cmpf(arith.CmpFPredicate.OLE, smallest, negligible),
+                      [v.type for v in flatten([rows])], has_else=True)
+    with ir.InsertionPoint(branch.then_block):
+        scf.YieldOp(flatten([_with_basis(rows, norms, negligible, count)]))
+    with ir.InsertionPoint(branch.else_block):
+        scf.YieldOp(flatten([rows]))
+    (completed,) = field.regroup(list(branch.results), [rows])
+    return completed
+
+
+def _with_basis(rows: Value, norms: ir.Value, negligible: ir.Value, count: int) -> Value:
+    """``_completed``'s rows, by the QR."""
     k, r = field.shape_of(rows)
     factored, taus = householder.householder_qr(adjoint(rows))
     if count > k:
