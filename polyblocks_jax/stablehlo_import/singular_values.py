@@ -12,10 +12,11 @@ p < q, until a sweep rotates none: |b_p . b_q| is at most a tolerance times |b_p
 every pair. The rotations' product P then gives B = P^H Z with Z's rows orthogonal: the
 singular values are their norms, sorted descending, and the rows normalized are the right
 (B's) singular vectors, so that A = P^H S Z' (wide: U = P^H, V^H = Z') or A = Z'^H S P
-(tall: U = Z'^H, V^H = P). Rows of norm 0 (a rank-deficient A), and the r - k more a full U
-or V^H of a non-square A needs, are completed to an orthonormal basis by a Householder QR
-(householder.py) of the others. Rows are contiguous in memory, where columns would be read
-with a stride.
+(tall: U = Z'^H, V^H = P). Rows negligible against |B| (a rank-deficient A's rounding), and
+the r - k more a full U or V^H of a non-square A needs, are completed to an orthonormal
+basis by a Householder QR (householder.py) of the others. Rows are contiguous in memory,
+where columns would be read with a stride, and the sweeps read and write them a vector at a
+time.
 
 B is scaled by its largest magnitude first (the squares of f64's extremes under- or
 overflow); f32 matrices are rotated in f64, as eigh's are (symmetric_eigen.py). A matrix
@@ -38,7 +39,7 @@ from polyblocks_jax.stablehlo_import.jacobi_rotations import gathered, rotation,
 from polyblocks_jax.stablehlo_import.linear_algebra import adjoint, affine_map, dims, identity_like
 
 # LAPACK's gesvj stops after 30 sweeps too; Jacobi's convergence is quadratic, and matrices
-# of a few hundred rows take 6 to 10.
+# of a few hundred rows take 10 to 13.
 _MAX_SWEEPS = 30
 
 
@@ -46,48 +47,23 @@ def svd(a: Value, mode: str, result_specs: Sequence[TensorSpec]) -> list[Value]:
     """gesdd's (gesvd's) results for the matrices ``a`` (..., m, n), m and n > 0."""
     *batch, m, n = field.shape_of(a)
     k = min(m, n)
-    wide = m <= n
     _, s_spec, u_spec, vt_spec, info_spec = result_specs
-    elem = field.elem_type(a)
-    single = isinstance(elem, ir.F32Type)
-    # f32 matrices, rotated in f64, stop at f32's rounding; f64 ones at LAPACK gesvj's
-    tolerance = float(np.finfo(np.float32).eps) if single else np.sqrt(max(m, n)) * float(np.finfo(np.float64).eps)
     vectors = mode != "N"
     count = int(np.prod(batch))  # 1 for a single matrix (``math`` here is MLIR's dialect)
     matrices = field.reshape(a, [count, m, n])
     ucols, vrows = u_spec.shape[-1], vt_spec.shape[-2]
+    i32 = ir.IntegerType.get_signless(32)
 
     def each(ivs: list[ir.Value], carried: list[Value]) -> list[Value]:
         i = ivs[0]
         x = field.extract_slice(matrices, [1, m, n], [i, 0, 0], shape=[m, n])
-        b = x if wide else adjoint(x)
-        if single:
-            b = map_parts(lambda part: arith.extf(builders.shaped_like(part, ir.F64Type.get()), part), b)
-        b, scale, finite = _scaled_to_one(b)
-        # rows shorter than this are B's rounding (a rank-deficient B keeps shrinking them,
-        # never orthogonal to the others, which span them): none rotates, U completes them
-        negligible = arith.mulf(math.sqrt(_squared_norm(b)), builders.constant_like(tolerance, scale))
-        z, p, rotating = _sweeps(b, vectors, tolerance, finite, negligible)
-        norms = _row_norms(z)
-        source = sorting_sources(norms, descending=True)
-        norms = gathered(norms, source)
-        values = builders.parallel_generic([norms], builders.empty_like(norms), [ir.AffineMap.get_identity(1)],
-                                           lambda v, _: arith.mulf(v, scale))
-        failed = arith.ori(rotating, arith.xori(finite, builders.splat(True, ir.IntegerType.get_signless(1))))
-        i32 = ir.IntegerType.get_signless(32)
-        s_out, info_out, *uv = carried
-        s_out = field.insert_slice(_narrowed(values, single, elem), s_out, [i, 0], sizes=[1, k])
+        values, failed, *uv = _decomposed(x, vectors, ucols, vrows)
+        s_out, info_out, *uv_out = carried
         info = arith.select(failed, builders.splat(1, i32), builders.splat(0, i32))
-        info_out = tensor.InsertOp(info, info_out, [i]).result
-        if not vectors:
-            return [s_out, info_out]
-        rows = _completed(_normalized_rows(z, norms, source, negligible), norms, negligible, vrows if wide else ucols)
-        p = _gathered_rows(p, source)
-        u, vt = (adjoint(p), rows) if wide else (adjoint(rows), p)
-        u_out, vt_out = uv
-        u_out = field.insert_slice(_narrowed(u, single, elem), u_out, [i, 0, 0], sizes=[1, m, ucols])
-        vt_out = field.insert_slice(_narrowed(vt, single, elem), vt_out, [i, 0, 0], sizes=[1, vrows, n])
-        return [s_out, info_out, u_out, vt_out]
+        results = [field.insert_slice(values, s_out, [i, 0], sizes=[1, k]), tensor.InsertOp(info, info_out, [i]).result]
+        for x, out in zip(uv, uv_out):
+            results.append(field.insert_slice(x, out, [i, 0, 0], sizes=[1, *field.shape_of(x)]))
+        return results
     outs = [builders.empty(TensorSpec((count, k), s_spec.dtype)), builders.empty(TensorSpec((count,), info_spec.dtype))]
     if vectors:
         outs += [field.empty(TensorSpec((count, m, ucols), u_spec.dtype)),
@@ -96,6 +72,37 @@ def svd(a: Value, mode: str, result_specs: Sequence[TensorSpec]) -> list[Value]:
     u, vt = uv if vectors else (field.zeros(a, [count, m, ucols]), field.zeros(a, [count, vrows, n]))
     return [a, field.reshape(s, [*batch, k]), field.reshape(u, [*batch, m, ucols]),
             field.reshape(vt, [*batch, vrows, n]), field.reshape(info, batch)]
+
+
+def _decomposed(x: Value, vectors: bool, ucols: int, vrows: int) -> list[Value]:
+    """(singular values, whether it failed, and where ``vectors``, U (m x ``ucols``) and V^H
+    (``vrows`` x n)) of one matrix ``x``."""
+    m, n = field.shape_of(x)
+    wide = m <= n
+    elem = field.elem_type(x)
+    single = isinstance(elem, ir.F32Type)
+    # f32 matrices, rotated in f64, stop at f32's rounding; f64 ones at LAPACK gesvj's
+    tolerance = float(np.finfo(np.float32).eps) if single else np.sqrt(max(m, n)) * float(np.finfo(np.float64).eps)
+    b = x if wide else adjoint(x)
+    if single:
+        b = map_parts(lambda part: arith.extf(builders.shaped_like(part, ir.F64Type.get()), part), b)
+    b, scale, finite = _scaled_to_one(b)
+    # rows shorter than this are B's rounding (a rank-deficient B keeps shrinking them,
+    # never orthogonal to the others, which span them): none rotates, U completes them
+    negligible = arith.mulf(math.sqrt(_squared_norm(b)), builders.constant_like(tolerance, scale))
+    z, p, rotating = _sweeps(b, vectors, tolerance, finite, negligible)
+    norms = _row_norms(z)
+    source = sorting_sources(norms, descending=True)
+    norms = gathered(norms, source)
+    values = builders.parallel_generic([norms], builders.empty_like(norms), [ir.AffineMap.get_identity(1)],
+                                       lambda v, _: arith.mulf(v, scale))
+    failed = arith.ori(rotating, arith.xori(finite, builders.splat(True, ir.IntegerType.get_signless(1))))
+    if not vectors:
+        return [_narrowed(values, single, elem), failed]
+    rows = _completed(_normalized_rows(z, norms, source, negligible), norms, negligible, vrows if wide else ucols)
+    p = _gathered_rows(p, source)
+    u, vt = (adjoint(p), rows) if wide else (adjoint(rows), p)
+    return [_narrowed(values, single, elem), failed, _narrowed(u, single, elem), _narrowed(vt, single, elem)]
 
 
 def _scaled_to_one(b: Value) -> tuple[Value, ir.Value, ir.Value]:
