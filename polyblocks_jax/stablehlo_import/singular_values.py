@@ -108,11 +108,7 @@ def _decomposed(x: Value, vectors: bool, ucols: int, vrows: int) -> list[Value]:
 def _scaled_to_one(b: Value) -> tuple[Value, ir.Value, ir.Value]:
     """(b divided by its largest magnitude (by 1 where b is 0), that divisor, whether b is
     finite (no NaN, no infinity))."""
-    scalar = ir.AffineMap.get(2, 0, [])
-    zero = builders.filled(builders.splat(0.0, field.elem_type(b)), [])
-    (largest,) = field.generic([b], [zero], [ir.AffineMap.get_identity(2), scalar], ["reduction"] * 2,
-                               lambda x, acc: [arith.maximumf(acc, field.magnitude(x))])
-    largest = tensor.ExtractOp(largest, []).result
+    largest = _folded(b, lambda acc, x: arith.maximumf(acc, field.magnitude(x)))  # NaN wins
     finite = arith.cmpf(arith.CmpFPredicate.OLT, largest, builders.constant_like(np.inf, largest))
     positive = arith.cmpf(arith.CmpFPredicate.OGT, largest, builders.constant_like(0.0, largest))
     scale = arith.select(positive, largest, builders.constant_like(1.0, largest))
@@ -123,10 +119,15 @@ def _scaled_to_one(b: Value) -> tuple[Value, ir.Value, ir.Value]:
 
 def _squared_norm(b: Value) -> ir.Value:
     """The sum of |b_ij|^2 (a scalar)."""
+    return _folded(b, lambda acc, x: arith.addf(acc, field.squared_magnitude(x)))
+
+
+def _folded(b: Value, combine: Callable[[ir.Value, Value], ir.Value]) -> ir.Value:
+    """``combine(acc, b_ij)`` over every element of ``b``, from 0 (a real scalar)."""
     scalar = ir.AffineMap.get(2, 0, [])
     zero = builders.filled(builders.splat(0.0, field.elem_type(b)), [])
     (total,) = field.generic([b], [zero], [ir.AffineMap.get_identity(2), scalar], ["reduction"] * 2,
-                             lambda x, acc: [arith.addf(acc, field.squared_magnitude(x))])
+                             lambda x, acc: [combine(acc, x)])
     return tensor.ExtractOp(total, []).result
 
 
