@@ -1,4 +1,4 @@
-"""Cholesky, triangular solves, QR, eigh and SVD on the polyblocks device against XLA CPU
+"""Cholesky, triangular solves, QR and eigh on the polyblocks device against XLA CPU
 (LAPACK there).
 
 On platform "polyblocks" JAX lowers them to stablehlo.cholesky, stablehlo.triangular_solve,
@@ -228,25 +228,6 @@ class EighTest(absltest.TestCase):
         a = _symmetric(np.random.default_rng(14), (260, 260))
         values = run_pb(jnp.linalg.eigvalsh, a)
         support.assert_close(self, values, support.xla_cpu(jnp.linalg.eigvalsh, a), rtol=0, atol=1e-3)
-
-
-class SvdTest(absltest.TestCase):
-    # JAX's svd without LAPACK: a polar decomposition (QDWH) and eigh.
-    def test_factors(self):
-        rng = np.random.default_rng(15)
-        for shape in ((12, 8), (8, 12)):
-            a = rng.standard_normal(shape).astype(np.float32)
-            _check_vectors(self, lambda a: (lambda u, s, vh: (s, u))(*jnp.linalg.svd(a, full_matrices=False)), a)
-            _check_vectors(self, lambda a: (lambda u, s, vh: (s, vh.T))(*jnp.linalg.svd(a, full_matrices=False)), a)
-
-    def test_what_is_built_on_it(self):
-        # Results without a sign to choose: singular values, pseudo-inverse, least squares,
-        # rank, 2-norm and condition number.
-        rng = np.random.default_rng(16)
-        a, b = rng.standard_normal((10, 6)).astype(np.float32), rng.standard_normal((10, 2)).astype(np.float32)
-        _check(self, lambda a, b: (jnp.linalg.svd(a, compute_uv=False), jnp.linalg.pinv(a),
-                                   jnp.linalg.lstsq(a, b)[0], jnp.linalg.matrix_rank(a),
-                                   jnp.linalg.norm(a, 2), jnp.linalg.cond(a)), a, b, rtol=1e-3, atol=1e-4)
 
 
 def _hessenberg(a):

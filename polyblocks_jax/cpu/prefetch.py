@@ -114,7 +114,7 @@ def _advance(offset: ir.Value, ivs: list[ir.Value], steps: list[ir.Value]) -> ir
 def _prefetch_same_elements(read: ir.Operation, view: ir.Operation, offsets: list[ir.Value]) -> None:
     """Before ``read``: prefetch each cache line it reads, at ``offsets`` instead of the view's."""
     source = read.operands[0]
-    element_bytes = ir.MemRefType(source.type).element_type.width // 8
+    element_bytes = _element_bytes(ir.MemRefType(source.type).element_type)
     lanes = ir.VectorType(read.results[0].type).shape[0]
     rank = len(offsets)
     with ir.InsertionPoint(read), read.location:
@@ -181,7 +181,12 @@ def _plain_window(view: ir.Operation) -> bool:
 
 
 def _bytes(shape: ir.MemRefType) -> int:
-    return math.prod(shape.shape) * shape.element_type.width // 8
+    return math.prod(shape.shape) * _element_bytes(shape.element_type)
+
+
+def _element_bytes(element_type: ir.Type) -> int:
+    """``index`` has no width of its own: 64 bits on the host."""
+    return 8 if isinstance(element_type, ir.IndexType) else element_type.width // 8
 
 
 def _index(value: int) -> ir.Value:

@@ -32,8 +32,9 @@ _RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")
 _STATIC = ("static_offsets", "static_sizes", "static_strides")
 _RESULT_USERS = ("func.return", "bufferization.materialize_in_destination", "bufferization.alloc_tensor")
 # Loops whose bodies are searched too, by the index of their first body region (scf.while's
-# "before" region only tests the condition).
-_LOOPS = {"scf.for": 0, "scf.while": 1}
+# "before" region only tests the condition), and conditionals' branches (a Jacobi rotation
+# of two rows, skipped where they are orthogonal, writes them back into the matrix carried).
+_LOOPS = {"scf.for": 0, "scf.while": 1, "scf.if": 0}
 # An elementwise generic, or a tile-fusion group of them (each tile reading the slice of
 # the input it writes).
 _WRITERS = {"linalg.generic": generic_into, "scf.forall": forall_into}

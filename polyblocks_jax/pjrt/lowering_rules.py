@@ -16,7 +16,9 @@ as fast or faster (2-core Xeon: 64x64 0.24 ms, generic 0.28; 128x64 0.68, generi
 beyond it runs up to 2x slower (96x96 1.85 ms, generic 0.94; 64x128 0.86, generic 0.52).
 We register a rule that takes the CPU's up to 64 columns.
 eigh has platform rules only: we register the TPU's (QDWH, ending in XLA's "Eigh" custom
-call: stablehlo_import/symmetric_eigen.py), and svd's generic rule calls eigh. hessenberg,
+call: stablehlo_import/symmetric_eigen.py). svd's generic rule is QDWH and eigh (slow to
+compile, and to run beyond eigh's 256-row Jacobi blocks); we register the CPU's, a
+LAPACK gesdd call the importer computes by one-sided Jacobi (singular_values.py). hessenberg,
 tridiagonal, schur and eig have LAPACK rules only (eig a cuSOLVER one too): we register
 the CPU's, whose gehrd, sytrd (hetrd), gees and geev calls the importer computes
 (stablehlo_import/hessenberg.py, schur.py, nonsymmetric_eigen.py). tridiagonal_solve
@@ -56,6 +58,7 @@ def register() -> None:
     _register_preserved_chlo()
     _register_eigh()
     _register_lapack_rules()
+    _register_svd()
     _register_tridiagonal_solve()
 
 
@@ -95,6 +98,34 @@ def _register_lapack_rules() -> None:
     rules[0] = functools.partial(_lu_rule, getrf=rules[0], generic=mlir._lowerings[linalg.lu_p].rule)
     for primitive, rule in zip(primitives, rules):
         mlir.register_lowering(primitive, rule, platform=PLATFORM)
+
+
+def _register_svd() -> None:
+    """svd as the CPU lowers it: LAPACK's gesdd (gesvd for the QR algorithm), computed by
+    one-sided Jacobi (stablehlo_import/singular_values.py). The Jacobi algorithm, which the
+    CPU's rule refuses, is that gesdd too; the polar one (QDWH), and a subset of the
+    values (which LAPACK's rule refuses), keep JAX's generic rule. Internal to JAX as the
+    others are; where a JAX version moves the rule, svd keeps its generic one."""
+    from jax.interpreters import mlir
+    from jax._src.interpreters import mlir as internal_mlir
+    try:
+        from jax._src.lax import linalg
+        lapack_rule = internal_mlir._platform_specific_lowerings["cpu"][linalg.svd_p].rule
+        algorithms = linalg.SvdAlgorithm
+    except (ImportError, AttributeError, KeyError):
+        return
+    generic = mlir._lowerings[linalg.svd_p].rule
+
+    def rule(ctx, operand, *, full_matrices, compute_uv, subset_by_index, algorithm=None):
+        m, n = ctx.avals_in[0].shape[-2:]
+        whole = subset_by_index is None or subset_by_index == (0, min(m, n))
+        if whole and algorithm != algorithms.POLAR:
+            return lapack_rule(ctx, operand, full_matrices=full_matrices, compute_uv=compute_uv,
+                               subset_by_index=subset_by_index,
+                               algorithm=None if algorithm == algorithms.JACOBI else algorithm)
+        return generic(ctx, operand, full_matrices=full_matrices, compute_uv=compute_uv,
+                       subset_by_index=subset_by_index)  # polar is its only algorithm
+    mlir.register_lowering(linalg.svd_p, rule, platform=PLATFORM)
 
 
 def _register_tridiagonal_solve() -> None:

@@ -2,16 +2,17 @@
 
 A program ``jax.jit(f).lower(...)`` lowered for XLA CPU calls LAPACK for its linear
 algebra; ``pb.compile`` computes the same routines with linear_algebra.py, householder.py,
-lu.py, hessenberg.py, symmetric_eigen.py, schur.py and nonsymmetric_eigen.py: trsm, potrf,
-geqrf, orgqr (ungqr), getrf, syevd (heevd), gehrd and sytrd (hetrd), gees and geev, real or
-complex (JAX's cholesky, triangular solves, qr, lu and so solve, inv and det, eigh,
-hessenberg, tridiagonal, schur, eig). The routine's flags are characters in
-``mhlo.backend_config`` (uplo "L"/"U", side, trans_x "N"/"T"/"C", diag "N"/"U", mode
-"V"/"N", compute_left / compute_right "V"/"N"); the operands' column-major layouts are
-physical only. Each info result is 0, or positive where the routine would report a
-failure (potrf: not positive definite; getrf: a zero pivot; gees and geev: a non-finite
-matrix or QR iterations that did not converge), which is what JAX's lowering tests. Other
-routines (gesdd, ...) raise UnsupportedError naming the target.
+lu.py, hessenberg.py, symmetric_eigen.py, singular_values.py, schur.py and
+nonsymmetric_eigen.py: trsm, potrf, geqrf, orgqr (ungqr), getrf, syevd (heevd), gehrd, sytrd
+(hetrd), gesdd and gesvd, gees and geev, real or complex (JAX's cholesky, triangular solves,
+qr, lu and so solve, inv and det, eigh, hessenberg, tridiagonal, svd, schur, eig). The
+routine's flags are characters in ``mhlo.backend_config`` (uplo "L"/"U", side, trans_x
+"N"/"T"/"C", diag "N"/"U", mode "V"/"N", gesdd's "A"/"S"/"N", compute_left / compute_right
+"V"/"N"); the operands' column-major layouts are physical only. Each info result is 0, or
+positive where the routine would report a failure (potrf: not positive definite; getrf: a
+zero pivot; gesdd: not converged; gees and geev: a non-finite matrix or QR iterations that
+did not converge), which is what JAX's lowering tests. Other routines (geqp3, ...) raise
+UnsupportedError naming the target.
 """
 from __future__ import annotations
 
@@ -22,13 +23,13 @@ from mlir import ir
 from mlir.dialects import arith, tensor
 
 from polyblocks_jax.stablehlo_import import (field, hessenberg, householder, linear_algebra, lu, nonsymmetric_eigen,
-                                             schur, symmetric_eigen)
+                                             schur, singular_values, symmetric_eigen)
 from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import Value
 from polyblocks_jax.tensor_ir.types import element_type
 
-_TARGET = re.compile(r"lapack_[sd](trsm|potrf|geqrf|orgqr|getrf|syevd|gehrd|sytrd|geev|gees)_ffi"
-                     r"|lapack_[cz](trsm|potrf|geqrf|ungqr|getrf|heevd|gehrd|hetrd|geev|gees)_ffi")
+_TARGET = re.compile(r"lapack_[sd](trsm|potrf|geqrf|orgqr|getrf|syevd|gehrd|sytrd|gesdd|gesvd|geev|gees)_ffi"
+                     r"|lapack_[cz](trsm|potrf|geqrf|ungqr|getrf|heevd|gehrd|hetrd|gesdd|gesvd|geev|gees)_ffi")
 # syevd's sweeps at most: JAX's own setting for XLA's Jacobi eigh
 _SWEEPS = 100
 
@@ -64,6 +65,8 @@ def lapack_call(op, target: str) -> list[Value] | None:
     if routine == "geev":
         return nonsymmetric_eigen.geev(operands[0], target[7] in "sd", flags["compute_left"] == "V",
                                        flags["compute_right"] == "V")
+    if routine in ("gesdd", "gesvd"):  # the same decomposition; mode "A", "S" or "N"
+        return singular_values.svd(operands[0], flags["mode"], op.result_specs)
     if routine in ("sytrd", "hetrd"):
         return [*hessenberg.tridiagonal(operands[0], flags["uplo"] == "L"), _no_failure(op)]
     vectors, values = symmetric_eigen.eigh(operands[0], flags["uplo"] == "L", True, _SWEEPS)

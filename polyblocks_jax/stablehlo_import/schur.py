@@ -27,7 +27,7 @@ from mlir.dialects import arith, linalg, math, scf, tensor
 from polyblocks_jax.stablehlo_import import complex, field, hessenberg, householder
 from polyblocks_jax.stablehlo_import.complex_values import Pair, Value, flatten, map_parts
 from polyblocks_jax.stablehlo_import.linear_algebra import affine_map, cmp, diagonal, dims, identity_like, masked
-from polyblocks_jax.stablehlo_import.symmetric_eigen import rotate_pair
+from polyblocks_jax.stablehlo_import.jacobi_rotations import rotate_pair
 from polyblocks_jax.tensor_ir import builders
 
 # QR sweeps at most, per matrix, per row: LAPACK allows 30 * max(10, n) per eigenvalue;

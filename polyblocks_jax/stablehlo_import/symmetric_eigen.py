@@ -24,12 +24,13 @@ from typing import Sequence
 import numpy as np
 from jaxlib.mlir import ir as jir
 from mlir import ir
-from mlir.dialects import arith, linalg, math, scf, tensor
+from mlir.dialects import arith, linalg, scf, tensor
 
 from polyblocks_jax.stablehlo_import import field
 from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import Value, flatten, map_parts
-from polyblocks_jax.stablehlo_import.linear_algebra import affine_map, check_dtype, diagonal, hermitian, identity_like
+from polyblocks_jax.stablehlo_import.jacobi_rotations import gathered, rotate_pair, rotation, sorting_sources
+from polyblocks_jax.stablehlo_import.linear_algebra import check_dtype, diagonal, hermitian, identity_like
 
 
 def eigh_call(op) -> list[Value]:
@@ -116,44 +117,14 @@ def _sweep(carried: Sequence[Value], n: int) -> list[Value]:
 
 
 def _rotate(carried: list[Value], p: ir.Value, q: ir.Value, n: int) -> list[Value]:
-    """a' = J^H a J and v' = v J for the rotation J in the (p, q) plane zeroing a[p, q] =
-    |a_pq| u: t = sign(theta) / (|theta| + sqrt(theta^2 + 1)), theta = (a_qq - a_pp) /
-    (2 |a_pq|), c = 1 / sqrt(t^2 + 1), s = t c u (the identity where a_pq is 0); for real
-    matrices u = sign(a_pq)."""
+    """a' = J^H a J and v' = v J for the rotation J in the (p, q) plane zeroing a[p, q]."""
     a, v = carried
     app, aqq = (tensor.ExtractOp(field.real(a), [k, k]).result for k in (p, q))
     apq = map_parts(lambda part: tensor.ExtractOp(part, [p, q]).result, a)
-    size = field.magnitude(apq)
-    one, zero = _const(1.0, size), _const(0.0, size)
-    theta = arith.divf(arith.subf(aqq, app), arith.mulf(_const(2.0, size), size))
-    root = math.sqrt(arith.addf(arith.mulf(theta, theta), one))
-    t = arith.divf(math.copysign(one, theta), arith.addf(math.absf(theta), root))
-    # a_pq = 0: nothing to zero (theta is +-inf or NaN); theta^2 overflowing: t = 0 too
-    nothing = arith.cmpf(arith.CmpFPredicate.OEQ, size, zero)
-    t = arith.select(nothing, zero, t)
-    c = arith.divf(one, math.sqrt(arith.addf(arith.mulf(t, t), one)))
-    phase = field.select(nothing, field.constant(1.0, apq), field.div(apq, size))
-    s = field.mul(arith.mulf(t, c), phase)
+    c, s = rotation(app, aqq, apq)
     a = rotate_pair(a, p, q, c, s, n, columns=True)
     a = rotate_pair(a, p, q, c, s, n, columns=False)
     return [a, rotate_pair(v, p, q, c, s, n, columns=True)]
-
-
-def rotate_pair(x: Value, p: ir.Value, q: ir.Value, c: ir.Value, s: Value, n: int, columns: bool) -> Value:
-    """Columns p and q of ``x`` replaced by c x_p - conj(s) x_q and s x_p + c x_q (x J);
-    rows by c x_p - s x_q and conj(s) x_p + c x_q (J^H x)."""
-    sizes = [n, 1] if columns else [1, n]
-
-    def at(k: ir.Value) -> list:
-        return [0, k] if columns else [k, 0]
-    xp, xq = (field.extract_slice(x, sizes, at(k)) for k in (p, q))
-    identity = ir.AffineMap.get_identity(2)
-    s_p, s_q = (field.conj(s), s) if columns else (s, field.conj(s))
-    new_p, new_q = field.generic(
-        [xp, xq], [field.empty_like(xp), field.empty_like(xq)], [identity] * 4, ["parallel"] * 2,
-        lambda yp, yq, *_: [field.sub(field.mul(c, yp), field.mul(s_p, yq)),
-                            field.add(field.mul(s_q, yp), field.mul(c, yq))])
-    return field.insert_slice(new_q, field.insert_slice(new_p, x, at(p)), at(q))
 
 
 def _converged(a: Value, tolerance: float) -> ir.Value:
@@ -176,33 +147,9 @@ def _converged(a: Value, tolerance: float) -> ir.Value:
 
 def _sorted(w: ir.Value, v: Value) -> tuple[ir.Value, Value]:
     """Eigenvalues ascending (ties in their order) and their vectors (columns) with them."""
-    n = builders.shape_of(w)[0]
-    zero = builders.index_constant(0)
-    d = [ir.AffineExpr.get_dim(i) for i in range(2)]
-
-    def rank_body(wi: ir.Value, wj: ir.Value, acc: ir.Value) -> list[ir.Value]:
-        i, j = linalg.IndexOp(0).result, linalg.IndexOp(1).result
-        before = arith.ori(arith.cmpf(arith.CmpFPredicate.OLT, wj, wi),
-                           arith.andi(arith.cmpf(arith.CmpFPredicate.OEQ, wj, wi),
-                                      arith.cmpi(arith.CmpIPredicate.ult, j, i)))
-        return [arith.addi(acc, arith.select(before, builders.index_constant(1), zero))]
-    rows, columns = affine_map(d, [d[0]]), affine_map(d, [d[1]])
-    (rank,) = builders.generic([w, w], [builders.filled(zero, [n])], [rows, columns, rows],
-                               ["parallel", "reduction"], rank_body)
-
-    def source_body(rank_i: ir.Value, acc: ir.Value) -> list[ir.Value]:
-        r, i = linalg.IndexOp(0).result, linalg.IndexOp(1).result
-        return [arith.select(arith.cmpi(arith.CmpIPredicate.eq, rank_i, r), i, acc)]
-    (source,) = builders.generic([rank], [builders.filled(zero, [n])], [columns, rows],
-                                 ["parallel", "reduction"], source_body)
-    sorted_w = builders.parallel_generic([source], builders.empty_like(w), [ir.AffineMap.get_identity(1)],
-                                         lambda k, _: tensor.ExtractOp(w, [k]).result)
+    source = sorting_sources(w, descending=False)
+    columns = ir.AffineMap.get(2, 0, [ir.AffineExpr.get_dim(1)])
     sorted_v = field.parallel_generic(
         [source], field.empty_like(v), [columns],
         lambda k, _: map_parts(lambda part: tensor.ExtractOp(part, [linalg.IndexOp(0).result, k]).result, v))
-    return sorted_w, sorted_v
-
-
-def _const(value: float, like: ir.Value) -> ir.Value:
-    """A scalar of ``like``'s element type."""
-    return builders.splat(value, builders.elem_type_of(like))
+    return gathered(w, source), sorted_v
