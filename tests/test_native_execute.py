@@ -62,7 +62,22 @@ class NativeBuffersTest(parameterized.TestCase):
         x = self.x
         self.assertNotEqual(loaded_plan(lambda a: a * 3, x), 0)
         self.assertNotEqual(loaded_plan(lambda a: a * 4, x, donate_argnums=0), 0)
-        self.assertEqual(loaded_plan(lambda *a: sum(a), *[x] * 25), 0)  # more pointers than native.c takes
+        self.assertNotEqual(loaded_plan(lambda *a: sum(a), *[x] * 25), 0)  # any count: the packed entry
+        callback = lambda a: jax.pure_callback(np.sin, jax.ShapeDtypeStruct(a.shape, a.dtype), a)
+        self.assertEqual(loaded_plan(callback, x), 0)  # calls back into Python
+
+    def test_many_arguments_some_donated(self):
+        # A training step's shape: more pointers than a cast per count covers, state donated.
+        def step(*a):
+            return tuple(p - 0.5 * q for p, q in zip(a[:15], a[15:])), sum(a).sum()
+        arrays = [self.x + k for k in range(30)]
+        got, want = both(step, *arrays, donate_argnums=tuple(range(15)))
+        assert_same(self, got, want)
+        jitted = jax.jit(step, donate_argnums=tuple(range(15)))
+        for _ in range(3):
+            got = jitted(*got[0], *jax.device_put(arrays[15:], pb_device()))
+            want = jitted(*want[0], *jax.device_put(arrays[15:], jax.devices("cpu")[0]))
+        assert_same(self, got, want)
 
     def test_outputs_feed_the_next_call_and_read_back(self):
         f = lambda a, b: a * b + 1.0

@@ -47,6 +47,7 @@ from polyblocks_jax.runtime.specs import check_arguments
 
 logger = logging.getLogger(__name__)
 _BARE_ENTRY = "main"
+PACKED_ENTRY = "polyblocks_main_packed"  # cpu/packed_entry.py's
 _DESCRIPTOR_ENTRY = "_mlir_ciface_main"
 
 
@@ -176,6 +177,14 @@ class CpuExecutable:
     def descriptors(self) -> bool:
         self.load()
         return self._descriptors
+
+    @property
+    def packed_entry_address(self) -> int | None:
+        """Address of the entry that takes one pointer to the bare entry's arguments
+        (cpu/packed_entry.py); None where the library has none."""
+        self.load()
+        packed = getattr(self._dll, PACKED_ENTRY, None)
+        return None if packed is None else ctypes.cast(packed, ctypes.c_void_p).value
 
     @property
     def entry_address(self) -> int | None:

@@ -21,6 +21,7 @@ from polyblocks_jax.passes import INLINE_LAYERS, VECTOR_TRANSFERS, Stage
 from polyblocks_jax.cpu.arena import plan_arena
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
 from polyblocks_jax.cpu.iteration_buffers import hoist_iteration_buffers
+from polyblocks_jax.cpu.packed_entry import add_packed_entry
 from polyblocks_jax.cpu.parallel import parallelize_loops
 from polyblocks_jax.cpu.parallel_if import guard_parallel_regions, region_works
 from polyblocks_jax.contexts import pass_manager
@@ -131,6 +132,8 @@ def lower_to_llvm(module: ir.Module, options: Options) -> None:
     guard_parallel_regions(module, works)
     pipeline = _TO_LLVM + (_BARE_FUNCTIONS if bare else _DESCRIPTOR_FUNCTIONS) + _REST
     pass_manager(f"builtin.module({pipeline})", module.context).run(module.operation)
+    if bare:
+        add_packed_entry(module)
     # The lowering builds a memref descriptor for every view main passes to a kernel, then
     # takes one pointer out of it: folded here, not by LLVM (in a model's main, most of its
     # lines of IR and a large share of the module's text). The kernels hold

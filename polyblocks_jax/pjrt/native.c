@@ -177,7 +177,9 @@ typedef struct { int32_t type; int32_t rank; size_t nbytes; const int64_t* dims;
 enum { DONATED = 1, OVERWRITTEN = 2 };  /* an Input's flags: consumed by a call; written by the code */
 typedef struct { size_t nbytes; int64_t flags; } Input;
 typedef struct {
-  void (*entry)(void); void* device; void* memory; void* ready_event;
+  void (*entry)(void);
+  int64_t packed;  /* whether entry takes one pointer to its pointers (any count), else them one by one */
+  void* device; void* memory; void* ready_event;
   size_t num_inputs, num_outputs, arena_bytes;
   void* idle_arena;  /* kept between calls; a call that finds none (another thread's) allocates one */
   const Output* outputs;
@@ -351,7 +353,8 @@ void pb_free_plan(Plan* plan) {
   free(plan);
 }
 
-/* The entry with n pointer arguments: one case per count, up to pb_max_pointers. */
+/* The entry with n pointer arguments, for a library without a packed entry: one case per
+ * count, up to pb_max_pointers. */
 #define P1 void*
 #define P2 P1, void*
 #define P3 P2, void*
@@ -456,10 +459,12 @@ void* pb_execute(ExecuteArgs* args) {
   if (args->num_devices != 1 || args->num_args != plan->num_inputs
       || (args->execute_device && args->execute_device != plan->device))
     return pb_python[LOADED_EXECUTE](args);
-  void* pointers[20];  /* pb_max_pointers: inputs, outputs, arena */
-  NativeBuffer* made[20];
-  void* copies[20] = {NULL};  /* per input: the copy the code writes instead */
-  int aliased[20] = {0};      /* per input: whether an output holds its memory */
+  void* pointers[plan->num_inputs + plan->num_outputs + 1];  /* inputs, fresh outputs, arena */
+  NativeBuffer* made[plan->num_outputs + 1];
+  void* copies[plan->num_inputs + 1];  /* per input: the copy the code writes instead */
+  int aliased[plan->num_inputs + 1];   /* per input: whether an output holds its memory */
+  memset(copies, 0, sizeof copies);
+  memset(aliased, 0, sizeof aliased);
   void* const* buffers = plan->num_inputs ? args->argument_lists[0] : NULL;  /* jaxlib may pass no lists */
   size_t n = 0, k, i;
   for (; n < plan->num_inputs; n++) {
@@ -488,7 +493,8 @@ void* pb_execute(ExecuteArgs* args) {
   }
   if (arena) pointers[n++] = arena;
   if (pb_before_call) pb_before_call();
-  call_entry(plan->entry, pointers, n);
+  if (plan->packed) ((void (*)(void**))plan->entry)(pointers);
+  else call_entry(plan->entry, pointers, n);
   void* none = NULL;
   if (arena && !__atomic_compare_exchange_n((void**)&plan->idle_arena, &none, arena, 0, __ATOMIC_ACQ_REL,
                                             __ATOMIC_ACQUIRE))

@@ -62,7 +62,8 @@ class _Input(ctypes.Structure):
 
 class _Plan(ctypes.Structure):
     """What native Execute needs of a loaded executable (native.c's Plan)."""
-    _fields_ = [("entry", ctypes.c_void_p), ("device", ctypes.c_void_p), ("memory", ctypes.c_void_p),
+    _fields_ = [("entry", ctypes.c_void_p), ("packed", ctypes.c_int64), ("device", ctypes.c_void_p),
+                ("memory", ctypes.c_void_p),
                 ("ready_event", ctypes.c_void_p), ("num_inputs", ctypes.c_size_t), ("num_outputs", ctypes.c_size_t),
                 ("arena_bytes", ctypes.c_size_t), ("idle_arena", ctypes.c_void_p), ("outputs", ctypes.c_void_p),
                 ("inputs", ctypes.c_void_p)]
@@ -150,15 +151,17 @@ class Native:
         what must live as long as the plan; freed with ``loaded``.
 
         Native Execute takes a program on the host with no token outputs, an entry of bare
-        pointers (no host callbacks, not a descriptor entry), pointers within native.c's
-        count; its donated and written inputs go into the plan's inputs.
+        pointers (no host callbacks, not a descriptor entry): the packed entry, or where the
+        library has none, the bare one if its pointers are within native.c's count. Its
+        donated and written inputs go into the plan's inputs.
         """
         exe = loaded.executable
         entry = getattr(exe.compiled, "entry_address", None) if exe.target == "cpu" else None
         if entry is None or exe.token_outputs:
             return 0, None
+        packed = getattr(exe.compiled, "packed_entry_address", None)
         pointers = exe.num_inputs + exe.num_outputs + (1 if exe.compiled.arena_bytes else 0)
-        if pointers > self.max_pointers:
+        if packed is None and pointers > self.max_pointers:
             return 0, None
         outputs = (_Output * max(exe.num_outputs, 1))()
         dims = ctypes.addressof(exe.output_dims)  # every output's dims, one after another
@@ -172,8 +175,8 @@ class Native:
             for i, (field, spec) in enumerate(zip(inputs, exe.compiled.inputs)):
                 field.nbytes = spec.nbytes
                 field.flags = _DONATED * (i in exe.donated) + _OVERWRITTEN * (i in exe.overwritten)
-        fields = _Plan(entry, loaded.device.handle, loaded.device.memory.handle, READY, exe.num_inputs,
-                       exe.num_outputs, exe.compiled.arena_bytes, None, ctypes.addressof(outputs),
+        fields = _Plan(entry if packed is None else packed, packed is not None, loaded.device.handle,
+                       loaded.device.memory.handle, READY, exe.num_inputs, exe.num_outputs, exe.compiled.arena_bytes, None, ctypes.addressof(outputs),
                        ctypes.addressof(inputs) if inputs is not None else None)
         self._before_call.value = cpu_executable.teams_policy_address()  # libomp is loaded by now
         address = self._new_plan(ctypes.addressof(fields))
