@@ -43,6 +43,21 @@ func.func @f(%a: memref<512x512xf32>, %b: memref<8xf32>) {
 }
 """
 
+_DYNAMIC_INNER = """
+func.func @f(%a: memref<512x512xf32>, %n: index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c512 = arith.constant 512 : index
+  %x = arith.constant 1.0 : f32
+  scf.parallel (%i, %j) = (%c0, %c0) to (%c512, %c512) step (%c1, %c1) {
+    scf.for %k = %c0 to %n step %c1 {
+      memref.store %x, %a[%i, %j] : memref<512x512xf32>
+    }
+  }
+  return
+}
+"""
+
 _RESIDUAL_ADD = """
 func.func @f(%a: memref<197x192xf32>, %b: memref<197x192xf32>, %c: memref<192xf32>, %out: memref<197x192xf32>) {
   %c0 = arith.constant 0 : index
@@ -221,6 +236,13 @@ class ParallelIfTest(absltest.TestCase):
             text = str(module)
             self.assertIn(f"llvm.mlir.global external @{MIN_WORK_SYMBOL}(0 : i64)", text)
             self.assertIn(f"arith.constant {work} : i64", text)
+
+    def test_a_region_of_unknown_trip_counts_always_pays(self):
+        # its estimate counts the inner loop once: a floor, which the run-time check must not trust
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(_DYNAMIC_INNER)
+            parallel.parallelize_loops(module, pb.Options(), threads=2)
+            self.assertEqual(parallel_if.region_works(module), [parallel.UNBOUNDED])
 
     # A region whose work is below the busy machine's minimum runs on the calling thread:
     # libomp then never starts a worker thread. teams.c reads a load file that says busy.

@@ -21,7 +21,7 @@ from mlir.dialects import arith, memref, scf
 from polyblocks_jax.cpu.parallel_if import WORK_ATTR
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.transform import constant_index, identity_layout, walk
-from polyblocks_jax.passes.work import MATH_COST, SMALL_WORK
+from polyblocks_jax.passes.work import MATH_COST, SMALL_WORK, UNBOUNDED
 
 PARALLEL_ATTR = "polyblocks.parallel"  # i64: how many outer dims run in parallel
 # Estimated operations per entry below which a fork/join costs more than sharing the work
@@ -58,7 +58,18 @@ def choose_parallel_loops(root: ir.Operation, threads: int, min_work: int = MIN_
             dims, shared = 0, 1
             while dims < len(trips) and shared < CHUNKS_PER_THREAD * threads:
                 dims, shared = dims + 1, shared * trips[dims]
-            _mark(op, dims, entry)
+            # Where trip counts are unknown (a sort's merge passes, while loops) the estimate is
+            # only a floor: the run-time ``if`` must not serialize work it cannot see.
+            _mark(op, dims, entry if _counted(op) else UNBOUNDED)
+
+
+def _counted(op: ir.Operation) -> bool:
+    """Whether ``work(op)`` counts every iteration: no loop in ``op`` of unknown trip count."""
+    return not any(o.name == "scf.while" or (o.name in _LOOPS and not _constant_bounds(o)) for o in walk(op))
+
+
+def _constant_bounds(op: ir.Operation) -> bool:
+    return all(constant_index(v) is not None for bounds in loop_bounds(op) for v in bounds)
 
 
 def _mark(op: ir.Operation, dims: int, entry_work: int) -> None:
