@@ -94,8 +94,10 @@ def openmp_runtime() -> str:
 # pb_min_parallel_work before each parallel region (cpu/parallel_if.py).
 MIN_WORK_SYMBOL = "polyblocks_parallel_min_work"
 # Estimated work (cpu/parallel.py's units) below which a region runs on the calling thread
-# when the machine is busy: what waking a sleeping worker costs, measured on the machine.
-BUSY_MIN_PARALLEL_WORK = 1 << 23
+# when the machine is busy: a sleeping worker's wake-up (5-15 us) plus a share of a busy core
+# repay only regions of some 100 us and more (the zoo's GRU at batch 8, busy: 3.6 ms with
+# this bound, 7.7 with 2^22 and up, 15 with every region parallel).
+BUSY_MIN_PARALLEL_WORK = 1 << 21
 
 
 def _no_policy() -> None:
