@@ -47,14 +47,37 @@ def loaded_plan(fn, *arrays, **jit_options) -> int:
     return handles.word(loaded.handle, 2)
 
 
+def python_owned(a: np.ndarray) -> jax.Array:
+    """A buffer of Python's that compiled code may write: ``a`` misaligned by one element, which
+    the plugin copies (an aligned array would be wrapped as it is, and never written)."""
+    misaligned = np.empty(a.size + 1, a.dtype)[1:].reshape(a.shape)
+    misaligned[...] = a
+    return jax.device_put(misaligned, pb_device())
+
+
 class NativeBuffersTest(parameterized.TestCase):
     x = np.linspace(-2, 2, 24, dtype=np.float32).reshape(4, 6)
 
-    def test_the_plain_call_has_a_plan_and_the_others_none(self):
+    def test_plain_and_donating_calls_have_a_plan_and_the_others_none(self):
         x = self.x
         self.assertNotEqual(loaded_plan(lambda a: a * 3, x), 0)
-        self.assertEqual(loaded_plan(lambda a: a * 4, x, donate_argnums=0), 0)
-        self.assertEqual(loaded_plan(lambda *a: sum(a), *[x] * 25), 0)  # more pointers than native.c takes
+        self.assertNotEqual(loaded_plan(lambda a: a * 4, x, donate_argnums=0), 0)
+        self.assertNotEqual(loaded_plan(lambda *a: sum(a), *[x] * 25), 0)  # any count: the packed entry
+        callback = lambda a: jax.pure_callback(np.sin, jax.ShapeDtypeStruct(a.shape, a.dtype), a)
+        self.assertEqual(loaded_plan(callback, x), 0)  # calls back into Python
+
+    def test_many_arguments_some_donated(self):
+        # A training step's shape: more pointers than a cast per count covers, state donated.
+        def step(*a):
+            return tuple(p - 0.5 * q for p, q in zip(a[:15], a[15:])), sum(a).sum()
+        arrays = [self.x + k for k in range(30)]
+        got, want = both(step, *arrays, donate_argnums=tuple(range(15)))
+        assert_same(self, got, want)
+        jitted = jax.jit(step, donate_argnums=tuple(range(15)))
+        for _ in range(3):
+            got = jitted(*got[0], *jax.device_put(arrays[15:], pb_device()))
+            want = jitted(*want[0], *jax.device_put(arrays[15:], jax.devices("cpu")[0]))
+        assert_same(self, got, want)
 
     def test_outputs_feed_the_next_call_and_read_back(self):
         f = lambda a, b: a * b + 1.0
@@ -84,6 +107,50 @@ class NativeBuffersTest(parameterized.TestCase):
         assert_same(self, z, jax.jit(lambda a: a * 2)(want))
         w = jax.jit(lambda a: a - 1.0)(z)  # a Python-made output, back through C
         assert_same(self, w, jax.jit(lambda a: a * 2 - 1.0)(want))
+
+    def test_a_donating_loop_keeps_one_buffer_and_frees_it(self):
+        # Adam-like state update: params and moment donated, each step's outputs in their memory.
+        def step(p, m, g):
+            m = 0.9 * m + 0.1 * g
+            return p - 0.01 * m / (jnp.abs(m) + 1e-3), m
+        rng = np.random.default_rng(5)
+        p, g = rng.standard_normal((2, 1 << 14), np.float32)
+        m = np.zeros_like(p)
+        device = pb_device()
+        start = device.memory_stats()["bytes_in_use"]
+        got = tuple(python_owned(a) for a in (p, m, g))  # p and m lend their memory to outputs made in C
+        want = jax.device_put((p, m, g), jax.devices("cpu")[0])
+        jitted = jax.jit(step, donate_argnums=(0, 1))
+        for _ in range(20):
+            got, want = (*jitted(*got), got[2]), (*jitted(*want), want[2])
+            self.assertEqual(device.memory_stats()["bytes_in_use"] - start, 3 * p.nbytes)  # no copies kept
+        natives = native.load()
+        self.assertEqual(len(natives._lent), 2)  # p's and m's memory, held by outputs made in C
+        assert_same(self, got[:2], want[:2])  # which Python adopts, with that memory
+        self.assertEqual(natives._lent, {})
+        del got
+        self.assertEqual(device.memory_stats()["bytes_in_use"], start)
+
+    def test_lent_memory_comes_back_when_jaxlib_destroys_the_output(self):
+        x = python_owned(np.ones(1 << 12, np.float32))
+        double = jax.jit(lambda a: a * 2, donate_argnums=0)
+        y = double(double(x))  # x's memory lent to the first output, handed on to the second in C
+        natives = native.load()
+        pb_device().memory_stats()  # a callback: Python takes what C queued
+        self.assertEqual(len(natives._lent), 1)
+        del y
+        pb_device().memory_stats()
+        self.assertEqual(natives._lent, {})
+
+    def test_donated_outputs_of_native_calls_stay_in_place(self):
+        update = jax.jit(lambda s, v: s.at[:8].add(v), donate_argnums=0)
+        state = update(python_owned(np.zeros(1 << 12, np.float32)), np.ones(8, np.float32))
+        for _ in range(5):  # each state made in C, handed on in C: no copy, no Python
+            state = update(state, np.ones(8, np.float32))
+        address = state.unsafe_buffer_pointer()  # Python adopts it
+        state = update(state, np.ones(8, np.float32))  # then lends it
+        self.assertEqual(state.unsafe_buffer_pointer(), address)
+        np.testing.assert_array_equal(np.asarray(state)[:9], [7] * 8 + [0])
 
     def test_many_outputs_scalars_bf16_and_bool(self):
         def f(a):

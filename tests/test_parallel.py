@@ -15,7 +15,9 @@ from mlir import ir
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import compiler
-from polyblocks_jax.cpu import parallel
+from polyblocks_jax.contexts import pass_manager
+from polyblocks_jax.cpu import parallel, parallel_if
+from polyblocks_jax.cpu.executable import MIN_WORK_SYMBOL
 
 _NESTS = """
 func.func @f(%a: memref<512x512xf32>, %b: memref<8xf32>) {
@@ -34,6 +36,21 @@ func.func @f(%a: memref<512x512xf32>, %b: memref<8xf32>) {
   }
   scf.for %i = %c0 to %c512 step %c1 {
     scf.parallel (%j) = (%c0) to (%c512) step (%c1) {
+      memref.store %x, %a[%i, %j] : memref<512x512xf32>
+    }
+  }
+  return
+}
+"""
+
+_DYNAMIC_INNER = """
+func.func @f(%a: memref<512x512xf32>, %n: index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c512 = arith.constant 512 : index
+  %x = arith.constant 1.0 : f32
+  scf.parallel (%i, %j) = (%c0, %c0) to (%c512, %c512) step (%c1, %c1) {
+    scf.for %k = %c0 to %n step %c1 {
       memref.store %x, %a[%i, %j] : memref<512x512xf32>
     }
   }
@@ -203,6 +220,71 @@ def _compile(fn, *args, options: pb.Options) -> tuple[pb.Executable, bool]:
             return exe, "omp.parallel" in f.read()
 
 
+class ParallelIfTest(absltest.TestCase):
+    def test_each_region_compares_its_work_with_the_policys(self):
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(_NESTS)
+            parallel.parallelize_loops(module, pb.Options(), threads=2)
+            (loop,) = _ops(module, "scf.parallel")
+            work = parallel.work(loop)
+            self.assertEqual(parallel_if.region_works(module), [work])
+            pass_manager("builtin.module(convert-scf-to-openmp)", module.context).run(module.operation)
+            parallel_if.guard_parallel_regions(module, [work])
+            (region,) = _ops(module, "omp.parallel")
+            self.assertEqual(list(ir.DenseI32ArrayAttr(region.attributes["operandSegmentSizes"])), [0, 0, 1, 0, 0, 0])
+            self.assertEqual(len(_ops(module, "omp.wsloop")), 1)  # the body moved into the guarded region
+            text = str(module)
+            self.assertIn(f"llvm.mlir.global external @{MIN_WORK_SYMBOL}(0 : i64)", text)
+            self.assertIn(f"arith.constant {work} : i64", text)
+
+    def test_a_region_of_unknown_trip_counts_always_pays(self):
+        # its estimate counts the inner loop once: a floor, which the run-time check must not trust
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(_DYNAMIC_INNER)
+            parallel.parallelize_loops(module, pb.Options(), threads=2)
+            self.assertEqual(parallel_if.region_works(module), [parallel.UNBOUNDED])
+
+    # A region whose work is below the busy machine's minimum runs on the calling thread:
+    # libomp then never starts a worker thread. teams.c reads a load file that says busy.
+    SERIAL = textwrap.dedent("""
+        import ctypes, os, sys
+        import jax, jax.numpy as jnp, numpy as np
+        from polyblocks_jax.cpu import executable
+        executable.openmp_runtime()
+        teams = ctypes.CDLL(executable.native_build.shared_library(
+            os.path.join(os.path.dirname(executable.__file__), "teams.c"), "teams"))
+        teams.pb_teams_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_char_p]
+        with open(sys.argv[0] + ".loadavg", "w") as f:
+            f.write("1.00 1.00 1.00 5/300 4242\\n")
+        teams.pb_teams_init(2, 200, int(sys.argv[1]), (sys.argv[0] + ".loadavg").encode())
+        x = jax.device_put(np.arange(512 * 512, dtype=np.float32).reshape(512, 512) / 1000,
+                           jax.devices("polyblocks")[0])
+        f = jax.jit(lambda a: jnp.sin(a) + a).lower(x).compile()
+        threads = len(os.listdir("/proc/self/task"))
+        out = np.asarray(f(x))
+        np.testing.assert_allclose(out, np.sin(np.asarray(x)) + np.asarray(x), rtol=1e-6)
+        print(len(os.listdir("/proc/self/task")) - threads)
+    """)
+
+    def _new_threads(self, min_work: int) -> int:
+        base = {k: v for k, v in os.environ.items() if k not in ("OMP_DYNAMIC", "KMP_DYNAMIC_MODE", "KMP_BLOCKTIME",
+                                                                 "OMP_NUM_THREADS")}
+        with tempfile.TemporaryDirectory() as folder:
+            script = os.path.join(folder, "serial.py")
+            with open(script, "w") as f:
+                f.write(self.SERIAL)
+            done = subprocess.run([sys.executable, script, str(min_work)], env={**base, "OMP_NUM_THREADS": "2"},
+                                  capture_output=True, text=True, timeout=300)
+        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+        return int(done.stdout.split()[-1])
+
+    def test_a_busy_machine_runs_small_regions_on_the_calling_thread(self):
+        self.assertEqual(self._new_threads(min_work=1 << 40), 0)
+
+    def test_a_busy_machine_runs_large_regions_in_parallel(self):
+        self.assertGreater(self._new_threads(min_work=1), 0)
+
+
 class ParallelResultsTest(absltest.TestCase):
     def _check(self, fn, *args, rtol=None, atol=None):
         """Parallel code forks, serial code does not; both equal each other and XLA."""
@@ -310,10 +392,12 @@ class DynamicTeamsTest(absltest.TestCase):
         for runnable in sys.argv[1:]:
             with open(sys.argv[0] + ".loadavg", "w") as f:
                 f.write(f"1.00 1.00 1.00 {runnable}/300 4242\\n")
-            teams.pb_teams_init(2, 200, (sys.argv[0] + ".loadavg").encode())
+            teams.pb_teams_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_char_p]
+            teams.pb_teams_init(2, 200, 1000, (sys.argv[0] + ".loadavg").encode())
             time.sleep(0.11)  # the load is read at most every 100 ms
             teams.pb_teams_choose()
-            print(runnable, omp.omp_get_dynamic(), omp.kmp_get_blocktime())
+            print(runnable, omp.omp_get_dynamic(), omp.kmp_get_blocktime(),
+                  ctypes.c_longlong.in_dll(teams, "pb_min_parallel_work").value)
             omp.omp_set_dynamic(1)  # as if another thread, whose settings are its own
     """)
 
@@ -330,8 +414,9 @@ class DynamicTeamsTest(absltest.TestCase):
 
     def test_a_busy_machine_gets_full_teams_whose_workers_sleep(self):
         # Quiet (no more runnable tasks than the 2 cores): load-balance teams, spinning
-        # workers; busy: static teams, workers asleep at once after each region.
-        self.assertEqual(self._policy(2, 5), ["True", "2 1 200", "5 0 0"])
+        # workers, every region parallel; busy: static teams, workers asleep at once after
+        # each region, which runs in parallel only from the given work on.
+        self.assertEqual(self._policy(2, 5), ["True", "2 1 200 0", "5 0 0 1000"])
 
     def test_no_policy_where_the_user_set_the_blocktime(self):
         self.assertEqual(self._policy(KMP_BLOCKTIME="50")[0], "False")

@@ -47,6 +47,7 @@ from polyblocks_jax.runtime.specs import check_arguments
 
 logger = logging.getLogger(__name__)
 _BARE_ENTRY = "main"
+PACKED_ENTRY = "polyblocks_main_packed"  # cpu/packed_entry.py's
 _DESCRIPTOR_ENTRY = "_mlir_ciface_main"
 
 
@@ -76,11 +77,22 @@ def openmp_runtime() -> str:
     return path
 
 
+# The library global (an address) through which compiled code reads teams.c's
+# pb_min_parallel_work before each parallel region (cpu/parallel_if.py).
+MIN_WORK_SYMBOL = "polyblocks_parallel_min_work"
+# Estimated work (cpu/parallel.py's units) below which a region runs on the calling thread
+# when the machine is busy: a sleeping worker's wake-up (5-15 us) plus a share of a busy core
+# repay only regions of some 100 us and more (the zoo's GRU at batch 8, busy: 3.6 ms with
+# this bound, 7.7 with 2^22 and up, 15 with every region parallel).
+BUSY_MIN_PARALLEL_WORK = 1 << 21
+
+
 def _no_policy() -> None:
     pass
 
 
 choose_teams = _no_policy  # called before each call of compiled code: see teams.c
+_min_work_address = 0  # of teams.c's pb_min_parallel_work where the policy is in use
 
 
 def teams_policy_address() -> int | None:
@@ -90,16 +102,18 @@ def teams_policy_address() -> int | None:
 
 
 def _load_teams_policy() -> None:
-    global choose_teams
+    global choose_teams, _min_work_address
     try:
         library = ctypes.CDLL(native_build.shared_library(os.path.join(os.path.dirname(__file__), "teams.c"), "teams"))
     except (OSError, subprocess.SubprocessError) as e:  # no C compiler: libomp's teams alone
         logger.info("polyblocks: no policy for parallel teams under load (%s)", e)
         return
     from polyblocks_jax.cpu.target import host
-    library.pb_teams_init(host().cores, 200, b"/proc/loadavg")
+    library.pb_teams_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_char_p]
+    library.pb_teams_init(host().cores, 200, BUSY_MIN_PARALLEL_WORK, b"/proc/loadavg")
     choose_teams = library.pb_teams_choose
     choose_teams.restype, choose_teams.argtypes = None, []
+    _min_work_address = ctypes.addressof(ctypes.c_longlong.in_dll(library, "pb_min_parallel_work"))
 
 
 class CpuExecutable:
@@ -142,6 +156,8 @@ class CpuExecutable:
             self._factories = [DescriptorFactory(s) for s in self._specs] if self._descriptors else None
             self._entry = getattr(dll, _DESCRIPTOR_ENTRY if self._descriptors else _BARE_ENTRY)
             self._entry.restype, self._entry.argtypes = None, [ctypes.c_void_p] * len(self._specs)
+            if hasattr(dll, MIN_WORK_SYMBOL):
+                ctypes.c_int64.in_dll(dll, MIN_WORK_SYMBOL).value = _min_work_address
             for symbol, value in self._globals.items():
                 ctypes.c_int64.in_dll(dll, symbol).value = value
             self._dll = dll
@@ -150,6 +166,14 @@ class CpuExecutable:
     def descriptors(self) -> bool:
         self.load()
         return self._descriptors
+
+    @property
+    def packed_entry_address(self) -> int | None:
+        """Address of the entry that takes one pointer to the bare entry's arguments
+        (cpu/packed_entry.py); None where the library has none."""
+        self.load()
+        packed = getattr(self._dll, PACKED_ENTRY, None)
+        return None if packed is None else ctypes.cast(packed, ctypes.c_void_p).value
 
     @property
     def entry_address(self) -> int | None:

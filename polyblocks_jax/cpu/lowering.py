@@ -22,7 +22,9 @@ from polyblocks_jax.passes import INLINE_LAYERS, VECTOR_TRANSFERS, Stage
 from polyblocks_jax.cpu.arena import plan_arena
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
 from polyblocks_jax.cpu.iteration_buffers import hoist_iteration_buffers
+from polyblocks_jax.cpu.packed_entry import add_packed_entry
 from polyblocks_jax.cpu.parallel import parallelize_loops
+from polyblocks_jax.cpu.parallel_if import guard_parallel_regions, region_works
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.cpu.vector_reads import lower_vector_reads
 
@@ -91,11 +93,10 @@ def _vectorize_copies(module: ir.Module, options: Options) -> bool:
     return vectorize_copies(module, lanes=host().vector_bits // 32)
 
 
+# scf.parallel -> omp.parallel + omp.wsloop; its body sits in memref.alloca_scope,
+# which finalize-memref-to-llvm removes and convert-scf-to-cf cannot handle.
+_TO_OPENMP = "func.func(convert-vector-to-scf), convert-scf-to-openmp"
 _TO_LLVM = (
-    "func.func(convert-vector-to-scf), "
-    # scf.parallel -> omp.parallel + omp.wsloop; its body sits in memref.alloca_scope,
-    # which finalize-memref-to-llvm removes and convert-scf-to-cf cannot handle.
-    "convert-scf-to-openmp, "
     # expand-strided-metadata emits affine.apply: lower affine after it.
     "func.func(expand-strided-metadata, lower-affine), finalize-memref-to-llvm, "
     # bf16 math in f32 (see cpu/bf16.py). Then math ops with an LLVM intrinsic;
@@ -129,8 +130,13 @@ def lower_to_llvm(module: ir.Module, options: Options) -> None:
     library)."""
     functions = [op for op in module.body.operations if isinstance(op, func.FuncOp)]
     bare = all(bare_pointer(t) for f in functions for t in [*f.type.inputs, *f.type.results])
+    works = region_works(module)
+    pass_manager(f"builtin.module({_TO_OPENMP})", module.context).run(module.operation)
+    guard_parallel_regions(module, works)
     pipeline = _TO_LLVM + (_BARE_FUNCTIONS if bare else _DESCRIPTOR_FUNCTIONS) + _REST
     pass_manager(f"builtin.module({pipeline})", module.context).run(module.operation)
+    if bare:
+        add_packed_entry(module)
     # The lowering builds a memref descriptor for every view main passes to a kernel, then
     # takes one pointer out of it: folded here, not by LLVM (in a model's main, most of its
     # lines of IR and a large share of the module's text). The kernels hold

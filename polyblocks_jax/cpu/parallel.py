@@ -18,9 +18,10 @@ import math
 from mlir import ir
 from mlir.dialects import arith, memref, scf
 
+from polyblocks_jax.cpu.parallel_if import WORK_ATTR
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.transform import constant_index, identity_layout, walk
-from polyblocks_jax.passes.work import MATH_COST, SMALL_WORK
+from polyblocks_jax.passes.work import MATH_COST, SMALL_WORK, UNBOUNDED
 
 PARALLEL_ATTR = "polyblocks.parallel"  # i64: how many outer dims run in parallel
 # Estimated operations per entry below which a fork/join costs more than sharing the work
@@ -52,12 +53,30 @@ def parallelize_loops(module: ir.Module, options: Options, threads: int) -> None
 def choose_parallel_loops(root: ir.Operation, threads: int, min_work: int = MIN_PARALLEL_WORK) -> None:
     """Mark each outermost ``scf.parallel`` whose estimated work is at least ``min_work``."""
     for op in _outermost_parallel(root):
-        trips = dim_trips(op)
-        if math.prod(trips) > 1 and work(op) >= min_work:
+        trips, entry = dim_trips(op), work(op)
+        if math.prod(trips) > 1 and entry >= min_work:
             dims, shared = 0, 1
             while dims < len(trips) and shared < CHUNKS_PER_THREAD * threads:
                 dims, shared = dims + 1, shared * trips[dims]
-            op.attributes[PARALLEL_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), dims)
+            # Where trip counts are unknown (a sort's merge passes, while loops) the estimate is
+            # only a floor: the run-time ``if`` must not serialize work it cannot see.
+            _mark(op, dims, entry if _counted(op) else UNBOUNDED)
+
+
+def _counted(op: ir.Operation) -> bool:
+    """Whether ``work(op)`` counts every iteration: no loop in ``op`` of unknown trip count."""
+    return not any(o.name == "scf.while" or (o.name in _LOOPS and not _constant_bounds(o)) for o in walk(op))
+
+
+def _constant_bounds(op: ir.Operation) -> bool:
+    return all(constant_index(v) is not None for bounds in loop_bounds(op) for v in bounds)
+
+
+def _mark(op: ir.Operation, dims: int, entry_work: int) -> None:
+    """Share out ``op``'s first ``dims`` dims; ``entry_work``: its work, for the run-time ``if``."""
+    i64 = ir.IntegerType.get_signless(64)
+    op.attributes[PARALLEL_ATTR] = ir.IntegerAttr.get(i64, dims)
+    op.attributes[WORK_ATTR] = ir.IntegerAttr.get(i64, entry_work)
 
 
 def share_large_copies(root: ir.Operation, threads: int, min_work: int = MIN_PARALLEL_WORK) -> None:
@@ -103,7 +122,7 @@ def _copy_by_parts(op: ir.Operation, parts: int) -> None:
     rows = [_as_rows(v, parts, elements // parts) for v in op.operands]
     index = ir.IndexType.get()
     loop = scf.ParallelOp([], *[[arith.constant(index, bound)] for bound in (0, parts, 1)], [])
-    loop.attributes[PARALLEL_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 1)
+    _mark(loop.operation, 1, work(op))
     block = loop.region.blocks.append(index)
     with ir.InsertionPoint(block):
         row = block.arguments[0]
@@ -205,7 +224,8 @@ def _split(op: ir.Operation, keep: int) -> None:
     if keep:
         with point, op.location:
             outer = scf.ParallelOp([], *[[b[i] for b in bounds[:keep]] for i in range(3)], [])
-            outer.attributes[PARALLEL_ATTR] = op.attributes[PARALLEL_ATTR]
+            for name in (PARALLEL_ATTR, WORK_ATTR):
+                outer.attributes[name] = op.attributes[name]
             block = outer.region.blocks.append(*[ir.IndexType.get()] * keep)
             with ir.InsertionPoint(block):
                 terminator = scf.ReduceOp([], 0)

@@ -75,7 +75,7 @@ class Buffer:
         self.token = False  # a program's token result (bool[0]): it holds no data to read
         if handle is None:
             self.handle = handles.register(self, handles.BUFFER, device.handle, device.memory.handle, 0, READY,
-                                           self.address)
+                                           self.address, 0 if writable else handles.READ_ONLY)
         else:
             self.handle = handle
             handles.adopt(self, handle)

@@ -21,7 +21,8 @@ _BLOCK = ctypes.c_void_p * 8  # 64 zero bytes: more than jaxlib's probe reads
 
 # Tags of word 1 (the same numbers as native.c's), and what words 2.. then hold:
 BUFFER = 0x70620001      # device handle, memory handle, deleted (0/1), ready event handle (0: ask Python),
-#                          data address, origin (0: Python; else made by native Execute)
+#                          data address, origin (0 or READ_ONLY: Python; else made by native Execute)
+READ_ONLY = 0x70620013   # a buffer of Python's whose memory compiled code may not write (donation)
 EXECUTABLE = 0x70620002  # number of outputs
 MEMORY = 0x70620003      # kind: address of its characters, their count
 READY_EVENT = 0x70620004  # (nothing: ready, without an error)

@@ -11,9 +11,11 @@
  *
  * Getters: the other questions jaxlib asks on every call, answered from the handle's block.
  *
- * Execute: the plain call of a host program (see pb_execute), Python's for every other.
+ * Execute: the plain or donating call of a host program (see pb_execute), Python's for
+ * every other.
  */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,26 +29,36 @@ size_t pb_pending;  /* read by Python without a call: nonzero means "drain me" *
 
 static int destroyed_in_c(void** object);
 
-void* pb_defer_destroy(DestroyArgs* args) {
-  if (destroyed_in_c(args->object)) return NULL;
+/* Queue ``entry`` for Python, which takes entries in order: a handle jaxlib destroyed, or,
+ * tagged in its low bits (blocks and data are aligned), what a donating native Execute left
+ * to Python: CONSUMED, a buffer of Python's to delete (its handle stays jaxlib's); LENT, one
+ * to delete whose memory an output made here now holds (Python keeps the array alive); and
+ * RETURNED, the data address of lent memory that no buffer made here holds any more. */
+enum { CONSUMED = 1, LENT = 2, RETURNED = 3 };
+static void defer(void* entry) {
   pthread_mutex_lock(&lock);
   if (pb_pending == capacity) {
     size_t grown = capacity ? 2 * capacity : 1024;
     void** bigger = realloc(queue, grown * sizeof(void*));
-    if (!bigger) { pthread_mutex_unlock(&lock); return NULL; }  /* leak rather than fail */
+    if (!bigger) { pthread_mutex_unlock(&lock); return; }  /* leak rather than fail */
     queue = bigger;
     capacity = grown;
   }
-  queue[pb_pending++] = args->object;
+  queue[pb_pending++] = entry;
   pthread_mutex_unlock(&lock);
+}
+
+void* pb_defer_destroy(DestroyArgs* args) {
+  if (!destroyed_in_c(args->object)) defer(args->object);
   return NULL;
 }
 
 size_t pb_take(void** out, size_t max) {
   pthread_mutex_lock(&lock);
   size_t n = pb_pending < max ? pb_pending : max;
+  memcpy(out, queue, n * sizeof(void*));
+  memmove(queue, queue + n, (pb_pending - n) * sizeof(void*));
   pb_pending -= n;
-  memcpy(out, queue + pb_pending, n * sizeof(void*));
   pthread_mutex_unlock(&lock);
   return n;
 }
@@ -76,9 +88,16 @@ enum { TAG_BUFFER = 0x70620001, TAG_EXECUTABLE = 0x70620002, TAG_MEMORY = 0x7062
 enum { BUFFER_DEVICE, BUFFER_MEMORY, BUFFER_IS_DELETED, BUFFER_READY_EVENT, EVENT_IS_READY, EVENT_ON_READY,
        EXECUTABLE_NUM_OUTPUTS, MEMORY_KIND, LOADED_EXECUTE, GETTERS };
 /* Words of a buffer's block: the getters' (device, memory, deleted, ready event), its data's
- * address, and who made it: Python (0), C and unknown to Python yet, or C then adopted. */
+ * address, and who made it: Python (0; READ_ONLY where compiled code may not write its memory,
+ * a caller's host array), C and unknown to Python yet (MADE_IN_C, or BORROWED: over memory
+ * that a buffer of Python's lent at a donation), or C then adopted. */
 enum { WORD_DEVICE = 2, WORD_MEMORY, WORD_DELETED, WORD_READY, WORD_DATA, WORD_ORIGIN };
-enum { MADE_IN_C = 0x70620010, ADOPTED = 0x70620011 };
+enum { MADE_IN_C = 0x70620010, ADOPTED = 0x70620011, BORROWED = 0x70620012, READ_ONLY = 0x70620013 };
+
+/* A buffer's block that C made and Python has not adopted (a NativeBuffer, below). */
+static int made_in_c(void** b) {
+  return (size_t)b[WORD_ORIGIN] == MADE_IN_C || (size_t)b[WORD_ORIGIN] == BORROWED;
+}
 
 typedef void* (*Callback)(void* args);
 Callback pb_python[GETTERS];  /* set by the plugin */
@@ -141,18 +160,30 @@ void* pb_no_error(void* args) {
   return NULL;
 }
 
-/* Execute, the plain call of a host program, without entering Python: the plan (below) says
- * the program has no donation, token outputs or host callbacks, and an entry taking bare
- * pointers; Python leaves other programs without one. When anything else differs from the
- * plain case (several devices, another argument count, an argument that is not a live host
- * buffer of the executable's device, memory that cannot be had) Python's Execute runs the
- * call: it reports what is wrong as every PJRT error is reported. */
-typedef struct { int32_t type; int32_t rank; size_t nbytes; const int64_t* dims; } Output;
+/* Execute, the call of a host program, without entering Python: the plan (below) says the
+ * program has no token outputs or host callbacks, and an entry taking bare pointers; Python
+ * leaves other programs without one. When anything else differs from the plain case (several
+ * devices, another argument count, an argument that is not a live host buffer of the
+ * executable's device, a donated buffer passed twice or listed as not donatable, memory that
+ * cannot be had) Python's Execute runs the call: it reports what is wrong as every PJRT
+ * error is reported.
+ *
+ * Donation, as pjrt/executable.py does it: a donated input is deleted after the call; an
+ * output computed in an input's memory (``alias``) is handed that memory, no copy. A buffer
+ * made here hands it on itself; a buffer of Python's lends it (LENT, in the queue above),
+ * unless it is READ_ONLY: then the code writes a copy, as it does for written inputs that are
+ * not donated. Python deletes its consumed buffers on its next callback. */
+typedef struct { int32_t type; int32_t rank; size_t nbytes; const int64_t* dims; int64_t alias; } Output;
+enum { DONATED = 1, OVERWRITTEN = 2 };  /* an Input's flags: consumed by a call; written by the code */
+typedef struct { size_t nbytes; int64_t flags; } Input;
 typedef struct {
-  void (*entry)(void); void* device; void* memory; void* ready_event;
+  void (*entry)(void);
+  int64_t packed;  /* whether entry takes one pointer to its pointers (any count), else them one by one */
+  void* device; void* memory; void* ready_event;
   size_t num_inputs, num_outputs, arena_bytes;
   void* idle_arena;  /* kept between calls; a call that finds none (another thread's) allocates one */
   const Output* outputs;
+  const Input* inputs;  /* NULL: no input is donated or written */
 } Plan;
 
 /* A buffer made here: a handle block (handles.py) of origin MADE_IN_C, then what Python reads
@@ -160,8 +191,15 @@ typedef struct {
  * buffer never adopted at once; an adopted one is Python's to release. */
 typedef struct { void* words[8]; int32_t type; int32_t rank; size_t nbytes; int64_t dims[]; } NativeBuffer;
 
+/* PJRT_ExecuteOptions up to the inputs that jaxlib says may not be donated. */
 typedef struct {
-  size_t struct_size; void* extension_start; void** executable; void* options;
+  size_t struct_size; void* extension_start; void* send_callbacks; void* recv_callbacks;
+  size_t num_send_ops, num_recv_ops; int launch_id;
+  const int64_t* non_donatable_input_indices; size_t num_non_donatable_input_indices;
+} ExecuteOptions;
+
+typedef struct {
+  size_t struct_size; void* extension_start; void** executable; const ExecuteOptions* options;
   void** const* argument_lists; size_t num_devices; size_t num_args; void** const* output_lists;
   void** device_complete_events; void* execute_device;
 } ExecuteArgs;
@@ -235,12 +273,14 @@ static void count_bytes(void** device, size_t nbytes, int sign) {
   else __atomic_sub_fetch((size_t*)&device[DEVICE_NATIVE_BYTES], nbytes, __ATOMIC_RELAXED);
 }
 
-static NativeBuffer* new_buffer(const Plan* plan, const Output* output) {
+/* A buffer for ``output`` over ``data`` (its origin ``origin``), or over fresh memory where
+ * ``data`` is NULL. */
+static NativeBuffer* new_buffer(const Plan* plan, const Output* output, void* data, size_t origin) {
   NativeBuffer* b = malloc(sizeof(NativeBuffer) + output->rank * sizeof(int64_t));
-  void* data = take_output(output->nbytes);
-  if (!b || !data) { free(b); free(data); return NULL; }
+  if (b && !data && !(data = take_output(output->nbytes))) { free(b); b = NULL; }
+  if (!b) return NULL;
   void* words[8] = {NULL, (void*)(size_t)TAG_BUFFER, plan->device, plan->memory, NULL, plan->ready_event, data,
-                    (void*)(size_t)MADE_IN_C};
+                    (void*)origin};
   memcpy(b->words, words, sizeof words);
   b->type = output->type;
   b->rank = output->rank;
@@ -250,22 +290,48 @@ static NativeBuffer* new_buffer(const Plan* plan, const Output* output) {
   return b;
 }
 
+static void release_data(NativeBuffer* b) {
+  if (!b->words[WORD_DATA]) return;  /* consumed: handed on */
+  if ((size_t)b->words[WORD_ORIGIN] == BORROWED) defer((void*)((size_t)b->words[WORD_DATA] | RETURNED));
+  else pb_give_back(b->words[WORD_DATA], b->nbytes);
+}
+
 static void free_buffer(NativeBuffer* b) {
   count_bytes(b->words[WORD_DEVICE], b->nbytes, -1);
-  pb_give_back(b->words[WORD_DATA], b->nbytes);
+  release_data(b);
   free(b);
+}
+
+/* A buffer of a call that cannot go on, its memory freed where ``owned`` (not an input's). */
+static void unmake(NativeBuffer* b, int owned) {
+  if (owned) {
+    free_buffer(b);
+  } else {
+    count_bytes(b->words[WORD_DEVICE], b->nbytes, -1);
+    free(b);
+  }
+}
+
+/* Donation of a buffer made here: deleted, its memory handed on (``keep``) or given back. */
+static void consume(NativeBuffer* b, int keep) {
+  count_bytes(b->words[WORD_DEVICE], b->nbytes, -1);
+  if (!keep) release_data(b);
+  b->words[WORD_DATA] = NULL;
+  b->nbytes = 0;
+  b->words[WORD_DELETED] = (void*)1;
 }
 
 /* Destroy of the shared ready event (immortal) or of a buffer never adopted: done here. */
 static int destroyed_in_c(void** object) {
   if (!object) return 0;
   if ((size_t)object[1] == TAG_READY) return 1;
-  if ((size_t)object[1] != TAG_BUFFER || (size_t)object[WORD_ORIGIN] != MADE_IN_C) return 0;
+  if ((size_t)object[1] != TAG_BUFFER || !made_in_c(object)) return 0;
   free_buffer((NativeBuffer*)object);
   return 1;
 }
 
-/* Python adopts a buffer made here: from then on the device's count is Python's. */
+/* Python adopts a buffer made here: from then on the device's count is Python's (and lent
+ * memory Python's again). */
 void pb_adopted(NativeBuffer* b) {
   b->words[WORD_ORIGIN] = (void*)(size_t)ADOPTED;
   count_bytes(b->words[WORD_DEVICE], b->nbytes, -1);
@@ -287,7 +353,8 @@ void pb_free_plan(Plan* plan) {
   free(plan);
 }
 
-/* The entry with n pointer arguments: one case per count, up to pb_max_pointers. */
+/* The entry with n pointer arguments, for a library without a packed entry: one case per
+ * count, up to pb_max_pointers. */
 #define P1 void*
 #define P2 P1, void*
 #define P3 P2, void*
@@ -341,6 +408,50 @@ static void call_entry(void (*entry)(void), void* const* a, size_t n) {
 /* Called before each native call where set: the host's choice of parallel teams (cpu/teams.c). */
 void (*pb_before_call)(void);
 
+/* Whether a call with ``args`` may donate as the plan says: jaxlib lists no input as not
+ * donatable, and no donated buffer is passed twice. */
+static int may_donate(const Plan* plan, const ExecuteArgs* args) {
+  const ExecuteOptions* options = args->options;
+  if (options && options->struct_size > offsetof(ExecuteOptions, num_non_donatable_input_indices)
+      && options->num_non_donatable_input_indices)
+    return 0;
+  void* const* buffers = args->argument_lists[0];  /* the plan has inputs: there are arguments */
+  for (size_t i = 0; i < plan->num_inputs; i++)
+    if (plan->inputs[i].flags & DONATED)
+      for (size_t j = 0; j < plan->num_inputs; j++)
+        if (j != i && buffers[j] == buffers[i]) return 0;
+  return 1;
+}
+
+/* The memory the code writes for each written input: the buffer's own where it is donated
+ * and not READ_ONLY, else a copy (in ``copies``); 0 where memory cannot be had. */
+static int written_memory(const Plan* plan, void* const* buffers, void** pointers, void** copies) {
+  for (size_t i = 0; i < plan->num_inputs; i++) {
+    int64_t flags = plan->inputs[i].flags;
+    if (!(flags & OVERWRITTEN) || ((flags & DONATED) && (size_t)((void**)buffers[i])[WORD_ORIGIN] != READ_ONLY))
+      continue;
+    if (!(copies[i] = take_output(plan->inputs[i].nbytes))) return 0;
+    memcpy(copies[i], pointers[i], plan->inputs[i].nbytes);
+    pointers[i] = copies[i];
+  }
+  return 1;
+}
+
+/* After the call: donated inputs deleted, copies not handed to an output given back. */
+static void settle_donation(const Plan* plan, void* const* buffers, void** copies, const int* aliased) {
+  for (size_t i = 0; i < plan->num_inputs; i++) {
+    if (copies[i] && !aliased[i]) pb_give_back(copies[i], plan->inputs[i].nbytes);
+    if (!(plan->inputs[i].flags & DONATED)) continue;
+    void** b = buffers[i];
+    if (made_in_c(b)) {
+      consume((NativeBuffer*)b, aliased[i]);
+    } else {
+      b[WORD_DELETED] = (void*)1;
+      defer((void*)((size_t)b | (aliased[i] && !copies[i] ? LENT : CONSUMED)));
+    }
+  }
+}
+
 void* pb_execute(ExecuteArgs* args) {
   void** handle = args->executable;
   if (!handle || (size_t)handle[1] != TAG_LOADED || !handle[2]) return pb_python[LOADED_EXECUTE](args);
@@ -348,36 +459,52 @@ void* pb_execute(ExecuteArgs* args) {
   if (args->num_devices != 1 || args->num_args != plan->num_inputs
       || (args->execute_device && args->execute_device != plan->device))
     return pb_python[LOADED_EXECUTE](args);
-  void* pointers[20];  /* pb_max_pointers: inputs, outputs, arena */
-  NativeBuffer* made[20];
-  size_t n = 0, k;
+  void* pointers[plan->num_inputs + plan->num_outputs + 1];  /* inputs, fresh outputs, arena */
+  NativeBuffer* made[plan->num_outputs + 1];
+  void* copies[plan->num_inputs + 1];  /* per input: the copy the code writes instead */
+  int aliased[plan->num_inputs + 1];   /* per input: whether an output holds its memory */
+  memset(copies, 0, sizeof copies);
+  memset(aliased, 0, sizeof aliased);
+  void* const* buffers = plan->num_inputs ? args->argument_lists[0] : NULL;  /* jaxlib may pass no lists */
+  size_t n = 0, k, i;
   for (; n < plan->num_inputs; n++) {
-    void** b = args->argument_lists[0][n];
+    void** b = buffers[n];
     if (!b || (size_t)b[1] != TAG_BUFFER || b[WORD_DEVICE] != plan->device || b[WORD_DELETED] || !b[WORD_DATA])
       return pb_python[LOADED_EXECUTE](args);
     pointers[n] = b[WORD_DATA];
   }
+  if (plan->inputs && !may_donate(plan, args)) return pb_python[LOADED_EXECUTE](args);
   void* arena = NULL;
+  if (plan->inputs && !written_memory(plan, buffers, pointers, copies)) goto fail;
   if (plan->arena_bytes) {
     arena = __atomic_exchange_n((void**)&plan->idle_arena, NULL, __ATOMIC_ACQ_REL);
-    if (!arena && !(arena = aligned(plan->arena_bytes))) return pb_python[LOADED_EXECUTE](args);
+    if (!arena && !(arena = aligned(plan->arena_bytes))) goto fail;
   }
   for (k = 0; k < plan->num_outputs; k++) {
-    if (!(made[k] = new_buffer(plan, &plan->outputs[k]))) {
-      while (k) free_buffer(made[--k]);
-      free(arena);
-      return pb_python[LOADED_EXECUTE](args);
+    int64_t alias = plan->outputs[k].alias;
+    size_t origin = alias < 0 || copies[alias] ? MADE_IN_C
+                    : made_in_c(buffers[alias]) ? (size_t)((void**)buffers[alias])[WORD_ORIGIN] : BORROWED;
+    if (!(made[k] = new_buffer(plan, &plan->outputs[k], alias < 0 ? NULL : pointers[alias], origin))) {
+      while (k--) unmake(made[k], plan->outputs[k].alias < 0);
+      goto fail;
     }
-    pointers[n++] = made[k]->words[WORD_DATA];
+    if (alias < 0) pointers[n++] = made[k]->words[WORD_DATA];
+    else aliased[alias] = 1;
   }
   if (arena) pointers[n++] = arena;
   if (pb_before_call) pb_before_call();
-  call_entry(plan->entry, pointers, n);
+  if (plan->packed) ((void (*)(void**))plan->entry)(pointers);
+  else call_entry(plan->entry, pointers, n);
   void* none = NULL;
   if (arena && !__atomic_compare_exchange_n((void**)&plan->idle_arena, &none, arena, 0, __ATOMIC_ACQ_REL,
                                             __ATOMIC_ACQUIRE))
     free(arena);
+  if (plan->inputs) settle_donation(plan, buffers, copies, aliased);
   for (k = 0; k < plan->num_outputs; k++) args->output_lists[0][k] = made[k];
   if (args->device_complete_events) *args->device_complete_events = plan->ready_event;
   return NULL;
+fail:
+  for (i = 0; i < plan->num_inputs; i++) free(copies[i]);
+  free(arena);
+  return pb_python[LOADED_EXECUTE](args);
 }

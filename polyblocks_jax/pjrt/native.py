@@ -4,6 +4,9 @@ functions, the constant answers, the getters and Execute of the per-call path.
 Native Execute runs a host program whose loaded executable has a plan (``Native.plan``)
 and makes its output buffers in C; Python adopts such a buffer (``Native.adopt``) when a
 callback first names it, as a Buffer over that memory, which C frees once numpy lets go.
+What a donating native Execute leaves to Python comes through the queue of destroyed
+handles, tagged in the low bits: buffers of Python's to delete (their handles stay jaxlib's),
+and memory lent to outputs made in C (``_lent``, until C returns it or Python adopts the output).
 
 Without a C compiler the plugin falls back to Python callbacks, which work (slower)
 except when jaxlib destroys an array while an exception propagates.
@@ -41,20 +44,30 @@ GETTERS = {
     "PJRT_Executable_NumOutputs": "pb_executable_num_outputs", "PJRT_Memory_Kind": "pb_memory_kind",
     "PJRT_LoadedExecutable_Execute": "pb_execute",
 }
-_MADE_IN_C = 0x70620010  # a buffer block's origin word (native.c)
+_MADE_IN_C, _BORROWED = 0x70620010, 0x70620012  # a buffer block's origin word (native.c)
 _ORIGIN_WORD = 7
+_CONSUMED, _LENT, _RETURNED = 1, 2, 3  # tags of a queue entry's low bits (native.c)
 
 
 class _Output(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int32), ("rank", ctypes.c_int32), ("nbytes", ctypes.c_size_t),
-                ("dims", ctypes.c_void_p)]
+                ("dims", ctypes.c_void_p), ("alias", ctypes.c_int64)]
+
+
+_DONATED, _OVERWRITTEN = 1, 2  # an input's flags (native.c)
+
+
+class _Input(ctypes.Structure):
+    _fields_ = [("nbytes", ctypes.c_size_t), ("flags", ctypes.c_int64)]
 
 
 class _Plan(ctypes.Structure):
     """What native Execute needs of a loaded executable (native.c's Plan)."""
-    _fields_ = [("entry", ctypes.c_void_p), ("device", ctypes.c_void_p), ("memory", ctypes.c_void_p),
+    _fields_ = [("entry", ctypes.c_void_p), ("packed", ctypes.c_int64), ("device", ctypes.c_void_p),
+                ("memory", ctypes.c_void_p),
                 ("ready_event", ctypes.c_void_p), ("num_inputs", ctypes.c_size_t), ("num_outputs", ctypes.c_size_t),
-                ("arena_bytes", ctypes.c_size_t), ("idle_arena", ctypes.c_void_p), ("outputs", ctypes.c_void_p)]
+                ("arena_bytes", ctypes.c_size_t), ("idle_arena", ctypes.c_void_p), ("outputs", ctypes.c_void_p),
+                ("inputs", ctypes.c_void_p)]
 
 
 class _NativeBuffer(ctypes.Structure):
@@ -90,6 +103,8 @@ class Native:
         self._new_plan, self._free_plan = library.pb_new_plan, library.pb_free_plan
         self._before_call = ctypes.c_void_p.in_dll(library, "pb_before_call")
         self._adopted: set[int] = set()  # blocks made in C that Python frees once jaxlib destroys them
+        # data address -> (array, on_release) of a buffer whose memory an output made in C holds
+        self._lent: dict[int, tuple[np.ndarray, object]] = {}
         self._adopt_lock = threading.Lock()
         handles.LIVE.adopt = self.adopt
 
@@ -105,6 +120,9 @@ class Native:
             out = array_type(ctypes.c_void_p, _BATCH)()
             count = self._take(out, _BATCH)
             for handle in out[:count]:
+                if handle and handle & 3:
+                    self._settle(handle & ~3, handle & 3)
+                    continue
                 obj = handles.LIVE.get(handle)
                 if obj is None or getattr(obj, "immortal", False):
                     continue
@@ -116,39 +134,63 @@ class Native:
                     self._adopted.discard(handle)
                     self._free(handle)
 
+    def _settle(self, address: int, tag: int) -> None:
+        """What a donating native Execute left: a consumed or lent buffer, or returned memory."""
+        if tag == _RETURNED:
+            array, on_release = self._lent.pop(address)
+            if on_release is not None:
+                on_release()
+            return
+        buffer = handles.LIVE.get(address)  # a consumed buffer's handle stays jaxlib's
+        if tag == _LENT:
+            self._lent[buffer.address] = (buffer.array, buffer.on_release)
+            buffer.on_release = None  # fired when the memory comes back
+        buffer.delete()
+
     def plan(self, loaded) -> tuple[int, object]:
         """The address of native Execute's plan for ``loaded`` (0: Python runs its calls), and
         what must live as long as the plan; freed with ``loaded``.
 
-        Native Execute takes the plain program: on the host, no donation, no token outputs, an
-        entry of bare pointers (no host callbacks, not a descriptor entry), pointers within
-        native.c's count.
+        Native Execute takes a program on the host with no token outputs, an entry of bare
+        pointers (no host callbacks, not a descriptor entry): the packed entry, or where the
+        library has none, the bare one if its pointers are within native.c's count. Its
+        donated and written inputs go into the plan's inputs.
         """
         exe = loaded.executable
         entry = getattr(exe.compiled, "entry_address", None)  # code called in this process: the host's
-        if entry is None or exe.donated or exe.token_outputs or any(a is not None for a in exe.aliases):
+        if entry is None or exe.token_outputs:
             return 0, None
+        packed = getattr(exe.compiled, "packed_entry_address", None)
         pointers = exe.num_inputs + exe.num_outputs + (1 if exe.compiled.arena_bytes else 0)
-        if pointers > self.max_pointers:
+        if packed is None and pointers > self.max_pointers:
             return 0, None
         outputs = (_Output * max(exe.num_outputs, 1))()
         dims = ctypes.addressof(exe.output_dims)  # every output's dims, one after another
-        for output, spec, code in zip(outputs, exe.compiled.outputs, exe.output_types):
+        for output, spec, code, alias in zip(outputs, exe.compiled.outputs, exe.output_types, exe.aliases):
             output.type, output.rank, output.nbytes, output.dims = code, spec.rank, spec.nbytes, dims
+            output.alias = -1 if alias is None else alias
             dims += spec.rank * ctypes.sizeof(ctypes.c_int64)
-        fields = _Plan(entry, loaded.device.handle, loaded.device.memory.handle, READY, exe.num_inputs,
-                     exe.num_outputs, exe.compiled.arena_bytes, None, ctypes.addressof(outputs))
+        inputs = None
+        if exe.donated or exe.overwritten:
+            inputs = (_Input * exe.num_inputs)()
+            for i, (field, spec) in enumerate(zip(inputs, exe.compiled.inputs)):
+                field.nbytes = spec.nbytes
+                field.flags = _DONATED * (i in exe.donated) + _OVERWRITTEN * (i in exe.overwritten)
+        fields = _Plan(entry if packed is None else packed, packed is not None, loaded.device.handle,
+                       loaded.device.memory.handle, READY, exe.num_inputs, exe.num_outputs, exe.compiled.arena_bytes, None, ctypes.addressof(outputs),
+                       ctypes.addressof(inputs) if inputs is not None else None)
         self._before_call.value = cpu_executable.teams_policy_address()  # libomp is loaded by now
         address = self._new_plan(ctypes.addressof(fields))
         if not address:
             return 0, None
         weakref.finalize(loaded, self._free_plan, address).atexit = False  # at exit a call may still run
-        return address, outputs
+        return address, (outputs, inputs)
 
     def adopt(self, handle: int) -> Buffer | None:
         """The Buffer of a block that native Execute made, registered under that handle; None
         for any other unknown handle."""
-        if handles.word(handle, 1) != handles.BUFFER or handles.word(handle, _ORIGIN_WORD) != _MADE_IN_C:
+        origin = handles.word(handle, _ORIGIN_WORD)
+        if handles.word(handle, 1) != handles.BUFFER or origin not in (_MADE_IN_C, _BORROWED):
             return None
         with self._adopt_lock:  # two threads may name one new buffer at once
             known = dict.get(handles.LIVE, handle)
@@ -156,11 +198,18 @@ class Native:
                 return known
             block = _NativeBuffer.from_address(handle)
             dims = tuple(array_type(ctypes.c_int64, block.rank).from_address(handle + ctypes.sizeof(_NativeBuffer)))
-            data = block.words[6]
-            memory = bytes_at(data, max(block.nbytes, 1))
-            weakref.finalize(memory.base, self._give_back, data, block.nbytes).atexit = False  # once no array views it
-            array = np.ndarray(dims, NUMPY_OF_TYPE[block.type], buffer=memory)
-            buffer = Buffer(array, handles.LIVE[block.words[2]], handle=handle)
+            dtype, data = NUMPY_OF_TYPE[block.type], block.words[6]
+            device = handles.LIVE[block.words[2]]
+            if block.words[handles.DELETED_WORD]:  # donated to a native call, which took its memory
+                buffer = Buffer(np.broadcast_to(np.zeros((), dtype), dims), device, address=0, handle=handle)
+                buffer.delete()
+            elif origin == _BORROWED:  # the lent memory's array is this buffer's now
+                array, on_release = self._lent.pop(data)
+                buffer = Buffer(array.view(dtype).reshape(dims), device, on_release, handle=handle)
+            else:
+                memory = bytes_at(data, max(block.nbytes, 1))
+                weakref.finalize(memory.base, self._give_back, data, block.nbytes).atexit = False  # once no array views it
+                buffer = Buffer(np.ndarray(dims, dtype, buffer=memory), device, handle=handle)
             self._adopted_in_c(handle)
             self._adopted.add(handle)
             return buffer

@@ -91,6 +91,12 @@ class Executable:
         return None if self.host_callbacks else self._exe.entry_address
 
     @property
+    def packed_entry_address(self) -> int | None:
+        """The entry taking one pointer to those addresses (any count of them); None as for
+        ``entry_address``, or where the library has no such entry."""
+        return None if self.entry_address is None else self._exe.packed_entry_address
+
+    @property
     def code_bytes(self) -> int:
         """Size of the shared library the code runs from."""
         return len(self._exe.library)
