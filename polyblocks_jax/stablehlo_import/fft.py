@@ -203,8 +203,53 @@ def _real_dft_last(x: ir.Value, part: DType) -> Pair:
     half = n // 2 + 1
     if _split(n) is None and n <= DENSE_PRIME_LENGTH:
         return _times_matrix(Pair(x, None), _roots(np.arange(n), np.arange(half), n, False), part)
+    if n % 2 == 0:
+        return _real_dft_by_half(x, part)
     y = _dft_last(Pair(x, None), part, inverse=False)
     return _each(lambda v: slices.extract_slice(v, [*shape[:-1], half], [0] * len(shape)), y)
+
+
+def _real_dft_by_half(x: ir.Value, part: DType) -> Pair:
+    """RFFT of an even length n = 2m through one complex DFT of length m, of z_j = x_2j +
+    i x_2j+1: half the work of a complex DFT of length n. With Z_m = Z_0 and
+    Z'_k = conj(Z_(m-k)), the even samples' spectrum is (Z_k + Z'_k) / 2, the odd ones'
+    (Z_k - Z'_k) / 2i, and X_k = even_k + w_n^k odd_k."""
+    shape = builders.shape_of(x)
+    lead, m = shape[:-1], shape[-1] // 2
+    pairs = layout.reshape(x, [*lead, m, 2])
+    z = Pair(*(slices.extract_slice(pairs, [*lead, m, 1], [0] * len(shape) + [k], shape=[*lead, m])
+               for k in (0, 1)))
+    spectrum = _unscaled_dft_last(z, part, inverse=False)
+    # Z_0 .. Z_m (Z_m = Z_0), and its reverse Z_m .. Z_0, i.e. Z_((m-k) mod m)
+    ext = _each(lambda v: slices.insert_slice(slices.extract_slice(v, [*lead, 1], [0] * len(shape)),
+                                              slices.insert_slice(v, builders.empty(TensorSpec([*lead, m + 1], part)),
+                                                                  [0] * len(shape)),
+                                              [0] * (len(shape) - 1) + [m]), spectrum)
+    rev = _each(lambda v: layout.reverse(v, [len(shape) - 1]), ext)
+    angle = -np.pi * np.arange(m + 1) / m
+    w = np.cos(angle) + 1j * np.sin(angle)
+
+    def body(ar, ai, br, bi, c, s, _re, _im):
+        half_ = builders.constant_like(0.5, ar)
+        er, ei = arith.mulf(arith.addf(ar, br), half_), arith.mulf(arith.subf(ai, bi), half_)
+        # odd = (Z_k - conj Z_(m-k)) / 2i
+        orr, oi = arith.mulf(arith.addf(ai, bi), half_), arith.mulf(arith.subf(br, ar), half_)
+        return [arith.addf(er, arith.subf(arith.mulf(c, orr), arith.mulf(s, oi))),
+                arith.addf(ei, arith.addf(arith.mulf(c, oi), arith.mulf(s, orr)))]
+    return _half_generic([ext.re, ext.im, rev.re, rev.im], w, part, body)
+
+
+def _half_generic(ins: list[ir.Value], w: np.ndarray, part: DType, body) -> Pair:
+    """One elementwise generic over the last axis of ``ins`` (all alike) with the parts of
+    the constant ``w`` broadcast along the leading axes; two outputs, the result's parts."""
+    shape = builders.shape_of(ins[0])
+    rank = len(shape)
+    dims = [ir.AffineDimExpr.get(d) for d in range(rank)]
+    identity, last = ir.AffineMap.get(rank, 0, dims), ir.AffineMap.get(rank, 0, dims[-1:])
+    outs = [builders.empty_like(ins[0]), builders.empty_like(ins[0])]
+    re, im = builders.generic(ins + [_constant(w.real, part), _constant(w.imag, part)], outs,
+                              [identity] * len(ins) + [last] * 2 + [identity] * 2, ["parallel"] * rank, body)
+    return Pair(re, im)
 
 
 def _inverse_real_dft_last(x: Pair, n: int, part: DType) -> ir.Value:
@@ -224,6 +269,8 @@ def _inverse_real_dft_last(x: Pair, n: int, part: DType) -> ir.Value:
         weight = np.where((k == 0) | (2 * k == n), 1.0, 2.0)[:, None] / n
         roots = _roots(k, np.arange(n), n, inverse=True) * weight
         return arith.subf(_matmul(x.re, _constant(roots.real, part)), _matmul(x.im, _constant(roots.imag, part)))
+    if n % 2 == 0:
+        return _inverse_real_dft_by_half(x, part)
     # the whole spectrum: X_k for k < half, conj(X_(n-k)) above
     mirrored = _each(lambda v: layout.reverse(slices.extract_slice(v, [*shape[:-1], n - half], [0] * (len(shape) - 1) + [1]),
                                               [len(shape) - 1]), x)
@@ -233,3 +280,38 @@ def _inverse_real_dft_last(x: Pair, n: int, part: DType) -> ir.Value:
     full = Pair(*(slices.insert_slice(m, slices.insert_slice(h, f, [0] * len(shape)), [0] * (len(shape) - 1) + [half])
                   for h, m, f in zip(x, mirrored, full)))
     return _dft_last(full, part, inverse=True).re
+
+
+def _inverse_real_dft_by_half(x: Pair, part: DType) -> ir.Value:
+    """IRFFT of an even length n = 2m from the m + 1 terms ``x`` through one inverse complex
+    DFT of length m: the even samples' spectrum is (X_k + conj X_(m-k)) / 2, the odd ones'
+    (X_k - conj X_(m-k)) conj(w_n)^k / 2, and the inverse DFT of even + i odd holds the even
+    samples in its real parts and the odd ones in its imaginary parts."""
+    shape = _shape(x)
+    lead, m = shape[:-1], shape[-1] - 1
+    rank = len(shape)
+    head = _each(lambda v: slices.extract_slice(v, [*lead, m], [0] * rank), x)
+    tail = _each(lambda v: layout.reverse(slices.extract_slice(v, [*lead, m], [0] * (rank - 1) + [1]), [rank - 1]), x)
+    angle = np.pi * np.arange(m) / m
+    w = np.cos(angle) + 1j * np.sin(angle)
+    keep = np.ones(m)
+    keep[0] = 0.0  # the imaginary parts of the zero and Nyquist terms drop out (k = 0 reads both)
+    keep_c = _constant(keep, part)
+
+    def body(ar, ai, br, bi, k, c, s, _re, _im):
+        half_ = builders.constant_like(0.5, ar)
+        ai, bi = arith.mulf(ai, k), arith.mulf(bi, k)
+        er, ei = arith.mulf(arith.addf(ar, br), half_), arith.mulf(arith.subf(ai, bi), half_)
+        dr, di = arith.mulf(arith.subf(ar, br), half_), arith.mulf(arith.addf(ai, bi), half_)
+        orr, oi = arith.subf(arith.mulf(dr, c), arith.mulf(di, s)), arith.addf(arith.mulf(dr, s), arith.mulf(di, c))
+        return [arith.subf(er, oi), arith.addf(ei, orr)]  # even + i odd
+    dims = [ir.AffineDimExpr.get(d) for d in range(rank)]
+    identity, last = ir.AffineMap.get(rank, 0, dims), ir.AffineMap.get(rank, 0, dims[-1:])
+    outs = [builders.empty_like(head.re), builders.empty_like(head.re)]
+    zr, zi = builders.generic([head.re, head.im, tail.re, tail.im, keep_c, _constant(w.real, part), _constant(w.imag, part)],
+                              outs, [identity] * 4 + [last] * 3 + [identity] * 2, ["parallel"] * rank, body)
+    z = _dft_last(Pair(zr, zi), part, inverse=True)
+    pairs = builders.empty(TensorSpec([*lead, m, 2], part))
+    for k, v in enumerate(z):
+        pairs = slices.insert_slice(v, pairs, [0] * rank + [k], sizes=[*lead, m, 1])
+    return layout.reshape(pairs, [*lead, 2 * m])
