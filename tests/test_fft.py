@@ -1,8 +1,9 @@
 """stablehlo.fft (FFT, IFFT, RFFT, IRFFT; 1 to 3 axes) against XLA CPU.
 
 Lengths cover each way a length is computed: dense DFT matrices (small and prime
-lengths), Cooley-Tukey steps (composite lengths, recursively) and Bluestein's algorithm
-(primes above the dense limit). FFT results carry sums of n terms of magnitude ~1: the
+lengths), Cooley-Tukey steps (composite lengths, recursively), Bluestein's algorithm
+(primes above the dense limit) and the real transforms of even lengths through a complex
+one of half the length (514: half a prime). FFT results carry sums of n terms of magnitude ~1: the
 tolerance is an absolute one scaled by sqrt(n) over the part type's rounding, plus a
 relative one.
 """
@@ -13,7 +14,7 @@ from absl.testing import absltest, parameterized
 
 import support
 
-LENGTHS = (1, 2, 7, 16, 31, 33, 64, 97, 100, 257, 1024, 1031)
+LENGTHS = (1, 2, 7, 16, 31, 33, 64, 97, 100, 128, 257, 514, 1000, 1024, 1031, 4096)
 TOLERANCE = {np.complex64: (2e-5, 2e-6), np.complex128: (1e-11, 1e-13)}  # rtol, atol per sqrt(n)
 
 
