@@ -140,34 +140,31 @@ def _times_trailing(x: Parts, factor: np.ndarray, part: DType) -> Pair:
     return Pair(re, im)
 
 
-def _scaled(x: Pair, scale: float) -> Pair:
-    return _each(lambda v: arith.mulf(v, builders.constant_like(scale, v)), x)
-
-
 def _dft_last(x: Parts, part: DType, inverse: bool) -> Pair:
     """The DFT along the last axis (IFFT: conjugate roots and the 1/n scale, as XLA's)."""
     n = _shape(x)[-1]
-    y = _unscaled_dft_last(x, part, inverse)
-    return _scaled(y, 1.0 / n) if inverse and n > 1 else y
+    return _scaled_dft_last(x, part, inverse, 1.0 / n if inverse else 1.0)
 
 
-def _unscaled_dft_last(x: Parts, part: DType, inverse: bool) -> Pair:
+def _scaled_dft_last(x: Parts, part: DType, inverse: bool, scale: float) -> Pair:
+    """The DFT along the last axis times ``scale``, folded into its last constant factor
+    (a DFT matrix or a chirp) rather than a pass of its own."""
     shape = _shape(x)
     n = shape[-1]
-    if n == 1:
+    if n == 1:  # scale is 1 (an inverse of length 1) wherever a length 1 is transformed
         return x if x.im is not None else Pair(x.re, builders.filled(builders.splat(0.0, builders.elem_type_of(x.re)), shape))
     n1 = _split(n)
     if n1 is None:
         if n <= DENSE_PRIME_LENGTH:
             index = np.arange(n)
-            return _times_matrix(x, _roots(index, index, n, inverse), part)
-        return _bluestein_last(x, part, inverse)
+            return _times_matrix(x, _roots(index, index, n, inverse) * scale, part)
+        return _bluestein_last(x, part, inverse, scale)
     n2 = n // n1
     # x[j1, j2] = x[n2 j1 + j2];  X[k1 + n1 k2] = sum_j2 w_n2^(j2 k2) w_n^(j2 k1) sum_j1 w_n1^(j1 k1) x[j1, j2]
     rows = _swap_last_two(_each(lambda v: layout.reshape(v, [*shape[:-1], n1, n2]), x))  # [..., j2, j1]
-    y = _unscaled_dft_last(rows, part, inverse)  # [..., j2, k1]
+    y = _scaled_dft_last(rows, part, inverse, 1.0)  # [..., j2, k1]
     y = _times_trailing(y, _roots(np.arange(n2), np.arange(n1), n, inverse), part)
-    z = _unscaled_dft_last(_swap_last_two(y), part, inverse)  # [..., k1, k2]
+    z = _scaled_dft_last(_swap_last_two(y), part, inverse, scale)  # [..., k1, k2]
     return _each(lambda v: layout.reshape(v, shape), _swap_last_two(z))  # k = k2 n1 + k1
 
 
@@ -192,7 +189,7 @@ def _plan(n: int) -> tuple[int, int | None]:
     return best
 
 
-def _bluestein_last(x: Parts, part: DType, inverse: bool) -> Pair:
+def _bluestein_last(x: Parts, part: DType, inverse: bool, scale: float) -> Pair:
     """A prime length n: with w_j = exp(-+ i pi j^2 / n), X_k = w_k sum_j (x_j w_j)
     conj(w)_(k-j), a circular convolution of a power-of-two length m >= 2n - 1."""
     shape = _shape(x)
@@ -206,10 +203,10 @@ def _bluestein_last(x: Parts, part: DType, inverse: bool) -> Pair:
     padding = [0] * (len(shape) - 1)
     a = _each(lambda v: slices.pad(v, 0.0, [*padding, 0], [*padding, m - n], [0] * len(shape)),
               _times_trailing(x, chirp, part))
-    spectrum = _times_trailing(_unscaled_dft_last(a, part, False), np.fft.fft(kernel), part)
+    spectrum = _times_trailing(_scaled_dft_last(a, part, False, 1.0), np.fft.fft(kernel), part)
     convolved = _dft_last(spectrum, part, inverse=True)
     head = _each(lambda v: slices.extract_slice(v, shape, [0] * len(shape)), convolved)
-    return _times_trailing(head, chirp, part)
+    return _times_trailing(head, chirp * scale, part)
 
 
 def _real_dft_last(x: ir.Value, part: DType) -> Pair:
@@ -235,7 +232,7 @@ def _real_dft_by_half(x: ir.Value, part: DType) -> Pair:
     pairs = layout.reshape(x, [*lead, m, 2])
     z = Pair(*(slices.extract_slice(pairs, [*lead, m, 1], [0] * len(shape) + [k], shape=[*lead, m])
                for k in (0, 1)))
-    spectrum = _unscaled_dft_last(z, part, inverse=False)
+    spectrum = _scaled_dft_last(z, part, False, 1.0)
     # Z_0 .. Z_m (Z_m = Z_0), and its reverse Z_m .. Z_0, i.e. Z_((m-k) mod m)
     ext = _each(lambda v: slices.insert_slice(slices.extract_slice(v, [*lead, 1], [0] * len(shape)),
                                               slices.insert_slice(v, builders.empty(TensorSpec([*lead, m + 1], part)),
