@@ -53,6 +53,15 @@ class FftTest(parameterized.TestCase):
                     jnp.fft.irfftn(h, s=(6, 35, 9), axes=axes), jnp.fft.fft2(x), jnp.fft.irfft2(h))
         _check(self, transforms, (x, r, h), dtype, 6 * 35 * 9)
 
+    def test_convolution_and_two_axes_through_half_length_transforms(self):
+        rng = np.random.default_rng(4)
+        a, b, c = (_random(rng, shape, np.float32) for shape in ((8, 4096), (8, 4096), (3, 10, 256)))
+
+        def transforms(a, b, c):
+            return (jnp.fft.irfft(jnp.fft.rfft(a) * jnp.fft.rfft(b), n=4096), jnp.fft.rfft2(c),
+                    jnp.fft.irfft2(jnp.fft.rfft2(c), s=(10, 256)))
+        _check(self, transforms, (a, b, c), np.complex64, 4096)
+
     def test_irfft_of_a_spectrum_longer_or_shorter_than_half(self):
         rng = np.random.default_rng(1)
         h = _random(rng, (4, 40), np.complex64)
