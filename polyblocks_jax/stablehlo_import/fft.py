@@ -120,18 +120,12 @@ def _times_matrix(x: Parts, matrix: np.ndarray, part: DType) -> Pair:
                 arith.addf(_matmul(x.re, im), _matmul(x.im, re)))
 
 
-def _times_trailing(x: Parts, factor: np.ndarray, part: DType, swap: bool = False) -> Pair:
+def _times_trailing(x: Parts, factor: np.ndarray, part: DType) -> Pair:
     """x times a complex constant shaped like x's trailing dims (broadcast over the
-    leading ones), in one elementwise generic; with ``swap``, written with its last two
-    axes swapped, so that the transpose costs no pass of its own."""
-    shape = _shape(x)
-    rank, k = len(shape), factor.ndim
+    leading ones), in one elementwise generic."""
+    rank, k = len(_shape(x)), factor.ndim
     dims = [ir.AffineDimExpr.get(d) for d in range(rank)]
-    if swap:  # loops over the result [..., b, a]; x and factor are read at [..., a, b]
-        shape = [*shape[:-2], shape[-1], shape[-2]]
-        dims = [*dims[:-2], dims[-1], dims[-2]]
-    identity = ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(d) for d in range(rank)])
-    source, trailing = ir.AffineMap.get(rank, 0, dims), ir.AffineMap.get(rank, 0, dims[rank - k:])
+    identity, trailing = ir.AffineMap.get(rank, 0, dims), ir.AffineMap.get(rank, 0, dims[rank - k:])
     ins = [x.re] + ([] if x.im is None else [x.im]) + [_constant(factor.real, part), _constant(factor.imag, part)]
 
     def body(*args):
@@ -140,9 +134,8 @@ def _times_trailing(x: Parts, factor: np.ndarray, part: DType, swap: bool = Fals
             return [arith.mulf(a, c), arith.mulf(a, d)]
         a, b, c, d = args[:4]
         return [arith.subf(arith.mulf(a, c), arith.mulf(b, d)), arith.addf(arith.mulf(a, d), arith.mulf(b, c))]
-    spec = TensorSpec(shape, part)
-    outs = [builders.empty(spec), builders.empty(spec)]
-    re, im = builders.generic(ins, outs, [source] * (len(ins) - 2) + [trailing] * 2 + [identity] * 2,
+    outs = [builders.empty_like(x.re), builders.empty_like(x.re)]
+    re, im = builders.generic(ins, outs, [identity] * (len(ins) - 2) + [trailing] * 2 + [identity] * 2,
                               ["parallel"] * rank, body)
     return Pair(re, im)
 
@@ -170,8 +163,8 @@ def _scaled_dft_last(x: Parts, part: DType, inverse: bool, scale: float) -> Pair
     # x[j1, j2] = x[n2 j1 + j2];  X[k1 + n1 k2] = sum_j2 w_n2^(j2 k2) w_n^(j2 k1) sum_j1 w_n1^(j1 k1) x[j1, j2]
     rows = _swap_last_two(_each(lambda v: layout.reshape(v, [*shape[:-1], n1, n2]), x))  # [..., j2, j1]
     y = _scaled_dft_last(rows, part, inverse, 1.0)  # [..., j2, k1]
-    y = _times_trailing(y, _roots(np.arange(n2), np.arange(n1), n, inverse), part, swap=True)  # [..., k1, j2]
-    z = _scaled_dft_last(y, part, inverse, scale)  # [..., k1, k2]
+    y = _times_trailing(y, _roots(np.arange(n2), np.arange(n1), n, inverse), part)
+    z = _scaled_dft_last(_swap_last_two(y), part, inverse, scale)  # [..., k1, k2]
     return _each(lambda v: layout.reshape(v, shape), _swap_last_two(z))  # k = k2 n1 + k1
 
 
