@@ -3,8 +3,10 @@
 XLA CPU calls an FFT library; we have none, and the pipeline is at its best on
 contractions. So each transformed axis becomes products with small DFT matrices: a length
 n = n1 * n2 is a Cooley-Tukey step (DFTs of length n1 across the rows, a twiddle product,
-DFTs of length n2), recursively, down to lengths whose dense DFT matrix is cheaper; a long
-prime length is Bluestein's convolution, done by transforms of a power-of-two length.
+DFTs of length n2), recursively, down to lengths whose dense DFT matrix is cheaper, the
+split chosen by a cost that weighs a step's passes over memory against the products; a
+long prime length is Bluestein's convolution, done by transforms of a power-of-two length.
+The real transforms of an even length go through a complex one of half the length.
 Every length works, and the pieces are ordinary matmuls, transposes and elementwise
 generics on the (real, imaginary) parts, which the later stages tile, vectorize and
 parallelize like any other. DFT matrices and twiddles are computed in float64 with their
