@@ -14,7 +14,7 @@ from absl.testing import absltest, parameterized
 
 import support
 
-LENGTHS = (1, 2, 7, 16, 31, 33, 64, 97, 100, 128, 257, 514, 1000, 1024, 1031, 4096)
+LENGTHS = (1, 2, 7, 16, 31, 33, 64, 97, 100, 128, 196, 257, 514, 1000, 1024, 1031, 4096)
 TOLERANCE = {np.complex64: (2e-5, 2e-6), np.complex128: (1e-11, 1e-13)}  # rtol, atol per sqrt(n)
 
 

@@ -184,7 +184,8 @@ def _plan(n: int) -> tuple[int, int | None]:
     for n1 in range(2, math.isqrt(n) + 1):
         if n % n1 == 0:
             cost = _plan(n1)[0] + _plan(n // n1)[0] + STEP_COST
-            best = min(best, (cost, n1))
+            if cost < best[0]:  # a tie keeps the fewer passes
+                best = (cost, n1)
     if best[1] is None and n > DENSE_PRIME_LENGTH:  # Bluestein: three transforms of length m
         m = 1 << (2 * n - 2).bit_length()
         best = (3 * (_plan(m)[0] + STEP_COST), None)
