@@ -30,8 +30,12 @@ from polyblocks_jax.stablehlo_import.registry import converts_complex
 # The cost of a Cooley-Tukey step beyond those of its two DFTs, in the unit of the dense
 # DFT's (one multiply-add per element per unit of length): its transposes, twiddle product
 # and sums of products are passes over memory, which cost about as much as a dense DFT of
-# length 96 (measured: 64 x 64 dense halves of 4096 ran 3x faster than splitting each 8 x 8).
-STEP_COST = 96
+# length 128 (measured: 64 x 64 dense halves of 4096 ran 3x faster than splitting each 8 x 8).
+STEP_COST = 128
+# A dense DFT whose matrix (one part) outgrows the smallest L1 data cache of the CPUs we
+# run on streams it from L2 for every block of rows: its cost grows with the overflow
+# (measured: 16384 as 16 x (32 x 32) ran 1.6x faster than as 128 x 128 dense).
+L1_BYTES = 32 << 10
 # A prime length up to this also uses its dense matrix: below it Bluestein's three
 # transforms of a length >= 2n cost more than the dense product.
 DENSE_PRIME_LENGTH = 256
@@ -155,7 +159,7 @@ def _scaled_dft_last(x: Parts, part: DType, inverse: bool, scale: float) -> Pair
     n = shape[-1]
     if n == 1:  # scale is 1 (an inverse of length 1) wherever a length 1 is transformed
         return x if x.im is not None else Pair(x.re, builders.filled(builders.splat(0.0, builders.elem_type_of(x.re)), shape))
-    n1 = _split(n)
+    n1 = _split(n, part)
     if n1 is None:
         if n <= DENSE_PRIME_LENGTH:
             index = np.arange(n)
@@ -170,25 +174,29 @@ def _scaled_dft_last(x: Parts, part: DType, inverse: bool, scale: float) -> Pair
     return _each(lambda v: layout.reshape(v, shape), _swap_last_two(z))  # k = k2 n1 + k1
 
 
-def _split(n: int) -> int | None:
+def _split(n: int, part: DType) -> int | None:
     """The n1 of the cheapest Cooley-Tukey step for length n, or None where its dense DFT
     (or, for a long prime, Bluestein's) costs least."""
-    return _plan(n)[1]
+    return _plan(n, part)[1]
+
+
+def _plan(n: int, part: DType) -> tuple[float, int | None]:
+    return _plan_for_size(n, part.itemsize)
 
 
 @functools.cache
-def _plan(n: int) -> tuple[int, int | None]:
+def _plan_for_size(n: int, itemsize: int) -> tuple[float, int | None]:
     """(cost, n1) of length n's cheapest transform in the unit of STEP_COST: dense, or a
     Cooley-Tukey step n = n1 * n2 with n1 <= n2 whose sides are planned the same way."""
-    best = (n, None)
+    best = (n * max(1.0, n * n * itemsize / L1_BYTES), None)
     for n1 in range(2, math.isqrt(n) + 1):
         if n % n1 == 0:
-            cost = _plan(n1)[0] + _plan(n // n1)[0] + STEP_COST
+            cost = _plan_for_size(n1, itemsize)[0] + _plan_for_size(n // n1, itemsize)[0] + STEP_COST
             if cost < best[0]:  # a tie keeps the fewer passes
                 best = (cost, n1)
     if best[1] is None and n > DENSE_PRIME_LENGTH:  # Bluestein: three transforms of length m
         m = 1 << (2 * n - 2).bit_length()
-        best = (3 * (_plan(m)[0] + STEP_COST), None)
+        best = (3 * (_plan_for_size(m, itemsize)[0] + STEP_COST), None)
     return best
 
 
@@ -217,7 +225,7 @@ def _real_dft_last(x: ir.Value, part: DType) -> Pair:
     shape = builders.shape_of(x)
     n = shape[-1]
     half = n // 2 + 1
-    if _split(n) is None and n <= DENSE_PRIME_LENGTH:
+    if _split(n, part) is None and n <= DENSE_PRIME_LENGTH:
         return _times_matrix(Pair(x, None), _roots(np.arange(n), np.arange(half), n, False), part)
     if n % 2 == 0:
         return _real_dft_by_half(x, part)
@@ -278,7 +286,7 @@ def _inverse_real_dft_last(x: Pair, n: int, part: DType) -> ir.Value:
         x = _each(lambda v: slices.pad(v, 0.0, [0] * len(shape), [0] * (len(shape) - 1) + [half - shape[-1]],
                                        [0] * len(shape)), x)
         shape = _shape(x)
-    if _split(n) is None and n <= DENSE_PRIME_LENGTH:
+    if _split(n, part) is None and n <= DENSE_PRIME_LENGTH:
         # out_j = (1/n) sum_k c_k (Re X_k cos t - Im X_k sin t), t = 2 pi j k / n, c_k = 2
         # for the terms that stand for a conjugate pair too
         k = np.arange(half)
