@@ -30,11 +30,10 @@ from polyblocks_jax.stablehlo_import.registry import converts_complex
 # The cost of a Cooley-Tukey step beyond those of its two DFTs, in the unit of the dense
 # DFT's (one multiply-add per element per unit of length): its transposes, twiddle product
 # and sums of products are passes over memory, which cost about as much as a dense DFT of
-# length 128 (measured: 64 x 64 dense halves of 4096 ran 3x faster than splitting each 8 x 8).
+# length 128 on the machines measured.
 STEP_COST = 128
 # A dense DFT whose matrix (one part) outgrows the smallest L1 data cache of the CPUs we
-# run on streams it from L2 for every block of rows: its cost grows with the overflow
-# (measured: 16384 as 16 x (32 x 32) ran 1.6x faster than as 128 x 128 dense).
+# run on streams it from L2 for every block of rows: its cost grows with the overflow.
 L1_BYTES = 32 << 10
 # A prime length up to this also uses its dense matrix: below it Bluestein's three
 # transforms of a length >= 2n cost more than the dense product.
