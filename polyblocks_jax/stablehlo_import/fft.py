@@ -259,19 +259,19 @@ def _real_dft_by_half(x: ir.Value, part: DType) -> Pair:
         orr, oi = arith.mulf(arith.addf(ai, bi), half_), arith.mulf(arith.subf(br, ar), half_)
         return [arith.addf(er, arith.subf(arith.mulf(c, orr), arith.mulf(s, oi))),
                 arith.addf(ei, arith.addf(arith.mulf(c, oi), arith.mulf(s, orr)))]
-    return _half_generic([ext.re, ext.im, rev.re, rev.im], w, part, body)
+    return _with_last_axis_constants([ext.re, ext.im, rev.re, rev.im], [w.real, w.imag], part, body)
 
 
-def _half_generic(ins: list[ir.Value], w: np.ndarray, part: DType, body) -> Pair:
-    """One elementwise generic over the last axis of ``ins`` (all alike) with the parts of
-    the constant ``w`` broadcast along the leading axes; two outputs, the result's parts."""
-    shape = builders.shape_of(ins[0])
-    rank = len(shape)
+def _with_last_axis_constants(ins: list[ir.Value], constants: list[np.ndarray], part: DType, body) -> Pair:
+    """One elementwise generic over ``ins`` (all alike) and ``constants`` along their last
+    axis (broadcast along the leading ones); two outputs, the result's parts."""
+    rank = len(builders.shape_of(ins[0]))
     dims = [ir.AffineDimExpr.get(d) for d in range(rank)]
     identity, last = ir.AffineMap.get(rank, 0, dims), ir.AffineMap.get(rank, 0, dims[-1:])
     outs = [builders.empty_like(ins[0]), builders.empty_like(ins[0])]
-    re, im = builders.generic(ins + [_constant(w.real, part), _constant(w.imag, part)], outs,
-                              [identity] * len(ins) + [last] * 2 + [identity] * 2, ["parallel"] * rank, body)
+    re, im = builders.generic(ins + [_constant(c, part) for c in constants], outs,
+                              [identity] * len(ins) + [last] * len(constants) + [identity] * 2,
+                              ["parallel"] * rank, body)
     return Pair(re, im)
 
 
@@ -319,7 +319,6 @@ def _inverse_real_dft_by_half(x: Pair, part: DType) -> ir.Value:
     w = np.cos(angle) + 1j * np.sin(angle)
     keep = np.ones(m)
     keep[0] = 0.0  # the imaginary parts of the zero and Nyquist terms drop out (k = 0 reads both)
-    keep_c = _constant(keep, part)
 
     def body(ar, ai, br, bi, k, c, s, _re, _im):
         half_ = builders.constant_like(0.5, ar)
@@ -328,12 +327,8 @@ def _inverse_real_dft_by_half(x: Pair, part: DType) -> ir.Value:
         dr, di = arith.mulf(arith.subf(ar, br), half_), arith.mulf(arith.addf(ai, bi), half_)
         orr, oi = arith.subf(arith.mulf(dr, c), arith.mulf(di, s)), arith.addf(arith.mulf(dr, s), arith.mulf(di, c))
         return [arith.subf(er, oi), arith.addf(ei, orr)]  # even + i odd
-    dims = [ir.AffineDimExpr.get(d) for d in range(rank)]
-    identity, last = ir.AffineMap.get(rank, 0, dims), ir.AffineMap.get(rank, 0, dims[-1:])
-    outs = [builders.empty_like(head.re), builders.empty_like(head.re)]
-    zr, zi = builders.generic([head.re, head.im, tail.re, tail.im, keep_c, _constant(w.real, part), _constant(w.imag, part)],
-                              outs, [identity] * 4 + [last] * 3 + [identity] * 2, ["parallel"] * rank, body)
-    z = _dft_last(Pair(zr, zi), part, inverse=True)
+    z = _with_last_axis_constants([head.re, head.im, tail.re, tail.im], [keep, w.real, w.imag], part, body)
+    z = _dft_last(z, part, inverse=True)
     pairs = builders.empty(TensorSpec([*lead, m, 2], part))
     for k, v in enumerate(z):
         pairs = slices.insert_slice(v, pairs, [0] * rank + [k], sizes=[*lead, m, 1])
