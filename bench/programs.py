@@ -123,6 +123,8 @@ def programs() -> dict[str, tuple[Callable, list]]:
         "rfft_last": (lambda a: jnp.fft.rfft(a, axis=-1), [x]),
         "fft2_complex": (lambda a: jnp.fft.fft2(lax.complex(a, a * 0.5)), [_normal(16, 256, 256)]),
         "irfft_spectral_filter": (lambda a: jnp.fft.irfft(jnp.fft.rfft(a, axis=1) * 0.5, n=128, axis=1), [x]),
+        "fft_convolution": (lambda a, b: jnp.fft.irfft(jnp.fft.rfft(a) * jnp.fft.rfft(b), n=4096),
+                            [_normal(8, 4096), _normal(8, 4096, seed=1)]),
         "fft_prime_length": (lambda a: jnp.fft.fft(a.astype(jnp.complex64), axis=-1), [_normal(256, 1031)]),
         **_training(),
     }

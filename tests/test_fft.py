@@ -1,8 +1,9 @@
 """stablehlo.fft (FFT, IFFT, RFFT, IRFFT; 1 to 3 axes) against XLA CPU.
 
 Lengths cover each way a length is computed: dense DFT matrices (small and prime
-lengths), Cooley-Tukey steps (composite lengths, recursively) and Bluestein's algorithm
-(primes above the dense limit). FFT results carry sums of n terms of magnitude ~1: the
+lengths), Cooley-Tukey steps (composite lengths, recursively), Bluestein's algorithm
+(primes above the dense limit) and the real transforms of even lengths through a complex
+one of half the length (514: half a prime). FFT results carry sums of n terms of magnitude ~1: the
 tolerance is an absolute one scaled by sqrt(n) over the part type's rounding, plus a
 relative one.
 """
@@ -13,7 +14,7 @@ from absl.testing import absltest, parameterized
 
 import support
 
-LENGTHS = (1, 2, 7, 16, 31, 33, 64, 97, 100, 257, 1024, 1031)
+LENGTHS = (1, 2, 7, 16, 31, 33, 64, 97, 100, 128, 196, 257, 514, 1000, 1024, 1031, 4096)
 TOLERANCE = {np.complex64: (2e-5, 2e-6), np.complex128: (1e-11, 1e-13)}  # rtol, atol per sqrt(n)
 
 
@@ -51,6 +52,15 @@ class FftTest(parameterized.TestCase):
             return (jnp.fft.fftn(x, axes=axes), jnp.fft.ifftn(x, axes=axes), jnp.fft.rfftn(r, axes=axes),
                     jnp.fft.irfftn(h, s=(6, 35, 9), axes=axes), jnp.fft.fft2(x), jnp.fft.irfft2(h))
         _check(self, transforms, (x, r, h), dtype, 6 * 35 * 9)
+
+    def test_convolution_and_two_axes_through_half_length_transforms(self):
+        rng = np.random.default_rng(4)
+        a, b, c = (_random(rng, shape, np.float32) for shape in ((8, 4096), (8, 4096), (3, 10, 256)))
+
+        def transforms(a, b, c):
+            return (jnp.fft.irfft(jnp.fft.rfft(a) * jnp.fft.rfft(b), n=4096), jnp.fft.rfft2(c),
+                    jnp.fft.irfft2(jnp.fft.rfft2(c), s=(10, 256)))
+        _check(self, transforms, (a, b, c), np.complex64, 4096)
 
     def test_irfft_of_a_spectrum_longer_or_shorter_than_half(self):
         rng = np.random.default_rng(1)

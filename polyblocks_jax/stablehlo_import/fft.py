@@ -3,8 +3,10 @@
 XLA CPU calls an FFT library; we have none, and the pipeline is at its best on
 contractions. So each transformed axis becomes products with small DFT matrices: a length
 n = n1 * n2 is a Cooley-Tukey step (DFTs of length n1 across the rows, a twiddle product,
-DFTs of length n2), recursively, down to lengths whose dense DFT matrix is cheaper; a long
-prime length is Bluestein's convolution, done by transforms of a power-of-two length.
+DFTs of length n2), recursively, down to lengths whose dense DFT matrix is cheaper, the
+split chosen by a cost that weighs a step's passes over memory against the products; a
+long prime length is Bluestein's convolution, done by transforms of a power-of-two length.
+The real transforms of an even length go through a complex one of half the length.
 Every length works, and the pieces are ordinary matmuls, transposes and elementwise
 generics on the (real, imaginary) parts, which the later stages tile, vectorize and
 parallelize like any other. DFT matrices and twiddles are computed in float64 with their
@@ -12,6 +14,7 @@ exponents reduced modulo n, then rounded once to the part type.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -24,9 +27,14 @@ from polyblocks_jax.tensor_ir import builders, layout, slices
 from polyblocks_jax.stablehlo_import.complex_values import Pair, part_spec
 from polyblocks_jax.stablehlo_import.registry import converts_complex
 
-# Longest length transformed by its dense DFT matrix: beyond it a Cooley-Tukey step costs
-# fewer multiplications (n1 + n2 per element instead of n).
-DENSE_LENGTH = 32
+# The cost of a Cooley-Tukey step beyond those of its two DFTs, in the unit of the dense
+# DFT's (one multiply-add per element per unit of length): its transposes, twiddle product
+# and sums of products are passes over memory, which cost about as much as a dense DFT of
+# length 128 on the machines measured.
+STEP_COST = 128
+# A dense DFT whose matrix (one part) outgrows the smallest L1 data cache of the CPUs we
+# run on streams it from L2 for every block of rows: its cost grows with the overflow.
+L1_BYTES = 32 << 10
 # A prime length up to this also uses its dense matrix: below it Bluestein's three
 # transforms of a length >= 2n cost more than the dense product.
 DENSE_PRIME_LENGTH = 256
@@ -137,46 +145,61 @@ def _times_trailing(x: Parts, factor: np.ndarray, part: DType) -> Pair:
     return Pair(re, im)
 
 
-def _scaled(x: Pair, scale: float) -> Pair:
-    return _each(lambda v: arith.mulf(v, builders.constant_like(scale, v)), x)
-
-
 def _dft_last(x: Parts, part: DType, inverse: bool) -> Pair:
     """The DFT along the last axis (IFFT: conjugate roots and the 1/n scale, as XLA's)."""
     n = _shape(x)[-1]
-    y = _unscaled_dft_last(x, part, inverse)
-    return _scaled(y, 1.0 / n) if inverse and n > 1 else y
+    return _scaled_dft_last(x, part, inverse, 1.0 / n if inverse else 1.0)
 
 
-def _unscaled_dft_last(x: Parts, part: DType, inverse: bool) -> Pair:
+def _scaled_dft_last(x: Parts, part: DType, inverse: bool, scale: float) -> Pair:
+    """The DFT along the last axis times ``scale``, folded into its last constant factor
+    (a DFT matrix or a chirp) rather than a pass of its own."""
     shape = _shape(x)
     n = shape[-1]
-    if n == 1:
+    if n == 1:  # scale is 1 (an inverse of length 1) wherever a length 1 is transformed
         return x if x.im is not None else Pair(x.re, builders.filled(builders.splat(0.0, builders.elem_type_of(x.re)), shape))
-    n1 = _split(n)
+    n1 = _split(n, part)
     if n1 is None:
         if n <= DENSE_PRIME_LENGTH:
             index = np.arange(n)
-            return _times_matrix(x, _roots(index, index, n, inverse), part)
-        return _bluestein_last(x, part, inverse)
+            return _times_matrix(x, _roots(index, index, n, inverse) * scale, part)
+        return _bluestein_last(x, part, inverse, scale)
     n2 = n // n1
     # x[j1, j2] = x[n2 j1 + j2];  X[k1 + n1 k2] = sum_j2 w_n2^(j2 k2) w_n^(j2 k1) sum_j1 w_n1^(j1 k1) x[j1, j2]
     rows = _swap_last_two(_each(lambda v: layout.reshape(v, [*shape[:-1], n1, n2]), x))  # [..., j2, j1]
-    y = _unscaled_dft_last(rows, part, inverse)  # [..., j2, k1]
+    y = _scaled_dft_last(rows, part, inverse, 1.0)  # [..., j2, k1]
     y = _times_trailing(y, _roots(np.arange(n2), np.arange(n1), n, inverse), part)
-    z = _unscaled_dft_last(_swap_last_two(y), part, inverse)  # [..., k1, k2]
+    z = _scaled_dft_last(_swap_last_two(y), part, inverse, scale)  # [..., k1, k2]
     return _each(lambda v: layout.reshape(v, shape), _swap_last_two(z))  # k = k2 n1 + k1
 
 
-def _split(n: int) -> int | None:
-    """The n1 of a Cooley-Tukey step for length n (the divisor nearest sqrt(n), so both
-    sides are short), or None where the length is dense or prime."""
-    if n <= DENSE_LENGTH:
-        return None
-    return next((n1 for n1 in range(math.isqrt(n), 1, -1) if n % n1 == 0), None)
+def _split(n: int, part: DType) -> int | None:
+    """The n1 of the cheapest Cooley-Tukey step for length n, or None where its dense DFT
+    (or, for a long prime, Bluestein's) costs least."""
+    return _plan(n, part)[1]
 
 
-def _bluestein_last(x: Parts, part: DType, inverse: bool) -> Pair:
+def _plan(n: int, part: DType) -> tuple[float, int | None]:
+    return _plan_for_size(n, part.itemsize)
+
+
+@functools.cache
+def _plan_for_size(n: int, itemsize: int) -> tuple[float, int | None]:
+    """(cost, n1) of length n's cheapest transform in the unit of STEP_COST: dense, or a
+    Cooley-Tukey step n = n1 * n2 with n1 <= n2 whose sides are planned the same way."""
+    best = (n * max(1.0, n * n * itemsize / L1_BYTES), None)
+    for n1 in range(2, math.isqrt(n) + 1):
+        if n % n1 == 0:
+            cost = _plan_for_size(n1, itemsize)[0] + _plan_for_size(n // n1, itemsize)[0] + STEP_COST
+            if cost < best[0]:  # a tie keeps the fewer passes
+                best = (cost, n1)
+    if best[1] is None and n > DENSE_PRIME_LENGTH:  # Bluestein: three transforms of length m
+        m = 1 << (2 * n - 2).bit_length()
+        best = (3 * (_plan_for_size(m, itemsize)[0] + STEP_COST), None)
+    return best
+
+
+def _bluestein_last(x: Parts, part: DType, inverse: bool, scale: float) -> Pair:
     """A prime length n: with w_j = exp(-+ i pi j^2 / n), X_k = w_k sum_j (x_j w_j)
     conj(w)_(k-j), a circular convolution of a power-of-two length m >= 2n - 1."""
     shape = _shape(x)
@@ -190,10 +213,10 @@ def _bluestein_last(x: Parts, part: DType, inverse: bool) -> Pair:
     padding = [0] * (len(shape) - 1)
     a = _each(lambda v: slices.pad(v, 0.0, [*padding, 0], [*padding, m - n], [0] * len(shape)),
               _times_trailing(x, chirp, part))
-    spectrum = _times_trailing(_unscaled_dft_last(a, part, False), np.fft.fft(kernel), part)
+    spectrum = _times_trailing(_scaled_dft_last(a, part, False, 1.0), np.fft.fft(kernel), part)
     convolved = _dft_last(spectrum, part, inverse=True)
     head = _each(lambda v: slices.extract_slice(v, shape, [0] * len(shape)), convolved)
-    return _times_trailing(head, chirp, part)
+    return _times_trailing(head, chirp * scale, part)
 
 
 def _real_dft_last(x: ir.Value, part: DType) -> Pair:
@@ -201,10 +224,55 @@ def _real_dft_last(x: ir.Value, part: DType) -> Pair:
     shape = builders.shape_of(x)
     n = shape[-1]
     half = n // 2 + 1
-    if _split(n) is None and n <= DENSE_PRIME_LENGTH:
+    if _split(n, part) is None and n <= DENSE_PRIME_LENGTH:
         return _times_matrix(Pair(x, None), _roots(np.arange(n), np.arange(half), n, False), part)
+    if n % 2 == 0:
+        return _real_dft_by_half(x, part)
     y = _dft_last(Pair(x, None), part, inverse=False)
     return _each(lambda v: slices.extract_slice(v, [*shape[:-1], half], [0] * len(shape)), y)
+
+
+def _real_dft_by_half(x: ir.Value, part: DType) -> Pair:
+    """RFFT of an even length n = 2m through one complex DFT of length m, of z_j = x_2j +
+    i x_2j+1: half the work of a complex DFT of length n. With Z_m = Z_0 and
+    Z'_k = conj(Z_(m-k)), the even samples' spectrum is (Z_k + Z'_k) / 2, the odd ones'
+    (Z_k - Z'_k) / 2i, and X_k = even_k + w_n^k odd_k."""
+    shape = builders.shape_of(x)
+    lead, m = shape[:-1], shape[-1] // 2
+    pairs = layout.reshape(x, [*lead, m, 2])
+    z = Pair(*(slices.extract_slice(pairs, [*lead, m, 1], [0] * len(shape) + [k], shape=[*lead, m])
+               for k in (0, 1)))
+    spectrum = _scaled_dft_last(z, part, False, 1.0)
+    # Z_0 .. Z_m (Z_m = Z_0), and its reverse Z_m .. Z_0, i.e. Z_((m-k) mod m)
+    ext = _each(lambda v: slices.insert_slice(slices.extract_slice(v, [*lead, 1], [0] * len(shape)),
+                                              slices.insert_slice(v, builders.empty(TensorSpec([*lead, m + 1], part)),
+                                                                  [0] * len(shape)),
+                                              [0] * (len(shape) - 1) + [m]), spectrum)
+    rev = _each(lambda v: layout.reverse(v, [len(shape) - 1]), ext)
+    angle = -np.pi * np.arange(m + 1) / m
+    w = np.cos(angle) + 1j * np.sin(angle)
+
+    def body(ar, ai, br, bi, c, s, _re, _im):
+        half_ = builders.constant_like(0.5, ar)
+        er, ei = arith.mulf(arith.addf(ar, br), half_), arith.mulf(arith.subf(ai, bi), half_)
+        # odd = (Z_k - conj Z_(m-k)) / 2i
+        orr, oi = arith.mulf(arith.addf(ai, bi), half_), arith.mulf(arith.subf(br, ar), half_)
+        return [arith.addf(er, arith.subf(arith.mulf(c, orr), arith.mulf(s, oi))),
+                arith.addf(ei, arith.addf(arith.mulf(c, oi), arith.mulf(s, orr)))]
+    return _with_last_axis_constants([ext.re, ext.im, rev.re, rev.im], [w.real, w.imag], part, body)
+
+
+def _with_last_axis_constants(ins: list[ir.Value], constants: list[np.ndarray], part: DType, body) -> Pair:
+    """One elementwise generic over ``ins`` (all alike) and ``constants`` along their last
+    axis (broadcast along the leading ones); two outputs, the result's parts."""
+    rank = len(builders.shape_of(ins[0]))
+    dims = [ir.AffineDimExpr.get(d) for d in range(rank)]
+    identity, last = ir.AffineMap.get(rank, 0, dims), ir.AffineMap.get(rank, 0, dims[-1:])
+    outs = [builders.empty_like(ins[0]), builders.empty_like(ins[0])]
+    re, im = builders.generic(ins + [_constant(c, part) for c in constants], outs,
+                              [identity] * len(ins) + [last] * len(constants) + [identity] * 2,
+                              ["parallel"] * rank, body)
+    return Pair(re, im)
 
 
 def _inverse_real_dft_last(x: Pair, n: int, part: DType) -> ir.Value:
@@ -217,13 +285,15 @@ def _inverse_real_dft_last(x: Pair, n: int, part: DType) -> ir.Value:
         x = _each(lambda v: slices.pad(v, 0.0, [0] * len(shape), [0] * (len(shape) - 1) + [half - shape[-1]],
                                        [0] * len(shape)), x)
         shape = _shape(x)
-    if _split(n) is None and n <= DENSE_PRIME_LENGTH:
+    if _split(n, part) is None and n <= DENSE_PRIME_LENGTH:
         # out_j = (1/n) sum_k c_k (Re X_k cos t - Im X_k sin t), t = 2 pi j k / n, c_k = 2
         # for the terms that stand for a conjugate pair too
         k = np.arange(half)
         weight = np.where((k == 0) | (2 * k == n), 1.0, 2.0)[:, None] / n
         roots = _roots(k, np.arange(n), n, inverse=True) * weight
         return arith.subf(_matmul(x.re, _constant(roots.real, part)), _matmul(x.im, _constant(roots.imag, part)))
+    if n % 2 == 0:
+        return _inverse_real_dft_by_half(x, part)
     # the whole spectrum: X_k for k < half, conj(X_(n-k)) above
     mirrored = _each(lambda v: layout.reverse(slices.extract_slice(v, [*shape[:-1], n - half], [0] * (len(shape) - 1) + [1]),
                                               [len(shape) - 1]), x)
@@ -233,3 +303,33 @@ def _inverse_real_dft_last(x: Pair, n: int, part: DType) -> ir.Value:
     full = Pair(*(slices.insert_slice(m, slices.insert_slice(h, f, [0] * len(shape)), [0] * (len(shape) - 1) + [half])
                   for h, m, f in zip(x, mirrored, full)))
     return _dft_last(full, part, inverse=True).re
+
+
+def _inverse_real_dft_by_half(x: Pair, part: DType) -> ir.Value:
+    """IRFFT of an even length n = 2m from the m + 1 terms ``x`` through one inverse complex
+    DFT of length m: the even samples' spectrum is (X_k + conj X_(m-k)) / 2, the odd ones'
+    (X_k - conj X_(m-k)) conj(w_n)^k / 2, and the inverse DFT of even + i odd holds the even
+    samples in its real parts and the odd ones in its imaginary parts."""
+    shape = _shape(x)
+    lead, m = shape[:-1], shape[-1] - 1
+    rank = len(shape)
+    head = _each(lambda v: slices.extract_slice(v, [*lead, m], [0] * rank), x)
+    tail = _each(lambda v: layout.reverse(slices.extract_slice(v, [*lead, m], [0] * (rank - 1) + [1]), [rank - 1]), x)
+    angle = np.pi * np.arange(m) / m
+    w = np.cos(angle) + 1j * np.sin(angle)
+    keep = np.ones(m)
+    keep[0] = 0.0  # the imaginary parts of the zero and Nyquist terms drop out (k = 0 reads both)
+
+    def body(ar, ai, br, bi, k, c, s, _re, _im):
+        half_ = builders.constant_like(0.5, ar)
+        ai, bi = arith.mulf(ai, k), arith.mulf(bi, k)
+        er, ei = arith.mulf(arith.addf(ar, br), half_), arith.mulf(arith.subf(ai, bi), half_)
+        dr, di = arith.mulf(arith.subf(ar, br), half_), arith.mulf(arith.addf(ai, bi), half_)
+        orr, oi = arith.subf(arith.mulf(dr, c), arith.mulf(di, s)), arith.addf(arith.mulf(dr, s), arith.mulf(di, c))
+        return [arith.subf(er, oi), arith.addf(ei, orr)]  # even + i odd
+    z = _with_last_axis_constants([head.re, head.im, tail.re, tail.im], [keep, w.real, w.imag], part, body)
+    z = _dft_last(z, part, inverse=True)
+    pairs = builders.empty(TensorSpec([*lead, m, 2], part))
+    for k, v in enumerate(z):
+        pairs = slices.insert_slice(v, pairs, [0] * rank + [k], sizes=[*lead, m, 1])
+    return layout.reshape(pairs, [*lead, 2 * m])
