@@ -57,8 +57,10 @@ EDGE_KINDS = tuple(edge_ops.GENERATORS) + ("binary", "cast", "reduce", "dot", "c
                                            "dynamic_slice")
 MASK_KINDS = ("iota", "unary", "binary", "compare", "cast")
 PAIR_KINDS = ("pairwise", "unary", "binary", "cast")
-# 16-bit sums of terms that cancel differ from XLA's past any tolerance of their length alone
-PAIR_DTYPES = ("float32", "float64", "int32", "uint8")
+# 16-bit sums of terms that cancel differ from XLA's past any tolerance of their length alone;
+# XLA's fused 8-bit max of differences along rows is wrong (x - y wider than 8 bits: 197 of
+# 200 uint8 maxima of a (200, 24) difference differ from numpy's, which polyblocks gives)
+PAIR_DTYPES = ("float32", "float64", "int32")
 MATRIX_KINDS = ("dot", "conv", "unary", "binary", "cast", "reduce", "transpose")
 FAMILIES = {"all": lambda: programs.programs(max_ops=8), "loops": loop_programs.loop_programs,
             "large": lambda: programs.programs(max_ops=5, shapes=programs.LARGE),
