@@ -124,6 +124,23 @@ class CholeskyTest(absltest.TestCase):
         _check(self, jnp.linalg.cholesky, _spd(rng, (6, 6), np.float64), rtol=1e-10, atol=1e-12)
         _check(self, jnp.linalg.cholesky, np.zeros((2, 0, 0), np.float32))
 
+    def test_blocked_sizes(self):
+        # Past 32 columns the factor is computed by blocks (two levels past 128), with
+        # remainders: f32, batched f64, complex, upper triangles unread.
+        rng = np.random.default_rng(9)
+        _check(self, jnp.linalg.cholesky, _spd(rng, (200, 200)), rtol=1e-4, atol=1e-5)
+        _check(self, jnp.linalg.cholesky, _spd(rng, (2, 150, 150), np.float64), rtol=1e-10, atol=1e-12)
+        c = rng.standard_normal((70, 70)) + 1j * rng.standard_normal((70, 70))
+        c = (c @ c.conj().T / 70 + np.eye(70)).astype(np.complex64)
+        c[np.triu_indices(70, 1)] = np.nan
+        _check(self, lambda a: lax.linalg.cholesky(a, symmetrize_input=False), c, rtol=1e-4, atol=1e-5)
+
+    def test_blocked_not_positive_definite_is_nan(self):
+        # A pivot failing in a later block still makes the whole matrix NaN.
+        a = _spd(np.random.default_rng(11), (2, 100, 100))
+        a[1, 90, 90] = -50.0
+        _check(self, jnp.linalg.cholesky, a)
+
     def test_reads_one_triangle(self):
         # Without symmetrizing, only the lower triangle is read.
         a = _spd(np.random.default_rng(5), (7, 7))

@@ -22,10 +22,15 @@ from mlir.dialects import arith, linalg, math
 
 from polyblocks_jax.stablehlo_import import field, reader
 from polyblocks_jax.tensor_ir import builders
-from polyblocks_jax.stablehlo_import.complex_values import Value, map_parts
+from polyblocks_jax.stablehlo_import.complex_values import Pair, Value, map_parts
 from polyblocks_jax.stablehlo_import.registry import converts, converts_complex
 
 _SOLVED_DTYPES = ("f32", "f64", "complex<f32>", "complex<f64>")
+# Cholesky's block columns, outer to inner: the column steps (the innermost blocks) do s^3
+# multiply-adds on an s-column block, n^3 / 3 being the matmuls'; two levels keep them
+# under a tenth of the work from 128 columns on (a 200x200 f32 factor 0.49 -> 0.28 ms on a
+# loaded 2-core Xeon) while the unrolled pieces stay few enough to compile in ~1 s at 512.
+_BLOCKS = (128, 32)
 
 
 @converts("stablehlo.triangular_solve")
@@ -73,8 +78,51 @@ def cholesky(cx, op):
 
 def cholesky_factor(a: Value, lower: bool) -> Value:
     """L (``lower``) or U = L^H from the named triangle of ``a``, zeros in the other."""
-    factor = _cholesky_lower(a if lower else adjoint(a))
+    factor = _blocked_cholesky_lower(a if lower else adjoint(a), _BLOCKS)
     return factor if lower else adjoint(factor)
+
+
+def _blocked_cholesky_lower(a: Value, blocks: tuple[int, ...]) -> Value:
+    """Right-looking by blocks of ``blocks[0]`` columns, unrolled (every slice static): a
+    diagonal block factored the same way with the inner ``blocks`` (column by column when
+    none are left), the panel below it solved against that factor, the trailing matrix less
+    the panel times its adjoint, a matmul: most of the n^3 / 3 multiply-adds run there, where
+    the column steps alone would do n^3."""
+    *batch, n, _ = field.shape_of(a)
+    if not blocks or n <= blocks[-1]:
+        return _cholesky_lower(a)
+    nb = len(batch)
+    block = blocks[0] if n > blocks[0] else blocks[-1]
+    factor, trailing = zeros_like(a), a
+    for start in range(0, n, block):
+        size = min(block, n - start)
+        rest = n - start - size
+        corner = field.extract_slice(trailing, [*batch, size, size], [0] * (nb + 2))
+        diagonal_block = _blocked_cholesky_lower(corner, blocks[1:])
+        factor = field.insert_slice(diagonal_block, factor, [0] * nb + [start, start])
+        if rest:
+            panel = field.extract_slice(trailing, [*batch, rest, size], [0] * nb + [size, 0])
+            panel = solve_triangular(diagonal_block, panel, False, True, True, True, False)
+            factor = field.insert_slice(panel, factor, [0] * nb + [start + size, start])
+            below = field.extract_slice(trailing, [*batch, rest, rest], [0] * nb + [size, size])
+            trailing = field.sub(below, matmul(panel, adjoint(panel)))
+    return factor
+
+
+def matmul(x: Value, y: Value) -> Value:
+    """x y for (..., m, k) and (..., k, n) matrices: linalg (batch_)matmul, four of them for
+    complex ones, which the pipeline tiles for the vector FMA peak."""
+    if isinstance(x, Pair):
+        return Pair(arith.subf(matmul(x.re, y.re), matmul(x.im, y.im)),
+                    arith.addf(matmul(x.re, y.im), matmul(x.im, y.re)))
+    *batch, m, k = builders.shape_of(x)
+    n = builders.shape_of(y)[-1]
+    flat = int(np.prod(batch))
+    init = builders.filled(builders.splat(0.0, builders.elem_type_of(x)), [flat, m, n] if batch else [m, n])
+    if not batch:
+        return linalg.matmul(x, y, outs=[init])
+    product = linalg.batch_matmul(field.reshape(x, [flat, m, k]), field.reshape(y, [flat, k, n]), outs=[init])
+    return field.reshape(product, [*batch, m, n])
 
 
 def _solve_left(a: Value, b: Value, lower: bool, unit_diagonal: bool) -> Value:
