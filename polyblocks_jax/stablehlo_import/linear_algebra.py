@@ -26,11 +26,6 @@ from polyblocks_jax.stablehlo_import.complex_values import Pair, Value, map_part
 from polyblocks_jax.stablehlo_import.registry import converts, converts_complex
 
 _SOLVED_DTYPES = ("f32", "f64", "complex<f32>", "complex<f64>")
-# Cholesky's block columns, outer to inner: the column steps (the innermost blocks) do s^3
-# multiply-adds on an s-column block, n^3 / 3 being the matmuls'; two levels keep them
-# under a tenth of the work from 128 columns on (a 200x200 f32 factor 0.49 -> 0.28 ms on a
-# loaded 2-core Xeon) while the unrolled pieces stay few enough to compile in ~1 s at 512.
-_BLOCKS = (128, 32)
 
 
 @converts("stablehlo.triangular_solve")
@@ -78,8 +73,19 @@ def cholesky(cx, op):
 
 def cholesky_factor(a: Value, lower: bool) -> Value:
     """L (``lower``) or U = L^H from the named triangle of ``a``, zeros in the other."""
-    factor = _blocked_cholesky_lower(a if lower else adjoint(a), _BLOCKS)
+    factor = _blocked_cholesky_lower(a if lower else adjoint(a), _cholesky_blocks(field.shape_of(a)[-1]))
     return factor if lower else adjoint(factor)
+
+
+def _cholesky_blocks(n: int) -> tuple[int, int]:
+    """Cholesky's block columns, outer and inner, for an n-column matrix. The column steps
+    do n s^2 of the n^3 / 3 multiply-adds on inner blocks of s columns (3 s^2 / n^2 of
+    them), the matmuls the rest at several times the rate; every block adds unrolled code to
+    compile. s about n / 8 (in whole vectors of 16, from 32 to 64) keeps the column steps to
+    about 5% of the work with 8 to 16 inner blocks; an outer block of 4 s gives the matmuls
+    depth."""
+    inner = min(max(n // 8 // 16 * 16, 32), 64)
+    return 4 * inner, inner
 
 
 def _blocked_cholesky_lower(a: Value, blocks: tuple[int, ...]) -> Value:
