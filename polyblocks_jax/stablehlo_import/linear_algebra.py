@@ -77,14 +77,19 @@ def cholesky_factor(a: Value, lower: bool) -> Value:
     return factor if lower else adjoint(factor)
 
 
+def panel_width(n: int) -> int:
+    """Columns a factorization of n columns takes column by column (Cholesky's inner
+    blocks, LU's panels). Those column steps do about n s^2 of the n^3 / 3 multiply-adds on
+    blocks of s columns (3 s^2 / n^2 of them), the matmuls the rest at several times the
+    rate; every block adds unrolled code to compile. s about n / 8 (in whole vectors of 16,
+    from 32 to 64) keeps the column steps to about 5% of the work with 8 to 16 blocks."""
+    return min(max(n // 8 // 16 * 16, 32), 64)
+
+
 def _cholesky_blocks(n: int) -> tuple[int, int]:
-    """Cholesky's block columns, outer and inner, for an n-column matrix. The column steps
-    do n s^2 of the n^3 / 3 multiply-adds on inner blocks of s columns (3 s^2 / n^2 of
-    them), the matmuls the rest at several times the rate; every block adds unrolled code to
-    compile. s about n / 8 (in whole vectors of 16, from 32 to 64) keeps the column steps to
-    about 5% of the work with 8 to 16 inner blocks; an outer block of 4 s gives the matmuls
-    depth."""
-    inner = min(max(n // 8 // 16 * 16, 32), 64)
+    """Cholesky's block columns, outer and inner: an outer block of 4 inner ones gives the
+    trailing matmuls depth."""
+    inner = panel_width(n)
     return 4 * inner, inner
 
 

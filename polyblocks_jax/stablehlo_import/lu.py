@@ -1,8 +1,8 @@
 """LU factorization by partial pivoting, real or complex: LAPACK's getrf.
 
 JAX's lu is a StableHLO loop on a platform without LAPACK; a program lowered for the CPU
-calls getrf (lapack.py), computed here as LAPACK's blocked getrf does: panels of
-``_PANEL`` columns, unrolled, each factored by an scf.for over its columns (carrying it,
+calls getrf (lapack.py), computed here as LAPACK's blocked getrf does: panels as wide as
+Cholesky's inner blocks (the same balance of column steps, matmuls and code), unrolled, each factored by an scf.for over its columns (carrying it,
 its pivots and info), its row exchanges applied to the other columns as one gather, the
 rows beside it solved against its unit lower triangle, and the trailing matrix updated by
 a matmul, where most of the multiply-adds run.
@@ -15,12 +15,8 @@ from mlir.dialects import arith, linalg, tensor
 from polyblocks_jax.stablehlo_import import field
 from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import Value, map_parts
-from polyblocks_jax.stablehlo_import.linear_algebra import (affine_map, cmp, dims, matmul, origin,
+from polyblocks_jax.stablehlo_import.linear_algebra import (affine_map, cmp, dims, matmul, origin, panel_width,
                                                             solve_triangular)
-
-# Panel columns: a column step costs a pass over the panel, the panel's rows a matmul's
-# reduction depth; the same width as Cholesky's inner blocks.
-_PANEL = 32
 
 
 def lu_factor(a: Value) -> list[Value]:
@@ -29,13 +25,14 @@ def lu_factor(a: Value) -> list[Value]:
     row pivots[j] - 1) and info (the 1-based step of the first zero pivot, else 0)."""
     *batch, m, n = field.shape_of(a)
     nb, steps = len(batch), min(m, n)
-    if steps <= _PANEL:
+    width = panel_width(steps)
+    if steps <= width:
         return _panel_lu(a)
     i32 = ir.IntegerType.get_signless(32)
     origin_ = [0] * nb
     lu, pivots, info = a, builders.filled(builders.splat(0, i32), [*batch, steps]), None
-    for k in range(0, steps, _PANEL):
-        w = min(_PANEL, steps - k)
+    for k in range(0, steps, width):
+        w = min(width, steps - k)
         panel, panel_pivots, panel_info = _panel_lu(field.extract_slice(lu, [*batch, m - k, w], [*origin_, k, k]))
         lu = field.insert_slice(panel, _exchange_rows(lu, panel_pivots, k), [*origin_, k, k])
         if k + w < n:
