@@ -124,6 +124,23 @@ class CholeskyTest(absltest.TestCase):
         _check(self, jnp.linalg.cholesky, _spd(rng, (6, 6), np.float64), rtol=1e-10, atol=1e-12)
         _check(self, jnp.linalg.cholesky, np.zeros((2, 0, 0), np.float32))
 
+    def test_blocked_sizes(self):
+        # Past 32 columns the factor is computed by blocks (two levels past 128), with
+        # remainders: f32, batched f64, complex, upper triangles unread.
+        rng = np.random.default_rng(9)
+        _check(self, jnp.linalg.cholesky, _spd(rng, (200, 200)), rtol=1e-4, atol=1e-5)
+        _check(self, jnp.linalg.cholesky, _spd(rng, (2, 150, 150), np.float64), rtol=1e-10, atol=1e-12)
+        c = rng.standard_normal((70, 70)) + 1j * rng.standard_normal((70, 70))
+        c = (c @ c.conj().T / 70 + np.eye(70)).astype(np.complex64)
+        c[np.triu_indices(70, 1)] = np.nan
+        _check(self, lambda a: lax.linalg.cholesky(a, symmetrize_input=False), c, rtol=1e-4, atol=1e-5)
+
+    def test_blocked_not_positive_definite_is_nan(self):
+        # A pivot failing in a later block still makes the whole matrix NaN.
+        a = _spd(np.random.default_rng(11), (2, 100, 100))
+        a[1, 90, 90] = -50.0
+        _check(self, jnp.linalg.cholesky, a)
+
     def test_reads_one_triangle(self):
         # Without symmetrizing, only the lower triangle is read.
         a = _spd(np.random.default_rng(5), (7, 7))
@@ -310,20 +327,37 @@ class SolversTest(absltest.TestCase):
         _check(self, lambda a, b: jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(a), b), spd, b[0])
 
     def test_lu_is_getrf_on_the_platform(self):
-        # lu of at most 64 columns lowers on the platform as on the CPU: one LAPACK getrf
-        # call, computed as an scf.for over the columns (stablehlo_import/lu.py), not JAX's
-        # while loop of gathers and scatters (a program three times larger, slower to
-        # compile); wider, JAX's rule, which runs faster there. Pivots and permutation as
-        # XLA's LAPACK gives them, batched, wide and tall.
+        # lu lowers on the platform as on the CPU: one LAPACK getrf call (stablehlo_import/
+        # lu.py), not JAX's while loop of gathers and scatters (a program three times larger,
+        # slower to compile). Pivots and permutation as XLA's LAPACK gives them, batched,
+        # wide and tall.
         rng = np.random.default_rng(10)
         a = rng.standard_normal((2, 7, 7)).astype(np.float32)
         with jax.default_device(jax.devices("polyblocks")[0]):
             text = jax.jit(lax.linalg.lu).lower(a).as_text()
-            wide = jax.jit(lax.linalg.lu).lower(np.zeros((8, 65), np.float32)).as_text()
+            wide = jax.jit(lax.linalg.lu).lower(np.zeros((8, 300), np.float32)).as_text()
         self.assertTrue("custom_call @lapack_sgetrf_ffi" in text, "lu lowered by JAX's generic rule")
         self.assertLess(len(text), 12000)  # the generic rule's: 27 KB
-        self.assertFalse("getrf" in wide, "lu of 65 columns lowered to getrf")
+        self.assertTrue("getrf" in wide, "lu of 300 columns lowered by JAX's generic rule")
         _check(self, lambda a: (*lax.linalg.lu(a), *lax.linalg.lu(a[:, :4]), *lax.linalg.lu(a[:, :, :4])), a)
+
+    def test_blocked_lu(self):
+        # Past 32 columns getrf works by panels (row exchanges applied beside them, a
+        # triangular solve and a matmul): square with a remainder, batched f64 tall and wide,
+        # complex, and singular columns in a later panel (info, pivots as LAPACK's).
+        rng = np.random.default_rng(12)
+        lu = lambda a: lax.linalg.lu(a)
+        _check(self, lu, rng.standard_normal((200, 200)).astype(np.float32), rtol=1e-4, atol=1e-4)
+        _check(self, lu, rng.standard_normal((2, 100, 70)), rtol=1e-10, atol=1e-12)
+        _check(self, lu, rng.standard_normal((2, 70, 100)), rtol=1e-10, atol=1e-12)
+        c = (rng.standard_normal((65, 65)) + 1j * rng.standard_normal((65, 65))).astype(np.complex64)
+        _check(self, lu, c, rtol=1e-4, atol=1e-4)
+        singular = rng.standard_normal((100, 100))
+        singular[:, [50, 70]] = 0.0
+        _check(self, lambda a: (*lax.linalg.lu(a), jnp.linalg.det(a)), singular, rtol=1e-10, atol=1e-12)
+        a = rng.standard_normal((3, 150, 150)).astype(np.float32) + 10 * np.eye(150, dtype=np.float32)
+        _check(self, lambda a, b: (jnp.linalg.solve(a, b), jnp.linalg.inv(a[0])), a,
+               rng.standard_normal((3, 150, 4)).astype(np.float32))
 
     def test_unsupported_dtype_names_op(self):
         # "Unsupported dtype", as XLA and JAX's CPU rules word it (JAX's testQrInvalidDtype)

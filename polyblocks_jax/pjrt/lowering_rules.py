@@ -8,13 +8,9 @@ and triangular_solve) or XLA's custom calls for its own expansions (qr: "Qr" and
 "ProductOfElementaryHouseholderReflectors"), computed in stablehlo_import/linear_algebra.py.
 lu's generic rule factors blocks of 128 columns, each by a while loop of gathers and
 scatters (27 KB of StableHLO for 8x8), and updates the rest by a triangular solve and a
-matmul; the CPU's rule is one LAPACK getrf call, which the importer computes as an scf.for
-over the columns (stablehlo_import/lu.py, LAPACK's pivots, as XLA's CPU gives them) and
-compiles 1.3 to 2 times faster. That loop rewrites the whole matrix at each step, where the
-generic rule's works on its block's columns before one matmul: up to 64 columns getrf runs
-as fast or faster (2-core Xeon: 64x64 0.24 ms, generic 0.28; 128x64 0.68, generic 0.99),
-beyond it runs up to 2x slower (96x96 1.85 ms, generic 0.94; 64x128 0.86, generic 0.52).
-We register a rule that takes the CPU's up to 64 columns.
+matmul; the CPU's rule is one LAPACK getrf call, which the importer computes blocked as
+LAPACK does (stablehlo_import/lu.py, LAPACK's pivots, as XLA's CPU gives them): we register
+the CPU's rule.
 eigh has platform rules only: we register the TPU's (QDWH, ending in XLA's "Eigh" custom
 call: stablehlo_import/symmetric_eigen.py). svd's generic rule is QDWH and eigh (slow to
 compile, and to run beyond eigh's 256-row Jacobi blocks); we register the CPU's, a
@@ -44,7 +40,6 @@ argument's buffer and Execute hands that memory to the output (see executable.py
 """
 from __future__ import annotations
 
-import functools
 
 PLATFORM = "polyblocks"
 
@@ -95,7 +90,6 @@ def _register_lapack_rules() -> None:
         rules = [internal_mlir._platform_specific_lowerings["cpu"][p].rule for p in primitives]
     except (ImportError, AttributeError, KeyError):
         return
-    rules[0] = functools.partial(_lu_rule, getrf=rules[0], generic=mlir._lowerings[linalg.lu_p].rule)
     for primitive, rule in zip(primitives, rules):
         mlir.register_lowering(primitive, rule, platform=PLATFORM)
 
@@ -136,17 +130,6 @@ def _register_tridiagonal_solve() -> None:
     from polyblocks_jax.pjrt.tridiagonal_solve import tridiagonal_solve
     mlir.register_lowering(linalg.tridiagonal_solve_p, mlir.lower_fun(tridiagonal_solve, multiple_results=False),
                            platform=PLATFORM)
-
-
-# The most columns for which getrf's loop (stablehlo_import/lu.py) runs as fast as JAX's
-# generic rule (measured; see the module's docstring).
-_GETRF_COLUMNS = 64
-
-
-def _lu_rule(ctx, operand, *, getrf, generic) -> list:
-    """lu by LAPACK's getrf up to ``_GETRF_COLUMNS`` columns, else by JAX's generic rule."""
-    n = ctx.avals_in[0].shape[-1]
-    return (getrf if isinstance(n, int) and n <= _GETRF_COLUMNS else generic)(ctx, operand)
 
 
 def _register_preserved_chlo() -> None:

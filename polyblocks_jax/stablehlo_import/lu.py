@@ -1,8 +1,11 @@
 """LU factorization by partial pivoting, real or complex: LAPACK's getrf.
 
 JAX's lu is a StableHLO loop on a platform without LAPACK; a program lowered for the CPU
-calls getrf (lapack.py), computed here as an scf.for over the columns, carrying the
-matrix, its pivots and info.
+calls getrf (lapack.py), computed here as LAPACK's blocked getrf does: panels as wide as
+Cholesky's inner blocks (the same balance of column steps, matmuls and code), unrolled, each factored by an scf.for over its columns (carrying it,
+its pivots and info), its row exchanges applied to the other columns as one gather, the
+rows beside it solved against its unit lower triangle, and the trailing matrix updated by
+a matmul, where most of the multiply-adds run.
 """
 from __future__ import annotations
 
@@ -12,13 +15,84 @@ from mlir.dialects import arith, linalg, tensor
 from polyblocks_jax.stablehlo_import import field
 from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import Value, map_parts
-from polyblocks_jax.stablehlo_import.linear_algebra import affine_map, cmp, dims, origin
+from polyblocks_jax.stablehlo_import.linear_algebra import (affine_map, cmp, dims, matmul, origin, panel_width,
+                                                            solve_triangular)
 
 
 def lu_factor(a: Value) -> list[Value]:
     """LAPACK's getrf: P a = L U by partial pivoting, L (unit diagonal, not stored) below
     the diagonal and U on and above it, the pivots (i32, 1-based: row j was swapped with
     row pivots[j] - 1) and info (the 1-based step of the first zero pivot, else 0)."""
+    *batch, m, n = field.shape_of(a)
+    nb, steps = len(batch), min(m, n)
+    width = panel_width(steps)
+    if steps <= width:
+        return _panel_lu(a)
+    i32 = ir.IntegerType.get_signless(32)
+    origin_ = [0] * nb
+    lu, pivots, info = a, builders.filled(builders.splat(0, i32), [*batch, steps]), None
+    for k in range(0, steps, width):
+        w = min(width, steps - k)
+        panel, panel_pivots, panel_info = _panel_lu(field.extract_slice(lu, [*batch, m - k, w], [*origin_, k, k]))
+        lu = field.insert_slice(panel, _exchange_rows(lu, panel_pivots, k), [*origin_, k, k])
+        if k + w < n:
+            unit_lower = field.extract_slice(panel, [*batch, w, w], [*origin_, 0, 0])
+            beside = field.extract_slice(lu, [*batch, w, n - k - w], [*origin_, k, k + w])
+            beside = solve_triangular(unit_lower, beside, True, True, False, False, True)
+            lu = field.insert_slice(beside, lu, [*origin_, k, k + w])
+            if m > k + w:
+                below = field.extract_slice(panel, [*batch, m - k - w, w], [*origin_, w, 0])
+                trailing = field.extract_slice(lu, [*batch, m - k - w, n - k - w], [*origin_, k + w, k + w])
+                lu = field.insert_slice(field.sub(trailing, matmul(below, beside)), lu, [*origin_, k + w, k + w])
+        pivots = field.insert_slice(_plus(panel_pivots, k), pivots, [*origin_, k])
+        info = panel_info if info is None else builders.parallel_generic(
+            [info, panel_info], builders.empty_like(info), [ir.AffineMap.get_identity(nb)] * 2,
+            lambda old, new, _: arith.select(
+                arith.cmpi(arith.CmpIPredicate.eq, old, builders.splat(0, i32)),
+                arith.select(arith.cmpi(arith.CmpIPredicate.eq, new, builders.splat(0, i32)), new,
+                             arith.addi(new, builders.splat(k, i32))), old))
+    return [lu, pivots, info]
+
+
+def _plus(values: ir.Value, k: int) -> ir.Value:
+    return builders.parallel_generic([values], builders.empty_like(values),
+                                     [ir.AffineMap.get_identity(len(builders.shape_of(values)))],
+                                     lambda v, _: arith.addi(v, builders.splat(k, builders.elem_type_of(v))))
+
+
+def _exchange_rows(a: Value, pivots: ir.Value, k: int) -> Value:
+    """``a`` with rows k + j and k + pivots[..., j] - 1 exchanged for each j in order (LAPACK's
+    laswp): two rows moved per exchange, where a gather would move every row below k."""
+    *batch, m, n = field.shape_of(a)
+    nb = len(batch)
+
+    def exchange(ivs: list[ir.Value], carried: list[Value]) -> list[Value]:
+        (x,) = carried
+        at, j = ivs[:nb], ivs[nb]
+        p = tensor.ExtractOp(pivots, [*at, j]).result
+        p = arith.addi(arith.index_cast(ir.IndexType.get(), p), builders.index_constant(k - 1))
+        row = arith.addi(j, builders.index_constant(k))
+        return [_swap(x, at, row, p)]
+    return field.loop_nest([*batch, builders.shape_of(pivots)[-1]], [a], exchange)[0]
+
+
+def _swap_rows(a: Value, rows: ir.Value, j: ir.Value) -> Value:
+    """``a`` with row j and row ``rows`` (index, batch-shaped) of each matrix exchanged."""
+    batch = field.shape_of(a)[:-2]
+    if not batch:
+        return _swap(a, [], j, tensor.ExtractOp(rows, []).result)
+    return field.loop_nest(batch, [a], lambda at, x: [_swap(x[0], at, j, tensor.ExtractOp(rows, at).result)])[0]
+
+
+def _swap(a: Value, at: list[ir.Value], row: ir.Value, other: ir.Value) -> Value:
+    """Rows ``row`` and ``other`` of matrix ``at`` of ``a`` exchanged (slices: vector copies)."""
+    sizes = [1] * len(at) + [1, field.shape_of(a)[-1]]
+    upper, lower = (field.extract_slice(a, sizes, [*at, r, 0]) for r in (row, other))
+    return field.insert_slice(upper, field.insert_slice(lower, a, [*at, row, 0]), [*at, other, 0])
+
+
+def _panel_lu(a: Value) -> list[Value]:
+    """getrf column by column: one scf.for step per column, over the whole matrix."""
     *batch, m, n = field.shape_of(a)
     nb, steps = len(batch), min(m, n)
     i32 = ir.IntegerType.get_signless(32)
@@ -29,13 +103,7 @@ def lu_factor(a: Value) -> list[Value]:
         lu, pivots, info = carried
         j = ivs[0]
         pivot_row = _pivot_row(field.extract_slice(lu, [*batch, m, 1], [0] * nb + [0, j]), j)
-
-        def swapped_element(p: ir.Value, _: Value) -> Value:
-            i = linalg.IndexOp(nb).result
-            source = arith.select(cmp("eq", i, j), p, arith.select(cmp("eq", i, p), j, i))
-            position = [linalg.IndexOp(d).result for d in range(nb)] + [source, linalg.IndexOp(nb + 1).result]
-            return map_parts(lambda part: tensor.ExtractOp(part, position).result, lu)
-        swapped = field.parallel_generic([pivot_row], field.empty_like(lu), [per_matrix], swapped_element)
+        swapped = _swap_rows(lu, pivot_row, j)
         column = field.extract_slice(swapped, [*batch, m, 1], [0] * nb + [0, j])
         row = field.extract_slice(swapped, [*batch, 1, n], [0] * nb + [j, 0])
         pivot = field.extract_slice(swapped, [*batch, 1, 1], [0] * nb + [j, j])
