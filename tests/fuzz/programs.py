@@ -290,7 +290,9 @@ def _gen_gather(p: Program, x: int) -> None:
     out = list(shape[:axis]) + idx_shape + list(shape[axis + 1:])
     if len(out) > 4:
         return None
-    idx = p.new_input(idx_shape, p.draw(st.sampled_from(("int32", "int64", "uint8"))))
+    # JAX's wrap mode takes the index modulo the axis in the index's type: uint8 holds no 256
+    kinds = ("int32", "int64", "uint8") if shape[axis] < 256 else ("int32", "int64")
+    idx = p.new_input(idx_shape, p.draw(st.sampled_from(kinds)))
     mode = p.draw(st.sampled_from(("clip", "fill", "wrap")))
     p.add({"op": "gather", "x": x, "idx": idx, "axis": axis, "mode": mode}, out, dtype)
 
