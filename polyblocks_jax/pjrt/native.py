@@ -164,7 +164,7 @@ class Native:
         pointers = exe.num_inputs + exe.num_outputs + (1 if exe.compiled.arena_bytes else 0)
         if packed is None and pointers > self.max_pointers:
             return 0, None
-        outputs = (_Output * max(exe.num_outputs, 1))()
+        outputs = array_type(_Output, max(exe.num_outputs, 1))()
         dims = ctypes.addressof(exe.output_dims)  # every output's dims, one after another
         for output, spec, code, alias in zip(outputs, exe.compiled.outputs, exe.output_types, exe.aliases):
             output.type, output.rank, output.nbytes, output.dims = code, spec.rank, spec.nbytes, dims
@@ -172,12 +172,13 @@ class Native:
             dims += spec.rank * ctypes.sizeof(ctypes.c_int64)
         inputs = None
         if exe.donated or exe.overwritten:
-            inputs = (_Input * exe.num_inputs)()
+            inputs = array_type(_Input, exe.num_inputs)()
             for i, (field, spec) in enumerate(zip(inputs, exe.compiled.inputs)):
                 field.nbytes = spec.nbytes
                 field.flags = _DONATED * (i in exe.donated) + _OVERWRITTEN * (i in exe.overwritten)
         fields = _Plan(entry if packed is None else packed, packed is not None, loaded.device.handle,
-                       loaded.device.memory.handle, READY, exe.num_inputs, exe.num_outputs, exe.compiled.arena_bytes, None, ctypes.addressof(outputs),
+                       loaded.device.memory.handle, READY, exe.num_inputs, exe.num_outputs,
+                       exe.compiled.arena_bytes, None, ctypes.addressof(outputs),
                        ctypes.addressof(inputs) if inputs is not None else None)
         self._before_call.value = cpu_executable.teams_policy_address()  # libomp is loaded by now
         address = self._new_plan(ctypes.addressof(fields))
