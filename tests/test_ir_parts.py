@@ -1,6 +1,6 @@
 """LLVM IR cut into parts of about equal code (cpu/ir_parts.py): every part is a module LLVM
 accepts, each function is defined in exactly one, and the parts' code differs by at most
-the largest function; a module with a variable or a visible global stays whole. Programs
+the largest function; a variable is defined in one part; a module with an alias stays whole. Programs
 compiled from parts match XLA in test_codegen.py."""
 import re
 import subprocess
@@ -65,11 +65,24 @@ class BalancedPartsTest(absltest.TestCase):
         single = _function("main", "", [], 3) + "\n"
         self.assertEqual(ir_parts.balanced_parts(single, 4), [single])
 
-    def test_a_variable_or_a_visible_global_keeps_the_module_whole(self):
+    def test_a_variable_or_a_visible_global_is_defined_in_one_part(self):
+        # the busy-machine threshold is such a variable (cpu/parallel_if.py): a module with
+        # one stayed whole and compiled on one core
         for definition in ("@ident = internal global", "@ident = internal thread_local global",
-                           "@ident = constant", "@ident = dso_local global"):
+                           "@ident = constant", "@ident = dso_local global", "@ident = global"):
             module = _MODULE.replace("@ident = private unnamed_addr constant", definition)
-            self.assertEqual(ir_parts.balanced_parts(module, 2), [module], definition)
+            modules = ir_parts.balanced_parts(module, 2)
+            self.assertLen(modules, 2, definition)
+            for part in modules:
+                _verify(self, part)
+            defining = [part for part in modules if re.search(r"^@ident = (?!external)", part, re.M)]
+            self.assertLen(defining, 1, definition)
+            self.assertNotRegex(defining[0], r"^@ident = (internal|private) ")
+
+    def test_an_alias_keeps_the_module_whole(self):
+        module = _MODULE.replace("attributes #0", "@other = alias void (ptr), ptr @helper\nattributes #0")
+        _verify(self, module)
+        self.assertEqual(ir_parts.balanced_parts(module, 2), [module])
 
     def test_a_declared_global_is_declared_in_every_part(self):
         # a large constant reaches the library as raw bytes: the IR declares it (constants.py)

@@ -5,8 +5,10 @@ llvm-split places functions by a hash of their names: on ViT-Tiny one of six par
 while it was compiled. Here each function goes to the part with the least code so far,
 largest first; its definition becomes hidden (a part calls what another defines) and every
 other part declares it. What is not a function (types, constants, declarations, attribute
-groups, metadata) is copied into every part; a module with a variable, or a global that every
-part would define, stays whole.
+groups, metadata) is copied into every part, but a variable, or a constant other objects
+may see, is defined in the first part (hidden where it was local) and declared in the
+others: two definitions would be two variables, or one symbol defined twice. A module with
+an alias or an ifunc stays whole.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import re
 
 _NAME = re.compile(r"@([-\w$.]+)\(")
 _LOCAL = re.compile(r"^define (internal|private) ")
+_GLOBAL_LOCAL = re.compile(r"^(@[-\w$.]+ = )(internal|private) ")
 _LINKAGES = {"private", "internal", "available_externally", "linkonce", "weak", "common", "appending",
              "extern_weak", "linkonce_odr", "weak_odr", "external"}
 
@@ -21,8 +24,10 @@ _LINKAGES = {"private", "internal", "available_externally", "linkonce", "weak", 
 def balanced_parts(text: str, parts: int) -> list[str]:
     """``text`` as at most ``parts`` modules that together define what it defines."""
     header, functions = _sections(text)
-    globals_ = [line for line in header if line.startswith("@")]
-    if parts <= 1 or len(functions) < 2 or not all(map(_copyable, globals_)):
+    # header lines as the first part holds them (each variable defined) and as the others do
+    defining = [_GLOBAL_LOCAL.sub(r"\1hidden ", line, count=1) if _owned(line) else line for line in header]
+    declaring = [_global_declaration(line) if _owned(line) else line for line in header]
+    if parts <= 1 or len(functions) < 2 or None in declaring:
         return [text]
     loads, members = [0] * parts, [[] for _ in range(parts)]
     for index in sorted(range(len(functions)), key=lambda i: len(functions[i]), reverse=True):
@@ -34,7 +39,7 @@ def balanced_parts(text: str, parts: int) -> list[str]:
     modules = []
     for chosen in filter(None, members):
         others = sorted(set(range(len(functions))) - set(chosen))
-        lines = header + [declarations[i] for i in others]
+        lines = (declaring if modules else defining) + [declarations[i] for i in others]
         for i in chosen:
             lines += [defines[i], *functions[i][1:]]
         modules.append("\n".join(lines) + "\n")
@@ -56,17 +61,43 @@ def _sections(text: str) -> tuple[list[str], list[list[str]]]:
     return header, functions
 
 
-def _copyable(global_: str) -> bool:
-    """Whether every part may hold the line of this global: a declaration (external), or a
-    local constant (our constants, OpenMP's idents). Each part's copy of a variable would be
-    a variable of its own, and of a definition others can see, a symbol defined twice: such
-    a module stays whole."""
-    words = global_.split(" = ", 1)[-1].split()
-    kind = next((i for i, word in enumerate(words) if word in ("global", "constant")), None)
-    if kind is None:  # an alias or an ifunc
+def _owned(line: str) -> bool:
+    """Whether this header line is a global only one part may define: not a declaration
+    (external) nor a local constant (our constants, OpenMP's idents), which every part holds."""
+    if not line.startswith("@"):
         return False
+    words = line.split(" = ", 1)[-1].split()
+    kind = next((i for i, word in enumerate(words) if word in ("global", "constant")), None)
+    if kind is None:  # an alias or an ifunc: _global_declaration keeps the module whole
+        return True
     qualifiers = set(words[:kind])
-    return "external" in qualifiers or (words[kind] == "constant" and bool({"internal", "private"} & qualifiers))
+    return not ("external" in qualifiers or (words[kind] == "constant" and bool({"internal", "private"} & qualifiers)))
+
+
+def _global_declaration(global_: str) -> str | None:
+    """``@name = external global TYPE`` for a global's definition line (thread-local and
+    address-space qualifiers kept); None for an alias, an ifunc or a type not read here."""
+    name, _, rest = global_.partition(" = ")
+    match = re.match(r"((?:[\w()]+ )*?)(global|constant) ", rest)
+    if match is None:
+        return None
+    kept = [word for word in match.group(1).split() if word.startswith(("thread_local", "addrspace"))]
+    type_ = _leading_type(rest[match.end():])
+    return None if type_ is None else " ".join([name, "=", "external", *kept, match.group(2), type_])
+
+
+def _leading_type(text: str) -> str | None:
+    """The LLVM type ``text`` starts with: one word, or a bracketed array, vector or struct."""
+    closing = {"[": "]", "{": "}", "<": ">"}
+    if not text or text[0] not in closing:
+        word = text.split(" ", 1)[0].rstrip(",")
+        return word or None
+    depth = 0
+    for end, char in enumerate(text):
+        depth += (char in closing) - (char in closing.values())
+        if depth == 0:
+            return text[:end + 1]
+    return None
 
 
 def _declaration(define: str) -> str:
