@@ -29,8 +29,14 @@ def compile(program, options: Options | None = None, donate_argnums=None, *,  # 
     """Compile ``program`` for ``target`` (a name of ``polyblocks_jax.targets``: "cpu", this host,
     or "nvptx-<chip>"); see ``polyblocks_jax.compiler.compile``."""
     options = options or Options.from_env()
-    if not options.in_process and targets.get(target).compiles_in_workers:
-        from polyblocks_jax import compile_workers
-        compile_workers.prestart()  # a compile worker imports the compiler while this process does
+    prestart_compiler(options, target)  # a compile worker imports the compiler while this process does
     from polyblocks_jax import compiler  # the MLIR stack loads on first compile, not on import
     return compiler.compile(program, options, donate_argnums, target=target)
+
+
+def prestart_compiler(options: Options, target: str = targets.HOST) -> None:
+    """Start a compile worker for ``target`` now, without waiting for it, where its compiles
+    run in workers and none is running."""
+    if not options.in_process and targets.get(target).compiles_in_workers:
+        from polyblocks_jax import compile_workers
+        compile_workers.prestart()

@@ -1,6 +1,5 @@
 """Compile workers: a compile that crashes its worker is an error naming the stage, with a
 reproducer that replays; the process, its cache and the next compiles go on."""
-import dataclasses
 import os
 import signal
 import subprocess
@@ -18,7 +17,7 @@ from absl.testing import absltest
 
 import polyblocks_jax as pb
 import support
-from polyblocks_jax import compile_workers, compiler
+from polyblocks_jax import compile_workers, compiler, in_process
 from polyblocks_jax.compile_workers import pool, protocol
 from polyblocks_jax.errors import CompilationError, UnsupportedError
 
@@ -148,6 +147,30 @@ class ScriptTest(absltest.TestCase):
         self.assertEqual(done.stdout, "top level ran\nresult [0.0, 2.0, 4.0, 6.0]\n")
         self.assertNotIn("top level ran", done.stderr)
 
+    def test_a_caller_whose_compiles_run_in_workers_never_loads_the_compiler(self):
+        # the compiler's modules and the upstream MLIR stack cost the caller half a second
+        # on its first compile, and workers hold them already
+        script = textwrap.dedent("""
+            import sys, numpy as np, jax
+            x = jax.device_put(np.arange(4, dtype=np.float32), jax.devices("polyblocks")[0])
+            print(np.asarray(jax.jit(lambda a: a * 2.0)(x)).tolist())
+            print(sorted(m for m in ("mlir", "polyblocks_jax.in_process", "polyblocks_jax.passes") if m in sys.modules))
+        """)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertEqual(done.stdout, "[0.0, 2.0, 4.0, 6.0]\n[]\n")
+
+    def test_the_platform_starts_a_worker_before_the_first_compile(self):
+        script = textwrap.dedent("""
+            import jax
+            from polyblocks_jax.compile_workers import pool
+            jax.devices("polyblocks")
+            print(len(pool.POOL._idle) + len(pool.POOL.busy()))
+        """)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertEqual(done.stdout, "1\n")
+
 
 class ErrorTest(absltest.TestCase):
     def test_an_error_keeps_its_type_message_and_fields(self):
@@ -235,7 +258,7 @@ class LoadTest(absltest.TestCase):
         fn = lambda a: jnp.sin(a) * 3.0
         x = np.linspace(-2, 2, 64, dtype=np.float32)
         source = _lowered(fn, x).as_text()
-        built = compiler.compile_in_process(source, pb.Options(), "k", {}, None)  # what a worker runs
+        built = in_process.compile_in_process(source, pb.Options(), "k", {}, None)  # what a worker runs
         self.assertIsNone(built._exe._dll)
         received = compiler.deserialize(built.serialize())
         self.assertIsNotNone(received._exe._dll)

@@ -12,7 +12,7 @@ from absl.testing import absltest
 
 import polyblocks_jax as pb
 import support
-from polyblocks_jax import compiler
+from polyblocks_jax import compiler, in_process
 
 
 def _lowered(fn, *args):
@@ -118,12 +118,12 @@ class GarbageCollectionTest(absltest.TestCase):
 
     def _compile_seeing_gc(self, fn=lambda a: a * 3.0):
         seen = []
-        real = compiler._compile_uncached
+        real = in_process._compile_uncached
 
         def spy(*args, **kwargs):
             seen.append(gc.isenabled())
             return real(*args, **kwargs)
-        with mock.patch.object(compiler, "_compile_uncached", spy), support.in_process():
+        with mock.patch.object(in_process, "_compile_uncached", spy), support.in_process():
             exe = pb.compile(_lowered(fn, np.ones(4, np.float32)))
         return exe, seen
 
@@ -137,7 +137,7 @@ class GarbageCollectionTest(absltest.TestCase):
 
     def test_resumed_after_a_failed_compile(self):
         gc.enable()
-        with (mock.patch.object(compiler, "_compile_uncached", side_effect=pb.CompilationError("x", "failed")),
+        with (mock.patch.object(in_process, "_compile_uncached", side_effect=pb.CompilationError("x", "failed")),
               support.in_process()):
             with self.assertRaises(pb.CompilationError):
                 pb.compile(_lowered(lambda a: a - 1.0, np.ones(4, np.float32)))
@@ -155,13 +155,13 @@ class GarbageCollectionTest(absltest.TestCase):
         states = []
 
         def first():
-            with compiler._cyclic_gc_paused():
+            with in_process._cyclic_gc_paused():
                 inside.set()
                 release.wait(10)
         thread = threading.Thread(target=first)
         thread.start()
         inside.wait(10)
-        with compiler._cyclic_gc_paused():
+        with in_process._cyclic_gc_paused():
             pass
         states.append(gc.isenabled())  # the first still compiles
         release.set()

@@ -14,7 +14,7 @@ from mlir import ir
 
 import polyblocks_jax as pb
 import support
-from polyblocks_jax import compiler
+from polyblocks_jax import in_process
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.cpu import parallel, parallel_if
 from polyblocks_jax.cpu.executable import MIN_WORK_SYMBOL
@@ -213,7 +213,7 @@ def _compile(fn, *args, options: pb.Options) -> tuple[pb.Executable, bool]:
     """The executable, and whether its LLVM module forks threads."""
     lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
     with tempfile.TemporaryDirectory() as d:
-        exe = compiler.compile_in_process(lowered.as_text(), options.replace(dump_dir=d), "k", {}, None)
+        exe = in_process.compile_in_process(lowered.as_text(), options.replace(dump_dir=d), "k", {}, None)
         (program,) = os.listdir(d)
         (last,) = [f for f in os.listdir(os.path.join(d, program)) if f.endswith("to-llvm.mlir")]
         with open(os.path.join(d, program, last)) as f:

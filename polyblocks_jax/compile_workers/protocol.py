@@ -33,7 +33,7 @@ READY, DONE, ERROR = "ready", "done", "error"
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One compile: what ``compiler.compile_in_process`` takes."""
+    """One compile: what ``in_process.compile_in_process`` takes."""
     source: str | bytes                    # StableHLO text, MLIR bytecode or a VHLO artifact
     options: Options
     key: str                               # the cache key: the executable's fingerprint, the dumps' folder

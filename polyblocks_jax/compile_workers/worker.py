@@ -18,7 +18,7 @@ def main(requests_fd: int, replies_fd: int, stage_fd: int) -> None:
     requests, replies = protocol.reader(requests_fd), protocol.writer(replies_fd)
     stage = protocol.StageSlot(stage_fd)
     os.close(stage_fd)  # mapped
-    from polyblocks_jax import compiler, contexts
+    from polyblocks_jax import contexts, in_process
     from polyblocks_jax.cpu import codegen, host
     codegen.load_llvm()  # a crash of LLVM here ends this process, not the user's
     contexts.keep_per_thread()
@@ -28,13 +28,13 @@ def main(requests_fd: int, replies_fd: int, stage_fd: int) -> None:
             job = requests.recv()
         except EOFError:  # the parent closed the pipe, or exited
             return
-        replies.send(_compile(compiler, job, stage.write))
+        replies.send(_compile(in_process, job, stage.write))
 
 
-def _compile(compiler, job: protocol.Job, on_stage) -> tuple:
+def _compile(in_process, job: protocol.Job, on_stage) -> tuple:
     try:
-        exe = compiler.compile_in_process(job.source, job.options, job.key, job.marks, job.donate_argnums, on_stage,
-                                          job.target)
+        exe = in_process.compile_in_process(job.source, job.options, job.key, job.marks, job.donate_argnums,
+                                            on_stage, job.target)
         return protocol.DONE, exe.serialize(), exe.timings
     except Exception as e:  # noqa: BLE001 (every error goes back to the caller, as raised)
         return protocol.ERROR, protocol.encode_error(e)

@@ -69,6 +69,12 @@ class Client:
         self.platform_name = Text(PLATFORM_NAME)
         self.platform_version = Text(platform_version(local[0].description.kind.buffer.value.decode()))
         self.handle = handles.register(self)
+        # The first compile would wait for a compile worker's start (Python, numpy, MLIR and
+        # the compiler): it starts now, while the user's program goes on to build and trace.
+        try:
+            polyblocks_jax.prestart_compiler(Options.from_env())
+        except ValueError:  # bad flags: each compile reports them
+            pass
 
     def device_by_id(self, device_id: int) -> Device:
         for d in self.devices:
