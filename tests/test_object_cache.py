@@ -81,15 +81,31 @@ class ObjectCacheTest(absltest.TestCase):
         self.assertIn("llc part0", self._compile(pb.Options(object_cache=False)).timings)
         self.assertEqual(self.cache.hits + self.cache.misses, 0)
 
-    def test_the_folder_stays_within_its_bound_least_recently_used_first(self):
-        small = object_cache.ObjectCache(self.folder, disk_bytes=4000, memory_bytes=0)
-        for i in range(8):
-            small.put(f"{i:02d}" + "0" * 62, bytes(1000))
-            os.utime(small._path(f"{i:02d}" + "0" * 62), (i, i))  # ages in order of writing
-        small.prune()
+    def test_a_shard_stays_within_its_share_of_the_bound_least_recently_used_first(self):
+        small = object_cache.ObjectCache(self.folder, disk_bytes=4000 * object_cache._SHARDS, memory_bytes=0)
+        names = [f"ab{i:02d}" + "0" * 60 for i in range(8)]  # one shard
+        for i, name in enumerate(names):
+            small.put(name, bytes(1000))
+            os.utime(small._path(name), (i, i))  # ages in order of writing
         self.assertLessEqual(sum(os.path.getsize(p) for p in self._entries()), 4000)
-        self.assertIsNotNone(small.get("07" + "0" * 62))  # the newest stays
-        self.assertIsNone(small.get("00" + "0" * 62))
+        self.assertIsNotNone(small.get(names[-1]))  # the newest stays
+        self.assertIsNone(small.get(names[0]))
+
+    def test_a_write_measures_its_shard_not_the_folder(self):
+        # a walk of a full folder (some 60000 entries) took a second of a compile
+        small = object_cache.ObjectCache(self.folder, memory_bytes=0)
+        for i in range(4):
+            small.put(f"{i:02d}" + "0" * 62, bytes(10))
+        listed = []
+        real = os.scandir
+
+        def scandir(path):
+            listed.append(os.path.relpath(path, self.folder))
+            return real(path)
+        with mock.patch.object(os, "walk", side_effect=AssertionError("walked the folder")), \
+                mock.patch.object(os, "scandir", scandir):
+            small.put("cd" + "0" * 62, bytes(10))
+        self.assertEqual(listed, ["cd"])
 
     def test_the_key_holds_the_ir_and_its_context(self):
         self.assertNotEqual(object_cache.key("ir", "a", "2"), object_cache.key("ir", "a", "3"))
