@@ -18,7 +18,7 @@ from absl.testing import absltest
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import compile_workers, compiler, in_process
-from polyblocks_jax.compile_workers import pool, protocol
+from polyblocks_jax.compile_workers import pool, protocol, worker
 from polyblocks_jax.errors import CompilationError, UnsupportedError
 
 
@@ -264,6 +264,12 @@ class LoadTest(absltest.TestCase):
         self.assertIsNotNone(received._exe._dll)
         support.assert_close(self, list(received(x)), support.xla_cpu(fn, x))
         support.assert_close(self, list(built(x)), support.xla_cpu(fn, x))  # loaded at its first call
+
+    def test_the_warm_up_program_compiles_and_computes(self):
+        # a worker swallows a failing warm-up: it would pass unseen
+        exe = in_process.compile_in_process(worker._WARM_UP, pb.Options(object_cache=False), "w", {}, None)
+        a = np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32)
+        support.assert_close(self, list(exe(a)), support.xla_cpu(lambda a: jnp.sum(jnp.tanh(a @ a), axis=1), a))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import os
 import sys
 
 from polyblocks_jax.compile_workers import protocol
+from polyblocks_jax.options import Options
 
 
 def main(requests_fd: int, replies_fd: int, stage_fd: int) -> None:
@@ -22,6 +23,7 @@ def main(requests_fd: int, replies_fd: int, stage_fd: int) -> None:
     from polyblocks_jax.cpu import codegen, host
     codegen.load_llvm()  # a crash of LLVM here ends this process, not the user's
     contexts.keep_per_thread()
+    _warm_up(in_process)
     replies.send((protocol.READY, host().description()))
     while True:
         try:
@@ -29,6 +31,27 @@ def main(requests_fd: int, replies_fd: int, stage_fd: int) -> None:
         except EOFError:  # the parent closed the pipe, or exited
             return
         replies.send(_compile(in_process, job, stage.write))
+
+
+# A matmul, an elementwise op and a reduction: what most programs' first compile meets.
+_WARM_UP = """
+func.func public @main(%a: tensor<16x16xf32>) -> tensor<16xf32> {
+  %0 = stablehlo.dot_general %a, %a, contracting_dims = [1] x [0] : (tensor<16x16xf32>, tensor<16x16xf32>) -> tensor<16x16xf32>
+  %1 = stablehlo.tanh %0 : tensor<16x16xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %2 = stablehlo.reduce(%1 init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<16x16xf32>, tensor<f32>) -> tensor<16xf32>
+  return %2 : tensor<16xf32>
+}
+"""
+
+
+def _warm_up(in_process) -> None:
+    """Compile a small program before the first job: a first compile also pays for modules
+    imported on first use and LLVM's first code generation (0.4 s against 0.2 after this)."""
+    try:
+        in_process.compile_in_process(_WARM_UP, Options(object_cache=False), "warm-up", {}, None)
+    except Exception:  # noqa: BLE001 (only an optimization: the jobs report their own errors)
+        pass
 
 
 def _compile(in_process, job: protocol.Job, on_stage) -> tuple:
