@@ -54,11 +54,18 @@ PROGRAMS = {
     "softmax": (lambda x: jax.nn.softmax(x, axis=-1), [((4, 40), f32)]),
     "views": (lambda x: jnp.concatenate([jnp.pad(x, 1), jnp.zeros((6, 6), f32)]).T[::2], [((4, 4), f32)]),
     "constant": (lambda x: x + jnp.asarray(np.linspace(-1, 1, 8, dtype=f32)), [((8,), f32)]),
+    # reductions with few outputs, split over many threads (nvptx/reductions.py)
+    "long_row_sum": (lambda x: jnp.sum(x, axis=1), [((4, 4096), f32)]),
+    "long_full_max": (lambda x: jnp.max(jnp.abs(x)), [((1 << 16,), f32)]),
+    "long_full_sum": (lambda x: jnp.sum(x * x), [((1 << 16,), f32)]),
+    "long_softmax": (lambda x: jax.nn.softmax(x, axis=-1), [((2, 2048), f32)]),
+    "long_column_sum": (lambda x: jnp.sum(x, axis=0), [((2048, 8), np.int32)]),
+    "long_argmax": (lambda x: jnp.argmax(x, axis=1), [((4, 4096), f32)]),
 }
 
 
 # Sums run in another order than XLA's (one thread walks the reduction): as the CPU tests state.
-LONG_SUMS = {"row_sum", "full_sum", "matmul", "conv3x3", "softmax"}
+LONG_SUMS = {"row_sum", "full_sum", "matmul", "conv3x3", "softmax", "long_row_sum", "long_softmax", "long_full_sum"}
 
 
 def _tolerance(name: str) -> dict:
@@ -70,6 +77,8 @@ def _args(name: str, edge: bool = True) -> list[np.ndarray]:
     args = [support.random_array(rng, shape, dtype, edge=edge) for shape, dtype in PROGRAMS[name][1]]
     if name == "integer":  # shift counts and divisors in range: the test is the mapping, not the semantics
         args = [args[0], np.where(args[1] == 0, 7, args[1]).astype(np.int32)]
+    if name == "long_full_max":  # XLA CPU's max of these drops the NaN (inf; numpy's and ours: NaN)
+        args = [np.nan_to_num(args[0], nan=0.0, posinf=np.inf, neginf=-np.inf)]
     return args
 
 
@@ -147,11 +156,41 @@ def _run_mapped_on_host(fn, args) -> list[np.ndarray]:
     options = without_host_choices(Options())
     with ir.Context() as context, ir.Location.unknown():
         imported = import_program(_lowered(fn, *args), context)
-        stages = passes.shared_stages(options, SM90.hardware()) + lowering.mapping_stages(options) + \
-            cpu.cpu_stages(options)
+        stages = passes.shared_stages(options, SM90.hardware(), tile_stages=lowering.tensor_stages(options, SM90)) + \
+            lowering.mapping_stages(options) + cpu.cpu_stages(options)
         passes.run_stages(imported.module, stages, options)
         exe = cpu.build(imported.module, imported.inputs, imported.outputs, options)
     return list(exe(*args))
+
+
+class SplitReductionTest(parameterized.TestCase):
+    """A reduction with few outputs runs on many threads: S threads per output element."""
+
+    @parameterized.parameters(("long_row_sum", 4 * 256), ("long_full_sum", 1 << 12), ("long_softmax", 2 * 128))
+    def test_the_widest_launch_covers_the_split(self, name, threads):
+        exe = _compile(_lowered(PROGRAMS[name][0], *_args(name)), "sm_90", DEFAULT)
+        widest = max(np.prod(launch.grid) * np.prod(launch.block) for launch in exe.plan.launches)
+        self.assertGreaterEqual(widest, threads)
+
+    def test_factor(self):
+        from mlir import ir
+        from polyblocks_jax.nvptx.reductions import split_factor
+        from polyblocks_jax.passes.transform import reduction_loops, walk
+        from polyblocks_jax.stablehlo_import import import_program
+
+        def factors(fn, *shapes):  # of the reductions as the split stage meets them
+            with ir.Context() as context, ir.Location.unknown():
+                imported = import_program(_lowered(fn, *[np.ones(s, f32) for s in shapes]), context)
+                options = without_host_choices(Options())
+                stages = passes.shared_stages(options, SM90.hardware())
+                passes.run_stages(imported.module, stages[:[s.name for s in stages].index("results")], options)
+                return [split_factor(op, SM90.resident_threads) for op in walk(imported.module.operation)
+                        if op.name == "linalg.generic" and reduction_loops(op)]
+        self.assertEqual(factors(lambda x: jnp.sum(x, 1), (4, 4096)), [256])  # 4096 / 16 elements a thread
+        self.assertEqual(factors(lambda x: jnp.sum(x, 1), (4096, 4096)), [64])  # 4096 rows x 64 fill the GPU
+        self.assertEqual(factors(lambda x: jnp.sum(x, 1), (1 << 18, 64)), [0])  # rows enough
+        self.assertEqual(factors(lambda x: jnp.sum(x, 1), (4, 40)), [0])  # too short to pay
+        self.assertEqual(factors(lambda x: jnp.sum(x, 1), (4, 4099)), [0])  # no power of two divides it
 
 
 class PlanAndTargetTest(absltest.TestCase):

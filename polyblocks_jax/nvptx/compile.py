@@ -21,7 +21,7 @@ from polyblocks_jax.targets import LoweredProgram
 
 def gpu_stages(options: Options, target: NvptxTarget) -> list[Stage]:
     """Every stage of a compile for ``target``: the shared ones, then its mapping and lowering to PTX."""
-    return passes.shared_stages(options, target.hardware()) + \
+    return passes.shared_stages(options, target.hardware(), tile_stages=lowering.tensor_stages(options, target)) + \
         lowering.nvptx_stages(options, target, ptx.find_toolkit())
 
 

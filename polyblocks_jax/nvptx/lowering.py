@@ -16,12 +16,18 @@ from mlir import ir
 
 from polyblocks_jax.nvptx import mapping
 from polyblocks_jax.nvptx.host import VIEW_OPS
+from polyblocks_jax.nvptx.reductions import split_reductions
 from polyblocks_jax.nvptx.target import NvptxTarget
 from polyblocks_jax.nvptx.tensor_cores import use_tensor_cores
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import INLINE_LAYERS, VECTOR_TRANSFERS, Stage
 from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
 from polyblocks_jax.passes.transform import walk
+
+
+def tensor_stages(options: Options, target: NvptxTarget) -> list[Stage]:
+    """The target's stages on the fused tensors, before bufferization."""
+    return [Stage("split-reductions", functools.partial(split_reductions, target=target))]
 
 
 def mapping_stages(options: Options) -> list[Stage]:

@@ -47,6 +47,11 @@ class NvptxTarget:
     shared_bytes_per_clock: int
     wgmma_fma_per_clock: int = 0     # the warpgroup instruction's rate (sm_90a), 16-bit operands
 
+    @property
+    def resident_threads(self) -> int:
+        """Threads the whole GPU holds at once: what a kernel needs to hide memory latency."""
+        return self.sms * self.max_threads_per_sm
+
     def wgmma_shape(self, dtype: str) -> MmaShape | None:
         """The warpgroup instruction for ``dtype`` operands, when the chip's PTX has it (sm_90a)."""
         return next((s for s in self.mma_shapes if s.instruction == "wgmma" and s.dtype == dtype), None)
