@@ -9,7 +9,10 @@ that ko is the thread's own loop: neighbouring threads read neighbouring element
 row), and a second reduction combines the S partial results, split again while it is
 itself long. ``S``: a power of two dividing the extent, enough threads to fill the GPU
 (``NvptxTarget.resident_threads``), each combining at least ``MIN_ELEMENTS_PER_THREAD``.
-The sums then run in another order than one thread's, as XLA's GPU reductions do.
+The sums then run in another order than one thread's, as XLA's GPU reductions do. The
+importer's float max and min that keep the sign of zero (passes/signed_extrema.py) are
+one ``maximumf``/``minimumf`` while the split runs (the upstream split knows single
+combiners only), built again in every op it leaves.
 """
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ from mlir import ir
 
 from polyblocks_jax.nvptx.target import NvptxTarget
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.signed_extrema import signed_zero_combiner
 from polyblocks_jax.passes.transform import apply_script, indexing_maps, reduction_loops, walk
+from polyblocks_jax.tensor_ir.builders import exact_maximumf, exact_minimumf
 
 # Fewer elements a thread than this and the partial results cost about what they save.
 MIN_ELEMENTS_PER_THREAD = 16
@@ -32,6 +37,8 @@ COMBINERS = frozenset({
     "arith.maxnumf", "arith.minnumf", "arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui",
     "arith.andi", "arith.ori", "arith.xori"})
 _MARK = "polyblocks.split_reduction"
+_EXACT = "polyblocks.exact_extremum"  # a maximumf/minimumf standing for the signed-zero form
+_EXACT_BUILDERS = {"arith.maximumf": exact_maximumf, "arith.minimumf": exact_minimumf}
 _ROUNDS = 8  # a full reduction of 2^32 elements splits in 5
 
 
@@ -42,11 +49,15 @@ def split_reductions(module: ir.Module, options: Options, target: NvptxTarget) -
                   if op.name == "linalg.generic" and (factor := split_factor(op, target.resident_threads))]
         if not splits:
             return
+        for op, _ in splits:
+            _single_combiner(op)
         apply_script(module, _script([(number, factor, _dims(op)) for number, (op, factor) in enumerate(splits)],
                                      [op for op, _ in splits]))
         for op in walk(module.operation):  # the split ops may carry the marks on
             if _MARK in op.attributes:
                 del op.attributes[_MARK]
+            if _EXACT in op.attributes:
+                _exact_extremum(op)
 
 
 def split_factor(op: ir.Operation, resident_threads: int) -> int:
@@ -97,20 +108,50 @@ def _operands_along(op: ir.Operation, dim: int) -> int:
 
 
 def _combines_once(op: ir.Operation) -> bool:
-    """Whether the body folds each element into the accumulator by one combiner op, the
-    accumulator read nowhere else, and reads no loop index (the split renumbers the loops)."""
+    """Whether the body folds each element into the accumulator by one combiner (or the
+    importer's exact max/min), the accumulator read nowhere else, and reads no loop index
+    (the split renumbers the loops)."""
     block = op.regions[0].blocks[0]
+    if any(o.operation.name == "linalg.index" for o in block.operations):
+        return False
+    found = _combiner(block)
+    if found is None:
+        return False
+    combiner, form = found
     accumulator = block.arguments[len(block.arguments) - 1]
-    operations = list(block.operations)
-    if any(o.operation.name == "linalg.index" for o in operations):
-        return False
-    yielded = operations[-1].operands[0]
-    if not isinstance(yielded, ir.OpResult):
-        return False
-    combiner = yielded.owner.operation
-    uses = list(accumulator.uses)
-    return (combiner.name in COMBINERS and accumulator in list(combiner.operands) and len(uses) == 1
-            and len(list(yielded.uses)) == 1)
+    return (combiner.name in COMBINERS and accumulator in list(combiner.operands)
+            and all(use.owner in form for use in accumulator.uses))
+
+
+def _combiner(block: ir.Block) -> tuple[ir.Operation, list[ir.Operation]] | None:
+    """The combiner producing the value ``block`` yields, and the ops of its form."""
+    yielded = list(block.operations)[-1].operands[0]
+    if not isinstance(yielded, ir.OpResult) or len(list(yielded.uses)) != 1:
+        return None
+    exact = signed_zero_combiner(yielded)
+    return exact if exact is not None else (yielded.owner.operation, [yielded.owner.operation])
+
+
+def _single_combiner(op: ir.Operation) -> None:
+    """The importer's exact max/min in ``op``'s body as its marked maximumf/minimumf alone."""
+    block = op.regions[0].blocks[0]
+    combiner, form = _combiner(block)
+    if len(form) == 1:
+        return
+    combiner.attributes[_EXACT] = ir.UnitAttr.get()
+    yield_ = list(block.operations)[-1]
+    yield_.operands[0] = combiner.results[0]
+    select, compare, merged, merge, *bits, _ = form  # signed_zero_combiner's order
+    for dead in (select, merged, merge, *bits, compare):  # each after its users
+        dead.erase()
+
+
+def _exact_extremum(extremum: ir.Operation) -> None:
+    """A marked maximumf/minimumf in the signed-zero form again."""
+    with ir.InsertionPoint(extremum), extremum.location:
+        exact = _EXACT_BUILDERS[extremum.name](*extremum.operands)
+    extremum.results[0].replace_all_uses_with(exact)
+    extremum.erase()
 
 
 def _dims(op: ir.Operation) -> tuple[int, int]:

@@ -53,28 +53,13 @@ def broadcast_like(value: ir.Value, like: ir.Value) -> ir.Value:
 
 # ---------------------------------------------------------------- binary arithmetic
 
-def _signed_zero_aware(extremum: Callable, merge_bits: Callable) -> Callable:
-    """A float max/min that orders -0.0 below +0.0, as XLA does.
-
-    arith.maximumf means exactly that, but the arith-expand pass that the host's bf16
-    lowering needs rewrites it into a compare-and-select that loses the sign of zero; on
-    equal operands the sign bits are merged instead (AND for max, OR for min).
-    """
-    def build(a: ir.Value, b: ir.Value) -> ir.Value:
-        width = ir.FloatType(builders.elem_type_of(a)).width
-        bits_t = builders.shaped_like(a, ir.IntegerType.get_signless(width))
-        merged = merge_bits(arith.bitcast(bits_t, a), arith.bitcast(bits_t, b))
-        return arith.select(arith.cmpf(F.OEQ, a, b), arith.bitcast(a.type, merged), extremum(a, b))
-    return build
-
-
 # op -> (float, signed, unsigned, bool) builders; None: the op is undefined for i1.
 _BINARY = {
     "stablehlo.add": (arith.addf, arith.addi, arith.addi, arith.ori),
     "stablehlo.subtract": (arith.subf, arith.subi, arith.subi, None),
     "stablehlo.multiply": (arith.mulf, arith.muli, arith.muli, arith.andi),
-    "stablehlo.maximum": (_signed_zero_aware(arith.maximumf, arith.andi), arith.maxsi, arith.maxui, arith.ori),
-    "stablehlo.minimum": (_signed_zero_aware(arith.minimumf, arith.ori), arith.minsi, arith.minui, arith.andi),
+    "stablehlo.maximum": (builders.exact_maximumf, arith.maxsi, arith.maxui, arith.ori),
+    "stablehlo.minimum": (builders.exact_minimumf, arith.minsi, arith.minui, arith.andi),
 }
 
 

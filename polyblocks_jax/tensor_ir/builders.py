@@ -34,6 +34,26 @@ def shape_of(value: ir.Value) -> list[int]:
     return list(ir.RankedTensorType(t).shape) if isinstance(t, ir.RankedTensorType) else []
 
 
+def _signed_zero_aware(extremum: Callable, merge_bits: Callable) -> Callable[[ir.Value, ir.Value], ir.Value]:
+    """A float max/min that orders -0.0 below +0.0, as XLA does.
+
+    arith.maximumf means exactly that, but the arith-expand pass that the host's bf16
+    lowering needs rewrites it into a compare-and-select that loses the sign of zero; on
+    equal operands the sign bits are merged instead (AND for max, OR for min). The form is
+    recognized by passes/signed_extrema.py.
+    """
+    def build(a: ir.Value, b: ir.Value) -> ir.Value:
+        width = ir.FloatType(elem_type_of(a)).width
+        bits_t = shaped_like(a, ir.IntegerType.get_signless(width))
+        merged = merge_bits(arith.bitcast(bits_t, a), arith.bitcast(bits_t, b))
+        return arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, a, b), arith.bitcast(a.type, merged), extremum(a, b))
+    return build
+
+
+exact_maximumf = _signed_zero_aware(arith.maximumf, arith.andi)
+exact_minimumf = _signed_zero_aware(arith.minimumf, arith.ori)
+
+
 def scalar_attr(value, elem: ir.Type) -> ir.Attribute:
     if isinstance(elem, ir.IntegerType):
         width = ir.IntegerType(elem).width
