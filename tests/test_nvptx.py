@@ -61,11 +61,15 @@ PROGRAMS = {
     "long_softmax": (lambda x: jax.nn.softmax(x, axis=-1), [((2, 2048), f32)]),
     "long_column_sum": (lambda x: jnp.sum(x, axis=0), [((2048, 8), np.int32)]),
     "long_argmax": (lambda x: jnp.argmax(x, axis=1), [((4, 4096), f32)]),
+    # jnp.var guards its count by a select on a 0-d bool computed on the device
+    "layernorm_var": (lambda x: (x - x.mean(-1, keepdims=True)) / jnp.sqrt(x.var(-1, keepdims=True) + 1e-5),
+                      [((8, 1024), f32)]),
 }
 
 
 # Sums run in another order than XLA's (one thread walks the reduction): as the CPU tests state.
-LONG_SUMS = {"row_sum", "full_sum", "matmul", "conv3x3", "softmax", "long_row_sum", "long_softmax", "long_full_sum"}
+LONG_SUMS = {"row_sum", "full_sum", "matmul", "conv3x3", "softmax", "long_row_sum", "long_softmax", "long_full_sum",
+             "layernorm_var"}
 
 
 def _tolerance(name: str) -> dict:

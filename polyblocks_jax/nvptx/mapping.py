@@ -20,7 +20,7 @@ allocations, views and constants. These rewrites make every piece of work a kern
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, linalg, scf
+from mlir.dialects import arith, linalg, memref, scf
 
 from polyblocks_jax.errors import UnsupportedError
 from polyblocks_jax.options import Options
@@ -96,23 +96,55 @@ def _top_level(op: ir.Operation, body: ir.Block) -> ir.Operation:
 
 
 def _wrap_in_kernel(run: list[ir.Operation]) -> None:
-    """Move ``run`` into a one-iteration scf.parallel: a kernel of one thread."""
+    """Move ``run`` into a one-iteration scf.parallel: a kernel of one thread. A scalar it
+    computes that later kernels read (a select's predicate from a 0-d buffer) stays on the
+    device: the kernel stores it into a buffer of its own, each reader's thread loads it."""
     if not run:
         return
     body = run[0].block
     members = set(run)
+    escaping: dict[ir.Value, list[ir.OpOperand]] = {}
     for op in run:
         for result in op.results:
             for use in result.uses:
-                if _top_level(use.owner.operation, body) not in members:
+                user = _top_level(use.owner.operation, body)
+                if user in members:
+                    continue
+                if user.name != "scf.parallel" or use.owner.operation == user or \
+                        not _is_scalar(result.type):
                     raise UnsupportedError(op.name, "a host-side value computed from device memory "
                                            f"is used by {use.owner.operation.name}", str(op.location))
+                escaping.setdefault(result, []).append(use)
     with ir.InsertionPoint(run[0]), run[0].location:
         zero, one = arith.constant(ir.IndexType.get(), 0), arith.constant(ir.IndexType.get(), 1)
+        cells = {value: memref.alloc(ir.MemRefType.get([], _stored_type(value.type)), [], []) for value in escaping}
         loop, _ = _parallel([zero], [one], [one])
     terminator = loop.regions[0].blocks[0].operations[0]
     for op in run:
         op.move_before(terminator)
+    with ir.InsertionPoint(terminator), terminator.location:
+        for value, cell in cells.items():
+            stored = _stored_type(value.type)
+            memref.store(value if stored == value.type else arith.extui(stored, value), cell, [])
+    for value, uses in escaping.items():
+        for user in {_top_level(use.owner.operation, body) for use in uses}:
+            reader = user.regions[0].blocks[0]
+            with ir.InsertionPoint.at_block_begin(reader), user.location:
+                loaded = memref.load(cells[value], [])
+                if loaded.type != value.type:
+                    loaded = arith.trunci(value.type, loaded)
+            for use in [u for u in uses if _top_level(u.owner.operation, body) == user]:
+                use.owner.operands[use.operand_number] = loaded
+
+
+def _is_scalar(type_: ir.Type) -> bool:
+    return isinstance(type_, (ir.IntegerType, ir.FloatType, ir.IndexType))
+
+
+def _stored_type(type_: ir.Type) -> ir.Type:
+    """How a scalar sits in memory: bools (and other sub-byte integers) as bytes, which
+    the memref lowering requires (bool-buffers widened the program's own before)."""
+    return ir.IntegerType.get_signless(8) if isinstance(type_, ir.IntegerType) and type_.width < 8 else type_
 
 
 def _parallel(lower: list[ir.Value], upper: list[ir.Value], step: list[ir.Value]):
