@@ -37,6 +37,7 @@ def compile(program, options: Options | None = None, donate_argnums=None, *,  # 
 def prestart_compiler(options: Options, target: str = targets.HOST) -> None:
     """Start a compile worker for ``target`` now, without waiting for it, where its compiles
     run in workers and none is running."""
-    if not options.in_process and targets.get(target).compiles_in_workers:
+    kind = targets.get(target).compile_worker
+    if not options.in_process and kind is not None:
         from polyblocks_jax import compile_workers
-        compile_workers.prestart()
+        compile_workers.prestart(kind)

@@ -84,10 +84,11 @@ def compile(program, options: Options | None = None,  # noqa: A001 (public API n
     exe = None
     # A program calling back into Python compiles here: its callbacks are objects of this
     # process, and its code calls them at this process's addresses.
-    if not options.in_process and chosen.compiles_in_workers and runtime_callbacks.TARGET not in text:
+    if not options.in_process and chosen.compile_worker is not None and runtime_callbacks.TARGET not in text:
         with logs.CompileReport(name, "compile worker") as report:
             exe = compile_workers.compile(
-                compile_workers.Job(source, options, key, marks, donate_argnums, chosen.name), text, report.follow)
+                compile_workers.Job(source, options, key, marks, donate_argnums, chosen.name), text, report.follow,
+                chosen.compile_worker)
             if exe is not None:
                 report.note = logs.objects_note(exe.timings)
     if exe is None:  # in process, or no worker could start (logged)

@@ -76,7 +76,9 @@ class Target(Protocol):
     name: str               # the registry's name, written into serialized executables
     donates: bool           # whether its code may compute outputs in donated inputs' memory
     calls_back: bool        # whether its code can call Python functions of this process
-    compiles_in_workers: bool  # whether its compiles may run in compile workers
+    # The compile workers its compiles run in: "host" (the host's LLVM loaded with our options,
+    # cpu/codegen.py), "plain" (MLIR alone), None (in the calling process).
+    compile_worker: str | None
 
     @property
     def hardware(self) -> Any:

@@ -35,8 +35,8 @@ def _lowered(fn, *args):
 class _Killer:
     """Sends ``sig`` to the first worker seen in a stage: a crash of MLIR or LLVM, as the parent sees it."""
 
-    def __init__(self, sig: int) -> None:
-        self.sig, self.stage = sig, None
+    def __init__(self, sig: int, kind: str = "host") -> None:
+        self.sig, self.stage, self.pool = sig, None, pool.POOLS[kind]
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._kill)
 
@@ -50,7 +50,7 @@ class _Killer:
 
     def _kill(self) -> None:
         while not self._done.is_set():
-            busy = [w for w in pool.POOL.busy() if w.stage is not None]
+            busy = [w for w in self.pool.busy() if w.stage is not None]
             if busy:
                 self.stage = busy[0].stage
                 os.kill(busy[0].pid, self.sig)
@@ -83,6 +83,14 @@ class CrashTest(absltest.TestCase):
         support.assert_close(self, list(replayed(x)), support.xla_cpu(_layers, x), rtol=1e-5, atol=1e-5)
         support.check_against_xla(self, _layers, x, rtol=1e-5, atol=1e-5)
         self.assertIs(pb.compile(_lowered(lambda a: a * 2.0, x)), cached)
+
+    def test_a_crash_in_a_gpu_compile_is_an_error_and_the_next_compile_works(self):
+        # the NVIDIA targets compile in workers of their own (their LLVM keeps its defaults)
+        x = np.ones((64, 64), np.float32)
+        with _Killer(signal.SIGABRT, "plain"), self.assertRaisesRegex(CompilationError, "SIGABRT"):
+            pb.compile(_lowered(_layers, x), target="nvptx-sm_90")
+        exe = pb.compile(_lowered(_layers, x), target="nvptx-sm_90")
+        self.assertNotEmpty(exe.plan.launches)
 
     def test_a_crash_under_dump_leaves_the_reproducer_there(self):
         x = np.ones((64, 64), np.float32)

@@ -13,8 +13,10 @@ stopped, and the compile is a CompilationError saying so (``POLYBLOCKS_WORKER_ME
 
 ``POLYBLOCKS_FLAGS=in-process`` (``Options(in_process=True)``) compiles in the calling
 process instead, for pdb and profilers; so does every compile when no worker can start
-(a warning says why). A host program that calls back into Python compiles in its caller, and
-so do targets that say so (``Target.compiles_in_workers``: the NVIDIA chips).
+(a warning says why). A host program that calls back into Python compiles in its caller. A
+target names the kind of worker it compiles in (``Target.compile_worker``): "host" workers load
+the host's LLVM with our options (and warm up on a small host program), "plain" ones (the
+NVIDIA chips, whose PTX those options would change) run MLIR alone; one pool per kind.
 
 A worker's start (Python, numpy, MLIR and the compiler: over a second) overlaps the
 caller's: ``polyblocks_jax.compile`` starts one before importing the compiler itself.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from polyblocks_jax.compile_workers.pool import POOL
+from polyblocks_jax.compile_workers.pool import POOLS
 from polyblocks_jax.compile_workers.protocol import Job
 from polyblocks_jax.targets import CompiledProgram
 
@@ -31,13 +33,13 @@ __all__ = ["Job", "compile", "prestart"]
 
 
 def compile(job: Job, text: str,  # noqa: A001 (the driver's verb)
-            follow: Callable[[Callable[[], str | None]], None] | None = None) -> CompiledProgram | None:
-    """``job`` compiled in a worker (``text``: the program without locations, for a reproducer;
-    ``follow``: given, once a worker has the job, the function that reads the stage it is in);
-    None when no worker can start."""
-    return POOL.compile(job, text, follow)
+            follow: Callable[[Callable[[], str | None]], None] | None = None, kind: str = "host") -> CompiledProgram | None:
+    """``job`` compiled in a worker of ``kind`` (``text``: the program without locations, for a
+    reproducer; ``follow``: given, once a worker has the job, the function that reads the
+    stage it is in); None when no worker can start."""
+    return POOLS[kind].compile(job, text, follow)
 
 
-def prestart() -> None:
-    """Start a worker unless one runs, without waiting for it."""
-    POOL.prestart()
+def prestart(kind: str = "host") -> None:
+    """Start a worker of ``kind`` unless one runs, without waiting for it."""
+    POOLS[kind].prestart()

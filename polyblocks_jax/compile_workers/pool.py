@@ -33,14 +33,14 @@ _EXIT_WAIT_S = 10             # for a worker that closed its pipe to exit, befor
 class Worker:
     """One compile process; one job at a time."""
 
-    def __init__(self, memory_limit: int) -> None:
+    def __init__(self, memory_limit: int, host_llvm: bool = True) -> None:
         job_out, job_in = os.pipe()
         reply_out, reply_in = os.pipe()
         self._stage, stage_fd = protocol.StageSlot.create()
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-P", "-X", "faulthandler", "-m", "polyblocks_jax.compile_workers.worker",
-                 str(job_out), str(reply_in), str(stage_fd)],
+                 str(job_out), str(reply_in), str(stage_fd), "host" if host_llvm else "plain"],
                 pass_fds=(job_out, reply_in, stage_fd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, env=_environment(), start_new_session=True)
         except BaseException:
@@ -193,8 +193,8 @@ class Pool:
 
     ``unavailable`` says why no worker can start (logged once): jobs then compile in process."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, host_llvm: bool = True) -> None:
+        self.size, self.host_llvm = size, host_llvm
         self.memory_limit = memory_limit(size)
         self.unavailable: str | None = None
         self._idle: list[Worker] = []
@@ -274,7 +274,7 @@ class Pool:
 
     def _spawn(self) -> Worker | None:
         try:
-            return Worker(self.memory_limit)
+            return Worker(self.memory_limit, self.host_llvm)
         except OSError as e:
             self._give_up(f"it does not start: {e}")
             return None
@@ -318,6 +318,8 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-POOL = Pool(_cores())
-atexit.register(POOL.close)
-os.register_at_fork(after_in_child=POOL.forget_after_fork)
+POOLS = {"host": Pool(_cores()), "plain": Pool(_cores(), host_llvm=False)}
+POOL = POOLS["host"]
+for _pool in POOLS.values():
+    atexit.register(_pool.close)
+    os.register_at_fork(after_in_child=_pool.forget_after_fork)

@@ -1,10 +1,10 @@
-"""A compile worker's process: ``python -m polyblocks_jax.compile_workers.worker REQUESTS REPLIES STAGE``.
+"""A compile worker's process: ``python -m polyblocks_jax.compile_workers.worker REQUESTS REPLIES STAGE KIND``.
 
 Reads jobs from the pipe ``REQUESTS`` and answers on ``REPLIES``, writing the stage under
 way in the slot ``STAGE`` (file descriptors its parent passed; see ``protocol``) until its
-parent closes the requests. It imports the
-compiler, not jax: it compiles what it is handed, with the options it is handed, and runs
-LLVM in its own process (``cpu.codegen.load_llvm``).
+parent closes the requests. It imports the compiler, not jax: it compiles what it is handed,
+with the options it is handed. A "host" worker runs the host's LLVM in its own process
+(``cpu.codegen.load_llvm``, with our options); a "plain" one leaves LLVM's options alone.
 """
 from __future__ import annotations
 
@@ -15,15 +15,17 @@ from polyblocks_jax.compile_workers import protocol
 from polyblocks_jax.options import Options
 
 
-def main(requests_fd: int, replies_fd: int, stage_fd: int) -> None:
+def main(requests_fd: int, replies_fd: int, stage_fd: int, kind: str) -> None:
     requests, replies = protocol.reader(requests_fd), protocol.writer(replies_fd)
     stage = protocol.StageSlot(stage_fd)
     os.close(stage_fd)  # mapped
     from polyblocks_jax import contexts, in_process
     from polyblocks_jax.cpu import codegen, host
-    codegen.load_llvm()  # a crash of LLVM here ends this process, not the user's
+    if kind == "host":
+        codegen.load_llvm()  # a crash of LLVM here ends this process, not the user's
     contexts.keep_per_thread()
-    _warm_up(in_process)
+    if kind == "host":
+        _warm_up(in_process)
     replies.send((protocol.READY, host().description()))
     while True:
         try:
@@ -64,4 +66,4 @@ def _compile(in_process, job: protocol.Job, on_stage) -> tuple:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

@@ -22,7 +22,7 @@ class CpuBackend:
     name = "cpu"
     donates = True
     calls_back = True
-    compiles_in_workers = True
+    compile_worker = "host"
 
     @property
     def hardware(self) -> CpuTarget:

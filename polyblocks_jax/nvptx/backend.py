@@ -36,10 +36,10 @@ class NvptxBackend:
     any size take the same stages (the host's fast tier is the host's)."""
     donates = False
     calls_back = False
-    # In process: a compile worker's libLLVM, which gpu-module-to-binary shares, carries the
-    # host's code-generation options (cpu/codegen.py: no loop strength reduction, unroll
+    # Workers of their own: a host worker's libLLVM, which gpu-module-to-binary shares, carries
+    # the host's code-generation options (cpu/codegen.py: no loop strength reduction, unroll
     # limits), and they would change the PTX.
-    compiles_in_workers = False
+    compile_worker = "plain"
 
     def __init__(self, chip: str) -> None:
         self.chip = chip
