@@ -31,7 +31,8 @@ What is not verified, stated plainly:
   sm_80 and newer) run as mma.sync kernels (wgmma warpgroups for bf16/f16 on sm_90a) with a
   cp.async shared-memory pipeline, and the elementwise op right after one (bias, activation,
   residual, conversion) is computed on its accumulators; every other op maps one thread to
-  one output element, reductions inside the thread. The kernels were checked by ptxas
+  one output element, reductions inside the thread, except reductions with few outputs,
+  split over many threads first (a partial and a combining kernel). The kernels were checked by ptxas
   and by an emulator of their instructions (tests/test_nvptx.py), never timed: whether
   the speed goals (70% of cuBLAS on the matmul, 1.0x XLA on the models) are met is what
   the first run will tell.
@@ -89,6 +90,11 @@ def _program_cases(small: bool) -> dict:
         "test_elementwise": (lambda x, y: jnp.tanh(x * y + 1.0) - jnp.exp(-x), [((7, 300), "float32")] * 2, "test"),
         "test_row_sum": (lambda x: jnp.sum(x, axis=1), [((64, 500), "float32")], "test"),
         "test_softmax": (lambda x: jax.nn.softmax(x, axis=-1), [((32, 1000), "float32")], "test"),
+        # reductions with few outputs: split over many threads (nvptx/reductions.py)
+        "test_full_sum": (lambda x: jnp.sum(x * x), [((1 << 20,), "float32")], "test"),
+        "test_long_softmax": (lambda x: jax.nn.softmax(x, axis=-1), [((4, 8192), "float32")], "test"),
+        "test_layernorm": (lambda x: (x - x.mean(-1, keepdims=True)) / jnp.sqrt(x.var(-1, keepdims=True) + 1e-5),
+                           [((16, 4096), "float32")], "test"),
         "test_conv": (conv, [((2, 9, 9, 5), "float32"), ((3, 3, 5, 7), "float32")], "test"),
         "matmul_bf16": (lambda a, b: a @ b, [((n, n), "bfloat16")] * 2, "bench"),
         "conv3x3": (conv, [((8, hw, hw, 64), "float32"), ((3, 3, 64, 64), "float32")], "bench"),
@@ -136,10 +142,29 @@ def build(out: str, small: bool, only: list[str], flags: str) -> None:
             exe = pb.compile(lowered, options, target=target_name(chip))
             with open(os.path.join(out, f"{name}.{chip}.json"), "wb") as f:
                 f.write(exe.serialize())
-            print(f"{name} {chip}: {len(exe.plan.launches)} launches, {time.perf_counter() - start:.1f} s", flush=True)
+            print(f"{name} {chip}: {len(exe.plan.launches)} launches, {time.perf_counter() - start:.1f} s; "
+                  f"{roofline(exe.plan)}", flush=True)
         manifest[name] = {"specs": specs, "kind": kind, "small": small, "flags": flags}
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
+
+
+# HBM bandwidth of the parts the chips name (NVIDIA's data sheets): a lower bound on a
+# memory-bound program's time.
+HBM_BYTES_PER_S = {"H100 SXM": 3.35e12, "H200": 4.8e12}
+
+
+def roofline(plan) -> str:
+    """What a plan moves: each launch's named buffers (an upper bound on its traffic, each
+    read or written once), the widest launch's threads, and the time those bytes take at
+    each part's HBM bandwidth."""
+    moved = 0
+    for launch in plan.launches:
+        named = {arg.buffer for arg in launch.args if hasattr(arg, "buffer")}
+        moved += sum(plan.buffers[b].nbytes for b in named)
+    widest = max((math.prod(launch.grid) * math.prod(launch.block) for launch in plan.launches), default=0)
+    bounds = ", ".join(f"{part} >= {moved / rate * 1e6:.1f} us" for part, rate in HBM_BYTES_PER_S.items())
+    return f"widest launch {widest} threads, buffers named {moved / 1e6:.2f} MB ({bounds})"
 
 
 def run(artifacts: str, results: str, budget_s: float) -> None:
