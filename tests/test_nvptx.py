@@ -61,6 +61,7 @@ PROGRAMS = {
     "long_softmax": (lambda x: jax.nn.softmax(x, axis=-1), [((2, 2048), f32)]),
     "long_column_sum": (lambda x: jnp.sum(x, axis=0), [((2048, 8), np.int32)]),
     "long_argmax": (lambda x: jnp.argmax(x, axis=1), [((4, 4096), f32)]),
+    "long_row_mean_1000": (lambda x: jnp.mean(x, axis=1), [((4, 1000), f32)]),  # split by 50
     # jnp.var guards its count by a select on a 0-d bool computed on the device
     "layernorm_var": (lambda x: (x - x.mean(-1, keepdims=True)) / jnp.sqrt(x.var(-1, keepdims=True) + 1e-5),
                       [((8, 1024), f32)]),
@@ -69,7 +70,7 @@ PROGRAMS = {
 
 # Sums run in another order than XLA's (one thread walks the reduction): as the CPU tests state.
 LONG_SUMS = {"row_sum", "full_sum", "matmul", "conv3x3", "softmax", "long_row_sum", "long_softmax", "long_full_sum",
-             "layernorm_var"}
+             "layernorm_var", "long_row_mean_1000"}
 
 
 def _tolerance(name: str) -> dict:
@@ -205,7 +206,8 @@ class SplitReductionTest(parameterized.TestCase):
         self.assertEqual(factors(lambda x: jnp.sum(x, 1), (4096, 4096)), [64])  # 4096 rows x 64 fill the GPU
         self.assertEqual(factors(lambda x: jnp.sum(x, 1), (1 << 18, 64)), [0])  # rows enough
         self.assertEqual(factors(lambda x: jnp.sum(x, 1), (4, 40)), [0])  # too short to pay
-        self.assertEqual(factors(lambda x: jnp.sum(x, 1), (4, 4099)), [0])  # no power of two divides it
+        self.assertEqual(factors(lambda x: jnp.sum(x, 1), (4, 1000)), [50])  # the largest divisor up to 62
+        self.assertEqual(factors(lambda x: jnp.sum(x, 1), (4, 4099)), [0])  # a prime
 
 
 class PlanAndTargetTest(absltest.TestCase):

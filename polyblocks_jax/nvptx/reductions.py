@@ -7,8 +7,9 @@ reduction is split (upstream's ``transform.structured.split_reduction``): ``S`` 
 output element each combine every S-th element (k = ko * S + s, its loops interchanged so
 that ko is the thread's own loop: neighbouring threads read neighbouring elements of a
 row), and a second reduction combines the S partial results, split again while it is
-itself long. ``S``: a power of two dividing the extent, enough threads to fill the GPU
-(``NvptxTarget.resident_threads``), each combining at least ``MIN_ELEMENTS_PER_THREAD``.
+itself long. ``S``: the largest divisor of the extent that keeps to enough threads to fill
+the GPU (``NvptxTarget.resident_threads``), each combining at least ``MIN_ELEMENTS_PER_THREAD``
+(an extent with no divisor from 4 up to that, a prime, is not split).
 The sums then run in another order than one thread's, as XLA's GPU reductions do. The
 importer's float max and min that keep the sign of zero (passes/signed_extrema.py) are
 one ``maximumf``/``minimumf`` while the split runs (the upstream split knows single
@@ -67,9 +68,7 @@ def split_factor(op: ir.Operation, resident_threads: int) -> int:
         return 0
     outputs, extent = shape
     wanted = min(math.ceil(resident_threads / outputs), extent // MIN_ELEMENTS_PER_THREAD, MAX_SPLIT)
-    factor = 1
-    while factor * 2 <= wanted and extent % (factor * 2) == 0:
-        factor *= 2
+    factor = max((d for d in range(1, wanted + 1) if extent % d == 0), default=1)
     return factor if factor >= 4 else 0
 
 
