@@ -21,6 +21,18 @@ def walk(op: ir.Operation) -> list[ir.Operation]:
     return nested[1:]  # not op itself
 
 
+def blocks(op: ir.Operation) -> list[ir.Block]:
+    """The blocks of ``op``'s regions, in order. Indexed, not iterated: the bindings'
+    iterators over regions and blocks cost five times as much (ViT-Tiny's 7000 ops: 17 ms
+    against 3.6, most of it on ops that have no region), a toll every tree walk written in
+    Python pays at each op."""
+    regions, found = op.regions, []
+    for i in range(len(regions)):
+        region_blocks = regions[i].blocks
+        found += [region_blocks[j] for j in range(len(region_blocks))]
+    return found
+
+
 def defined_functions(module: ir.Module) -> list[func.FuncOp]:
     """The functions ``module`` defines (not those it only declares)."""
     return [op for op in module.body.operations if isinstance(op, func.FuncOp) and not op.is_external]
