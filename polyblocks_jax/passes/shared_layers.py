@@ -118,6 +118,7 @@ def _structure(op: ir.Operation, outside: dict[ir.Value, int]) -> tuple:
     local: dict[ir.Value, int] = {}
     number = local.get  # (one lookup per operand: the walk crosses the bindings for every value)
     entries = []
+    advance = ir.WalkResult.ADVANCE
 
     def visit(child: ir.Operation) -> ir.WalkResult:
         operands = tuple(-1 - outside.setdefault(v, len(outside)) if (n := number(v)) is None else n
@@ -133,7 +134,7 @@ def _structure(op: ir.Operation, outside: dict[ir.Value, int]) -> tuple:
             nesting.append((tuple(a.type for a in arguments), len(block.operations)))
         entries.append((child.name, operands, tuple(child.attributes.items()), tuple(r.type for r in results),
                         tuple(nesting)))
-        return ir.WalkResult.ADVANCE
+        return advance
 
     op.walk(visit, ir.WalkOrder.PRE_ORDER)
     return tuple(entries)

