@@ -19,6 +19,7 @@ from mlir.dialects import linalg, tensor
 from polyblocks_jax.options import Options
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.transform import indexing_maps, walk
+from polyblocks_jax.tensor_ir import builders
 
 
 def swap_transposed_products(module: ir.Module, options: Options) -> None:
@@ -67,7 +68,7 @@ def _swap(transposes: list[ir.Operation], product: ir.Operation) -> None:
     m, n = ir.RankedTensorType(init.type).shape
     with ir.InsertionPoint(product), product.location:
         operands = [_transposed(v) for v in (rhs, lhs)]
-        zero = linalg.fill(fill.operands[0], outs=[tensor.EmptyOp([n, m], element).result])
+        zero = builders.fill(fill.operands[0], tensor.EmptyOp([n, m], element).result)
         swapped = linalg.matmul(*operands, outs=[zero])
     for transpose in transposes:
         transpose.results[0].replace_all_uses_with(swapped)
