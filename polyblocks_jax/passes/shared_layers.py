@@ -131,9 +131,8 @@ def _structure(op: ir.Operation, outside: dict[ir.Value, int]) -> tuple:
             arguments = block.arguments
             for argument in arguments:
                 local[argument] = len(local)
-            nesting.append((tuple(a.type for a in arguments), len(block.operations)))
-        entries.append((child.name, operands, tuple(child.attributes.items()), tuple(r.type for r in results),
-                        tuple(nesting)))
+            nesting.append((tuple(arguments.types), len(block.operations)))
+        entries.append((child.name, operands, tuple(child.attributes.items()), tuple(results.types), tuple(nesting)))
         return advance
 
     op.walk(visit, ir.WalkOrder.PRE_ORDER)

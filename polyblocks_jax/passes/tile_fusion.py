@@ -268,7 +268,9 @@ def _member_loops(root: ir.Operation, nest: Nest, tiled: frozenset[int],
                 producer = producer.operation
                 if producer in taken or producer.parent != root.parent:
                     continue
-                p_nest = nests.get(producer) or nest_of(producer)
+                if producer not in nests:  # each producer's nest computed once (None too)
+                    nests[producer] = nest_of(producer)
+                p_nest = nests[producer]
                 if p_nest is None or len(producer.results) != 1:
                     continue
                 loops = _producer_tiled_loops(nests[consumer], index, group[consumer], p_nest)
