@@ -165,7 +165,12 @@ def _key_repeats(keys: np.ndarray) -> list[_Repeat]:
     copies from its start and the slack left after them."""
     runs = []
     for period in range(MIN_PERIOD, len(keys) // 2 + 1):
-        equal = np.concatenate([[False], keys[:-period] == keys[period:], [False]])
+        shifted = keys[:-period] == keys[period:]
+        # Two copies need ``period`` equalities in a row: fewer in all, none (most periods;
+        # the edges below cost four more array passes).
+        if np.count_nonzero(shifted) < period:
+            continue
+        equal = np.concatenate([[False], shifted, [False]])
         edges = np.flatnonzero(np.diff(equal.astype(np.int8)))
         for begin, end in zip(edges[::2].tolist(), edges[1::2].tolist()):
             length = end - begin + period            # keys[begin:begin + length] has this period
