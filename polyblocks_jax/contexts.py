@@ -20,10 +20,14 @@ from typing import Iterator
 
 from jaxlib.mlir import ir as jir
 from mlir import ir, passmanager
+from mlir._mlir_libs import _mlir
 
 from polyblocks_jax.stablehlo_import import reader
 
 MAX_COMPILES = 32
+
+# Where the bindings find the dialects without a Python module of their own (see the package).
+_mlir.globals.append_dialect_search_prefix("polyblocks_jax.dialects")
 
 
 class _Slot(threading.local):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import numpy as np
 
@@ -134,7 +135,7 @@ class TensorSpec:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return int(math.prod(self.shape))  # (numpy's prod: ten times the time, for every op imported)
 
     @property
     def nbytes(self) -> int:

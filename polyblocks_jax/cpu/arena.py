@@ -27,7 +27,7 @@ from mlir import ir
 from mlir.dialects import arith, func, memref
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.transform import identity_layout, walk
+from polyblocks_jax.passes.transform import blocks, identity_layout, walk
 
 ARENA_BYTES = "polyblocks.arena_bytes"
 ALIGNMENT = 64
@@ -272,7 +272,7 @@ def _lifetime(alloc: ir.OpView, fn: func.FuncOp, position: dict) -> tuple[int, i
                     return None  # a view freed, or a free inside a region: conditional
                 deallocs.append(user)
                 continue
-            if any(isinstance(a.type, ir.MemRefType) for r in user.regions for b in r.blocks for a in b.arguments):
+            if any(isinstance(a.type, ir.MemRefType) for b in blocks(user) for a in b.arguments):
                 return None  # the buffer enters a region as an argument (loop-carried)
             top = _top_level(user, fn)
             first, last = min(first, position[top]), max(last, position[top])

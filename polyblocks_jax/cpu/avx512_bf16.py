@@ -219,8 +219,10 @@ def round_computed_vectors(module: ir.Module, options: Options) -> bool:
     arith or math op computed, not widened again -> VCVTNEPS2BF16 on 16-lane parts (8 for
     narrower vectors); of an extremum of bf16 values (exact) -> its high half. Whether
     there was one. After cpu/bf16.py's emulate_bf16_arithmetic, which made the f32 ops."""
-    products = _invariant_divisions_as_products(module)
-    rewrites = [(op, kind) for op in walk(module.operation) if op.name == "arith.truncf"
+    ops = walk(module.operation)
+    products = _invariant_divisions_as_products(ops)
+    # No division rewritten: the ops walked are still the module's (no second walk).
+    rewrites = [(op, kind) for op in (walk(module.operation) if products else ops) if op.name == "arith.truncf"
                 for kind in [_rounding(op)] if kind is not None]
     for op, kind in rewrites:
         with ir.InsertionPoint(op), op.location:
@@ -229,14 +231,15 @@ def round_computed_vectors(module: ir.Module, options: Options) -> bool:
     return products or bool(rewrites)
 
 
-def _invariant_divisions_as_products(module: ir.Module) -> bool:
+def _invariant_divisions_as_products(ops: list[ir.Operation]) -> bool:
     """A bf16 division by a value computed outside its loop (a softmax's row sum) becomes a
     product with that value's reciprocal, computed there: VDIVPS takes five times a multiply's
     cycles. The f32 product's error (at most 1.5 ulp of f32) vanishes in the rounding to bf16,
     but where the quotient lies within it of a midpoint between two bf16 values (1 in 2^15
-    or so): then it may round the other way, one bf16 ulp. Whether there was one."""
+    or so): then it may round the other way, one bf16 ulp. ``ops``: the module's, walked.
+    Whether there was one."""
     rewritten = False
-    for op in walk(module.operation):
+    for op in ops:
         if op.name != "arith.divf" or not _only_rounded_to_bf16(op.results[0]):
             continue
         divisor = op.operands[1]

@@ -26,7 +26,7 @@ from mlir.dialects import arith, func, memref
 from polyblocks_jax.options import Options
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.shared_layers import PREFIX as LAYER_PREFIX
-from polyblocks_jax.passes.transform import apply_script, callee, defined_functions, identity_layout
+from polyblocks_jax.passes.transform import apply_script, blocks, callee, defined_functions, identity_layout
 
 KERNEL_ATTR = "polyblocks.kernel"  # marks the loops to outline, for the script's match
 OUTLINED = "polyblocks.outlined"  # marks the kernels' functions
@@ -99,13 +99,12 @@ def _outline(module: ir.Module, functions: list[func.FuncOp]) -> bool:
 def _outermost_loops(op: ir.Operation) -> Iterator[ir.Operation]:
     """The loops in ``op`` not nested in another loop (looking into ifs, whiles, ...) whose
     values can cross a call; inside one that carries values which cannot, the loops in it."""
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                if child.operation.name in _LOOPS and _crosses_calls(child.operation):
-                    yield child.operation
-                else:
-                    yield from _outermost_loops(child.operation)
+    for block in blocks(op):
+        for child in block.operations:
+            if child.operation.name in _LOOPS and _crosses_calls(child.operation):
+                yield child.operation
+            else:
+                yield from _outermost_loops(child.operation)
 
 
 def _crosses_calls(loop: ir.Operation) -> bool:
@@ -116,12 +115,11 @@ def _crosses_calls(loop: ir.Operation) -> bool:
 
 
 def _calls(op: ir.Operation) -> Iterator[ir.Operation]:
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                if child.operation.name == "func.call":
-                    yield child.operation
-                yield from _calls(child.operation)
+    for block in blocks(op):
+        for child in block.operations:
+            if child.operation.name == "func.call":
+                yield child.operation
+            yield from _calls(child.operation)
 
 
 def _name(op: ir.Operation) -> str:
@@ -401,9 +399,8 @@ def _erase_unused(block: ir.Block, nested: bool = True) -> None:
             if not any(True for result in child.operation.results for _ in result.uses):
                 child.operation.erase()
         elif nested:
-            for region in child.operation.regions:
-                for inner in region.blocks:
-                    _erase_unused(inner)
+            for inner in blocks(child.operation):
+                _erase_unused(inner)
 
 
 def _unwrap(call: ir.Operation) -> None:

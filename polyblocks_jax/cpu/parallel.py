@@ -20,7 +20,7 @@ from mlir.dialects import arith, memref, scf
 
 from polyblocks_jax.cpu.parallel_if import WORK_ATTR
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.transform import constant_index, identity_layout, walk
+from polyblocks_jax.passes.transform import blocks, constant_index, identity_layout, walk
 from polyblocks_jax.passes.work import MATH_COST, SMALL_WORK, UNBOUNDED
 
 PARALLEL_ATTR = "polyblocks.parallel"  # i64: how many outer dims run in parallel
@@ -142,8 +142,7 @@ def _as_rows(value: ir.Value, rows: int, columns: int) -> ir.Value:
 
 def work(op: ir.Operation) -> int:
     """Estimated operations executed by one run of ``op``, nested loops multiplied out."""
-    inner = sum(work(child.operation) for region in op.regions
-                for block in region.blocks for child in block.operations)
+    inner = sum(work(child.operation) for block in blocks(op) for child in block.operations)
     if op.name in _LOOPS:
         return math.prod(dim_trips(op)) * max(inner, 1)
     return _own_cost(op) + inner
@@ -195,13 +194,12 @@ def loop_bounds(op: ir.Operation) -> list[tuple[ir.Value, ir.Value, ir.Value]]:
 
 
 def _outermost_parallel(op: ir.Operation):
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                if child.operation.name == "scf.parallel":
-                    yield child.operation
-                else:
-                    yield from _outermost_parallel(child.operation)
+    for block in blocks(op):
+        for child in block.operations:
+            if child.operation.name == "scf.parallel":
+                yield child.operation
+            else:
+                yield from _outermost_parallel(child.operation)
 
 
 def split_parallel_loops(root: ir.Operation) -> None:

@@ -59,7 +59,8 @@ def _prefetch_in_last_pass(loop: ir.Operation, view: ir.Operation) -> bool:
     """Prefetches for ``view``'s next tile in its last pass; whether it had one."""
     body = loop.regions[0].blocks[0]
     reads = [(read, _top_level(read, loop)) for read in _vector_reads(view)]
-    passes = [op.operation for op in body.operations if any(top == op.operation for _, top in reads)]
+    tops = {top for _, top in reads}
+    passes = [op.operation for op in body.operations if op.operation in tops]
     if len(passes) < 2:
         return False
     last_reads = [read for read, top in reads if top == passes[-1] and _reads_a_row(read)]

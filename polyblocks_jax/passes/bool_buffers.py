@@ -14,6 +14,7 @@ from mlir import ir
 from mlir.dialects import arith, memref
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.transform import blocks
 
 
 def widen_bool_buffers(module: ir.Module, options: Options) -> bool:
@@ -24,9 +25,8 @@ def widen_bool_buffers(module: ir.Module, options: Options) -> bool:
     def visit(op: ir.Operation) -> ir.WalkResult:
         ops.append(op)
         values.extend(r for r in op.results if _is_bool_buffer(r.type))
-        for region in op.regions:
-            for block in region.blocks:
-                values.extend(a for a in block.arguments if _is_bool_buffer(a.type))
+        for block in blocks(op):
+            values.extend(a for a in block.arguments if _is_bool_buffer(a.type))
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)

@@ -30,7 +30,7 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes.tiling import Hardware, cycles_per_fma
 from polyblocks_jax.passes.transform import collapse, reassociation, walk
 from polyblocks_jax.passes.zero_start import zero_filled
-from polyblocks_jax.tensor_ir import slices
+from polyblocks_jax.tensor_ir import builders, slices
 
 POOLINGS = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.pooling_nhwc_sum")
 # Input channels per step, each an unrolled outer product: more unroll no faster, and the
@@ -148,7 +148,7 @@ def _with_channels(op: ir.Operation, channels: int) -> ir.Value:
         wide = [0, 0, 0, channels - f]
         kernel = slices.pad(kernel, 0.0, [0] * 4, wide, [0] * 4)
         if zero_filled(init):
-            init = linalg.fill(arith.constant(element, 0.0), outs=[tensor.EmptyOp([n, oh, ow, channels], element)])
+            init = builders.fill(arith.constant(element, 0.0), tensor.EmptyOp([n, oh, ow, channels], element).result)
         else:
             init = slices.pad(init, 0.0, [0] * 4, wide, [0] * 4)
         conv = linalg.conv_2d_nhwc_hwcf(image, kernel, outs=[init], strides=_ints(op, "strides"),
@@ -268,7 +268,7 @@ def _tap_matmuls(image: ir.Value, kernel: ir.Value, init: ir.Value, window: _Win
         at = [image_index, 0, 0, 0]
         acc = slices.extract_slice(out, [1, 1, ow, f], at, shape=[ow, f])
         if unfilled is not None:
-            acc = linalg.fill(arith.constant(element, 0.0), outs=[acc])
+            acc = builders.fill(arith.constant(element, 0.0), acc)
         for tap, first, (lo, hi) in taps:
             if lo < hi:
                 rows = slices.extract_slice(source, [1, hi - lo, c], [image_index, first + lo * sw, 0], [1, sw, 1],

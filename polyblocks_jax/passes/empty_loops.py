@@ -36,7 +36,7 @@ def fold_empty_loops(module: ir.Module, options: Options) -> bool:
 def _iterates_over_nothing(op: ir.Operation) -> bool:
     if not op.name.startswith("linalg.") or op.name in _NOT_STRUCTURED or not op.results:
         return False
-    if not all(isinstance(r.type, ir.RankedTensorType) for r in op.results):
+    if not all(isinstance(t, ir.RankedTensorType) for t in op.results.types):
         return False
-    return any(isinstance(v.type, ir.ShapedType) and ir.ShapedType(v.type).has_rank
-               and 0 in ir.ShapedType(v.type).shape for v in op.operands)
+    # (types come back as their own classes: a shaped one is not wrapped again, a check per operand)
+    return any(isinstance(t, ir.ShapedType) and t.has_rank and 0 in t.shape for t in (v.type for v in op.operands))

@@ -13,7 +13,7 @@ from typing import Iterable
 from mlir import ir
 from mlir.dialects import func
 
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import blocks, walk
 
 # Ops without operands or effects: cloned into the function rather than passed in, so that
 # patterns there still see an init is an empty tensor or a value a constant.
@@ -52,11 +52,6 @@ def isolate(ops: list[ir.Operation], name: str,
     return call.operation, function.operation
 
 
-def arguments(ops: list[ir.Operation]) -> list[ir.Value]:
-    """The arguments ``isolate(ops, ...)`` gives its call, in the same order."""
-    return [v for v in _external([n for op in ops for n in (op, *walk(op))]) if not clonable(v)]
-
-
 def clonable(value: ir.Value) -> bool:
     """Whether ``isolate`` copies the definition of ``value`` rather than passing it."""
     owner = value.owner
@@ -77,5 +72,5 @@ def _replace_operands(ops: Iterable[ir.Operation], replacement: dict[ir.Value, i
 
 
 def _block_arguments(op: ir.Operation) -> list[ir.Value]:
-    return [a for region in op.regions for block in region.blocks for a in block.arguments]
+    return [a for block in blocks(op) for a in block.arguments]
 

@@ -29,7 +29,8 @@ class Stage:
     name: str
     # A pipeline on builtin.module, or a rewrite; the rewrite may return False for "unchanged".
     passes: str | Callable[[ir.Module, Options], bool | None]
-    # False for a rewrite that only runs upstream pipelines (they leave valid IR): no
+    # False for a rewrite whose result is valid by construction: one that only runs upstream
+    # pipelines (they leave valid IR), or only adds IR it parsed (parsing verified it). No
     # verification after it (ResNet-18: the verification after to-llvm, 13% of all of them).
     verify: bool = True
 

@@ -44,7 +44,8 @@ def slice_concatenations(module: ir.Module, options: Options) -> bool:
     if not options.fusion:
         return False
     changed = False
-    pending = [op for op in walk(module.operation) if op.name == "tensor.extract_slice"]
+    ops = walk(module.operation)
+    pending = [op for op in ops if op.name == "tensor.extract_slice"]
     while pending:
         op = pending.pop()
         parts = _concatenated_parts(op.operands[0]) if _static_box(op) is not None else None
@@ -54,7 +55,8 @@ def slice_concatenations(module: ir.Module, options: Options) -> bool:
         if new_slices is not None:
             pending += new_slices
             changed = True
-    inserts = [op for op in walk(module.operation) if op.name == "tensor.insert_slice"]
+    # Nothing rewritten yet: the ops walked above are still the module's (no second walk).
+    inserts = [op for op in (walk(module.operation) if changed else ops) if op.name == "tensor.insert_slice"]
     for op in inserts:
         changed = _insert_parts(op) or changed
     return changed

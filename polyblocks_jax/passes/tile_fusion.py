@@ -34,6 +34,7 @@ from polyblocks_jax.passes.results import is_empty_tensor
 from polyblocks_jax.passes.templates import inline_call
 from polyblocks_jax.passes.tiling import Hardware
 from polyblocks_jax.passes.transform import apply_script, has_reversed_index, indexing_maps, reduction_loops, walk
+from polyblocks_jax.tensor_ir import builders
 
 ROOT_ATTR = "polyblocks.group"
 MEMBER_ATTR = "polyblocks.member"
@@ -267,7 +268,9 @@ def _member_loops(root: ir.Operation, nest: Nest, tiled: frozenset[int],
                 producer = producer.operation
                 if producer in taken or producer.parent != root.parent:
                     continue
-                p_nest = nests.get(producer) or nest_of(producer)
+                if producer not in nests:  # each producer's nest computed once (None too)
+                    nests[producer] = nest_of(producer)
+                p_nest = nests[producer]
                 if p_nest is None or len(producer.results) != 1:
                     continue
                 loops = _producer_tiled_loops(nests[consumer], index, group[consumer], p_nest)
@@ -477,7 +480,7 @@ def _probabilities_on_the_left(module: ir.Module) -> bool:
             probabilities = source if groups is None else tensor.collapse_shape(
                 ir.RankedTensorType.get(_swapped(rhs), element), source, groups)
             values = _transpose(lhs, element)
-            zeros = linalg.fill(fill.operation.operands[0], outs=[tensor.empty([batch, columns, rows], element)])
+            zeros = builders.fill(fill.operation.operands[0], tensor.empty([batch, columns, rows], element))
             result = _transpose(linalg.batch_matmul(probabilities, values, outs=[zeros]), element)
         op.results[0].replace_all_uses_with(result)
         op.erase()

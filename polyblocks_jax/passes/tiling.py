@@ -255,8 +255,9 @@ class _Matmul:
         return ", ".join(map(str, ([batch] if self.batched else []) + [m, n, k]))
 
 
-def tile_contractions(module: ir.Module, options: Options, hw: Hardware) -> None:
-    """Annotate matmuls with the cost model's plans, then split, tile and vectorize them."""
+def tile_contractions(module: ir.Module, options: Options, hw: Hardware) -> bool:
+    """Annotate matmuls with the cost model's plans, then split, tile and vectorize them;
+    whether there was one."""
     plans: dict[tuple[_Matmul, MatmulPlan], int] = {}
     hw = hw if options.parallel else dataclasses.replace(hw, cores=1)
     for op in walk(module.operation):
@@ -271,6 +272,7 @@ def tile_contractions(module: ir.Module, options: Options, hw: Hardware) -> None
         pass_manager("builtin.module(canonicalize, cse, func.func(loop-invariant-code-motion))",
                      module.context).run(module.operation)
         start_accumulators_at_zero(module.operation)
+    return bool(plans)
 
 
 def _plan_for(op: ir.Operation, hw: Hardware) -> tuple[_Matmul, MatmulPlan] | None:

@@ -12,13 +12,27 @@ def walk(op: ir.Operation) -> list[ir.Operation]:
     """Every operation nested in ``op``, in pre-order; collected by MLIR's walk, several times
     faster than iterating regions and blocks from Python."""
     nested: list[ir.Operation] = []
+    # Looked up once: the callback runs for every op (a fifth of the walk's time).
+    append, advance = nested.append, ir.WalkResult.ADVANCE
 
     def visit(child: ir.Operation) -> ir.WalkResult:
-        nested.append(child)
-        return ir.WalkResult.ADVANCE
+        append(child)
+        return advance
 
     op.walk(visit, ir.WalkOrder.PRE_ORDER)
     return nested[1:]  # not op itself
+
+
+def blocks(op: ir.Operation) -> list[ir.Block]:
+    """The blocks of ``op``'s regions, in order. Indexed, not iterated: the bindings'
+    iterators over regions and blocks cost five times as much (ViT-Tiny's 7000 ops: 17 ms
+    against 3.6, most of it on ops that have no region), a toll every tree walk written in
+    Python pays at each op."""
+    regions, found = op.regions, []
+    for i in range(len(regions)):
+        region_blocks = regions[i].blocks
+        found += [region_blocks[j] for j in range(len(region_blocks))]
+    return found
 
 
 def defined_functions(module: ir.Module) -> list[func.FuncOp]:

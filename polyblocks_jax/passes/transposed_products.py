@@ -19,14 +19,17 @@ from mlir.dialects import linalg, tensor
 from polyblocks_jax.options import Options
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.transform import indexing_maps, walk
+from polyblocks_jax.tensor_ir import builders
 
 
-def swap_transposed_products(module: ir.Module, options: Options) -> None:
+def swap_transposed_products(module: ir.Module, options: Options) -> bool:
     """Rewrite each 2-D ``linalg.matmul`` whose init is a fill and whose every use is a
     transpose of it (JAX may transpose it once per use) as the matmul of the transposed
-    operands (with ``options.fusion``: the transposes are fused into their producer)."""
+    operands (with ``options.fusion``: the transposes are fused into their producer).
+    Whether there was one (none: the module is not verified again, ViT-Tiny's unshared
+    layers 18 ms)."""
     if not options.fusion:
-        return
+        return False
     swapped = False
     for product in [op for op in walk(module.operation) if op.name == "linalg.matmul"]:
         transposes = [use.owner.operation for use in product.results[0].uses]
@@ -35,6 +38,7 @@ def swap_transposed_products(module: ir.Module, options: Options) -> None:
             swapped = True
     if swapped:  # transposes of transposes fold; the old fills go
         pass_manager("builtin.module(canonicalize)", module.context).run(module.operation)
+    return swapped
 
 
 def _transposes(op: ir.Operation) -> bool:
@@ -67,7 +71,7 @@ def _swap(transposes: list[ir.Operation], product: ir.Operation) -> None:
     m, n = ir.RankedTensorType(init.type).shape
     with ir.InsertionPoint(product), product.location:
         operands = [_transposed(v) for v in (rhs, lhs)]
-        zero = linalg.fill(fill.operands[0], outs=[tensor.EmptyOp([n, m], element).result])
+        zero = builders.fill(fill.operands[0], tensor.EmptyOp([n, m], element).result)
         swapped = linalg.matmul(*operands, outs=[zero])
     for transpose in transposes:
         transpose.results[0].replace_all_uses_with(swapped)

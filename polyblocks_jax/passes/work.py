@@ -16,7 +16,7 @@ import math
 from mlir import ir
 from mlir.dialects import linalg
 
-from polyblocks_jax.passes.transform import constant_index
+from polyblocks_jax.passes.transform import blocks, constant_index
 
 WORK_ATTR = "polyblocks.work"  # i64 on the module: estimated operations of one call
 UNBOUNDED = 1 << 62
@@ -76,8 +76,7 @@ def _work(op: ir.Operation, counted: list[int]) -> int:
         return 0
     if name == "scf.while":
         return UNBOUNDED
-    inner = sum(_work(child.operation, counted) for region in op.regions
-                for block in region.blocks for child in block.operations)
+    inner = sum(_work(child.operation, counted) for block in blocks(op) for child in block.operations)
     if name == "scf.for":
         bounds = [constant_index(v) for v in (op.opview.lowerBound, op.opview.upperBound, op.opview.step)]
         if None in bounds or bounds[2] <= 0:

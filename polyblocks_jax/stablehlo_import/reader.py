@@ -6,6 +6,7 @@ names, integer lists, numpy arrays). No upstream ``mlir`` object is created here
 """
 from __future__ import annotations
 
+import functools
 import io
 import re
 
@@ -118,7 +119,11 @@ def _first_line(e: Exception) -> str:
 
 def location(op: jir.Operation) -> str:
     """The most useful part of an op's location: the innermost file:line:col, if any."""
-    text = str(op.location)
+    return _useful_part(str(op.location))
+
+
+@functools.lru_cache(maxsize=4096)  # ops share locations: ViT-Tiny's 1647 have 684
+def _useful_part(text: str) -> str:
     files = re.findall(r'"([^"]+\.\w+)":(\d+):(\d+)', text)
     names = re.findall(r'loc\("([^"]+)"', text)
     where = f"{files[0][0]}:{files[0][1]}:{files[0][2]}" if files else ""

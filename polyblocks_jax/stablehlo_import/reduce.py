@@ -45,7 +45,7 @@ def reduce(cx, op):
         return [builders.empty(op.result_specs[0]),
                 *_first_extremum_index(op.operands[0], dims[0], largest, spec, index_spec)]
     # A complex operand is reduced as its two parts, side by side (complex_values.py).
-    accs = [linalg.fill(builders.to_scalar(init), outs=[builders.empty(spec)])
+    accs = [builders.fill(builders.to_scalar(init), builders.empty(spec))
             for init, spec in zip(flatten(inits), flat_specs(op.result_specs))]
     flat_inputs = flatten(inputs)
     reduce_op = linalg.ReduceOp([a.type for a in accs], flat_inputs, accs, dims)

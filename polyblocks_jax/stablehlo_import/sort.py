@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 from jaxlib.mlir import ir as jir
 from mlir import ir
-from mlir.dialects import arith, linalg, scf, tensor
+from mlir.dialects import arith, scf, tensor
 
 from polyblocks_jax.dtypes import DType, TensorSpec
 from polyblocks_jax.stablehlo_import import reader
@@ -178,7 +178,7 @@ def _any_beats(elements: ir.Value, flag: ir.Value, last: ir.Value, less: Less) -
     ``last`` (``less(last, x)``): an OR over them, a linalg reduction, which the vectorizer
     makes one compare of vectors."""
     i32 = ir.IntegerType.get_signless(32)
-    cleared = linalg.fill(builders.splat(0, i32), outs=[flag])
+    cleared = builders.fill(builders.splat(0, i32), flag)
 
     def body(x, acc):
         return [arith.ori(acc, arith.extui(i32, less(last, x)))]
