@@ -43,6 +43,8 @@ _VECTORIZED_OPS = ("linalg.generic", "linalg.reduce")
 _BODY_DIALECTS = ("arith.", "math.", "linalg.index", "affine.apply", "tensor.extract")
 _EXTREMA = FLOAT_EXTREMA | {"arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui"}
 _COMBINERS = _EXTREMA | {"arith.addf", "arith.mulf", "arith.addi", "arith.muli", "arith.andi", "arith.ori", "arith.xori"}
+# jnp.any/all's combiners, the ones a vector of booleans reduces with.
+_BOOL_COMBINERS = {"arith.andi", "arith.ori", "arith.xori"}
 _CONTRACTIBLE = ("arith.mulf", "arith.addf", "arith.subf")
 _INTEGER_MATMULS = ("linalg.matmul", "linalg.batch_matmul")
 _GENERALIZE_ATTR = "polyblocks.generalize"
@@ -328,16 +330,18 @@ def _vectorizable(op: ir.Operation) -> bool:
         return False
     elementwise = op.name == "linalg.generic" and "reduction" not in str(op.attributes["iterator_types"])
     inputs = len(op.operands) - len(op.results)
-    narrow_accumulators = False
+    narrow_accumulators = bool_accumulators = False
     for i, value in enumerate([*op.operands, *op.results]):
         if not isinstance(value.type, ir.RankedTensorType):
             return False
         elem = value.type.element_type
         # A reduction's narrow accumulators only take extrema (exact in any order); jnp sums
-        # 16-bit floats in f32.
-        if not (is_32_bit(elem) or isinstance(elem, ir.F64Type) or _narrow(elem)):
+        # 16-bit floats in f32. Booleans (masks, jnp.where's conditions) are vectors of i1,
+        # which bool_buffers reads and writes as bytes.
+        if not (is_32_bit(elem) or isinstance(elem, ir.F64Type) or _narrow(elem) or _is_bool(elem)):
             return False
         narrow_accumulators |= i >= inputs and _narrow(elem)
+        bool_accumulators |= i >= inputs and _is_bool(elem)
     block = op.regions[0].blocks[0]
     body = list(block.operations)
     if not all(b.operation.name.startswith(_BODY_DIALECTS) for b in body[:-1]):
@@ -355,9 +359,14 @@ def _vectorizable(op: ir.Operation) -> bool:
             continue
         if (len(uses) != 1 or not isinstance(owner, (ir.Operation, ir.OpView))
                 or owner.name not in _COMBINERS or uses[0].owner.operation != owner.operation
-                or narrow_accumulators and owner.name not in _EXTREMA):
+                or narrow_accumulators and owner.name not in _EXTREMA
+                or bool_accumulators and owner.name not in _BOOL_COMBINERS):
             return False
     return True
+
+
+def _is_bool(elem: ir.Type) -> bool:
+    return isinstance(elem, ir.IntegerType) and elem.width == 1
 
 
 def _narrow(elem: ir.Type) -> bool:
