@@ -394,6 +394,15 @@ class StageTest(parameterized.TestCase):
         self.assertIn("vector.step", text)
         support.check_against_xla(self, masked, np.random.default_rng(0).standard_normal((4, 64, 64), np.float32))
 
+    @parameterized.parameters((37, 40), (3, 21, 35))
+    def test_transpose_of_indivisible_dims_runs_on_vectors(self, *shape):
+        # Whole 16 x 16 blocks, the rest peeled: the B of logits against a vocabulary of 5000
+        # (h @ emb.T) was transposed by scalar copies reading down its columns (80 x 256 x 5000
+        # took 4.5x the time of 80 x 256 x 4992).
+        text = _staged(lambda a: jnp.swapaxes(a, -1, -2), np.zeros(shape, np.float32), hw=AVX512)
+        self.assertNotIn("linalg.transpose", text)
+        self.assertIn("vector.shuffle", text)
+
     def test_boolean_masks_run_on_vectors(self):
         # Selects by a mask computed apart, logic on masks, jnp.any over rows: the loop
         # bodies of jax.scipy.special.gammainc's while loop, scalar while they read or wrote
@@ -713,7 +722,10 @@ class ResultsTest(parameterized.TestCase):
         ("rows_and_columns", (2, 48, 64), (0, 2, 1), np.float32),
         ("heads_first", (4, 32, 2, 16), (2, 0, 3, 1), np.float32),
         ("int32", (32, 48), (1, 0), np.int32),
-        ("indivisible", (3, 20, 17), (0, 2, 1), np.float32))
+        ("indivisible", (3, 20, 17), (0, 2, 1), np.float32),
+        ("peeled_columns", (40, 37), (1, 0), np.float32),
+        ("peeled_int32", (50, 18), (1, 0), np.int32),
+        ("peeled_4d", (2, 33, 3, 17), (0, 3, 2, 1), np.float32))
     def test_transpose(self, shape, permutation, dtype):
         x = np.random.default_rng(len(shape)).standard_normal(shape).astype(dtype) * 100
         self._check(lambda a: jnp.transpose(a, permutation), x)
