@@ -361,6 +361,20 @@ class X86CodeTest(parameterized.TestCase):
                             (_random((2, 32, 64), BF16), _random((64, 32), BF16)), [AMX])
         self.assertIn("llvm.x86.tdpbf16ps", reshaped)
 
+    def test_amx_kernel_of_one_column_block_in_a_scan(self):
+        # 16 x 64 @ 64 x 48: one block of columns, so the kernel's parallel loop has one step
+        # and folds away, leaving its stack scope right in the scan's loop body. Lowering
+        # that scope split the loop's block; convert-scf-to-cf aborted the compile (SIGABRT).
+        h, w = _random((16, 64), BF16), (_random((64, 48), np.float32, seed=1) * 0.1).astype(BF16)
+
+        def fn(h, w):
+            def step(h, _):
+                y = jnp.tanh(jax.lax.dot(h, w, preferred_element_type=jnp.float32)).astype(BF16)
+                return jnp.concatenate([y[:, :32], y[:, :32]], 1), y.sum()
+            return jax.lax.scan(step, h, None, length=3)
+        self.assertIn("llvm.x86.tdpbf16ps", _llvm_ir(fn, (h, w), [AMX, DPBF16]))  # compiled for AMX anywhere
+        support.check_against_xla(self, fn, h, w, rtol=1e-2, atol=1e-2)  # run where the host has AMX
+
     def test_no_amx_at_opt_level_0(self):
         # LLVM's -O0 AMX lowering crashes on loop-carried tiles: the packed form runs as loops.
         args = (_random((64, 64), BF16), _random((64, 64), BF16))
