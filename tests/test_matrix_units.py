@@ -361,6 +361,22 @@ class X86CodeTest(parameterized.TestCase):
                             (_random((2, 32, 64), BF16), _random((64, 32), BF16)), [AMX])
         self.assertIn("llvm.x86.tdpbf16ps", reshaped)
 
+    @parameterized.parameters([AMX], [DPBF16])
+    def test_views_of_a_scan_step_reach_the_kernel(self, unit):
+        # xs[t] @ w in a scan: the step's rows are a view at an offset into xs, the product a
+        # view into the stacked outputs. Both are copied to contiguous buffers for the kernel
+        # (the contraction ran as scalar loops: a bf16 GRU over 30 steps at 0.52x XLA's speed).
+        xs, w = _random((6, 16, 64), BF16), _random((64, 48), BF16, seed=1)
+
+        def fn(xs, w):
+            def step(c, x):
+                y = jax.lax.dot(x, w, preferred_element_type=jnp.float32)
+                return c + y.sum(), y
+            return jax.lax.scan(step, jnp.float32(0), xs)
+        hw = dataclasses.replace(host().hardware(), matrix_units=(unit,))
+        self.assertNotIn("linalg.contract", str(support.module_after("unit-kernels", fn, xs, w, hardware=hw)))
+        support.check_against_xla(self, fn, xs, w, rtol=1e-4, atol=1e-4)
+
     def test_amx_kernel_of_one_column_block_in_a_scan(self):
         # 16 x 64 @ 64 x 48: one block of columns, so the kernel's parallel loop has one step
         # and folds away, leaving its stack scope right in the scan's loop body. Lowering
