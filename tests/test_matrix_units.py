@@ -361,6 +361,36 @@ class X86CodeTest(parameterized.TestCase):
                             (_random((2, 32, 64), BF16), _random((64, 32), BF16)), [AMX])
         self.assertIn("llvm.x86.tdpbf16ps", reshaped)
 
+    @parameterized.parameters([AMX], [DPBF16])
+    def test_views_of_a_scan_step_reach_the_kernel(self, unit):
+        # xs[t] @ w in a scan: the step's rows are a view at an offset into xs, the product a
+        # view into the stacked outputs. Both are copied to contiguous buffers for the kernel
+        # (the contraction ran as scalar loops: a bf16 GRU over 30 steps at 0.52x XLA's speed).
+        xs, w = _random((6, 16, 64), BF16), _random((64, 48), BF16, seed=1)
+
+        def fn(xs, w):
+            def step(c, x):
+                y = jax.lax.dot(x, w, preferred_element_type=jnp.float32)
+                return c + y.sum(), y
+            return jax.lax.scan(step, jnp.float32(0), xs)
+        hw = dataclasses.replace(host().hardware(), matrix_units=(unit,))
+        self.assertNotIn("linalg.contract", str(support.module_after("unit-kernels", fn, xs, w, hardware=hw)))
+        support.check_against_xla(self, fn, xs, w, rtol=1e-4, atol=1e-4)
+
+    def test_amx_kernel_of_one_column_block_in_a_scan(self):
+        # 16 x 64 @ 64 x 48: one block of columns, so the kernel's parallel loop has one step
+        # and folds away, leaving its stack scope right in the scan's loop body. Lowering
+        # that scope split the loop's block; convert-scf-to-cf aborted the compile (SIGABRT).
+        h, w = _random((16, 64), BF16), (_random((64, 48), np.float32, seed=1) * 0.1).astype(BF16)
+
+        def fn(h, w):
+            def step(h, _):
+                y = jnp.tanh(jax.lax.dot(h, w, preferred_element_type=jnp.float32)).astype(BF16)
+                return jnp.concatenate([y[:, :32], y[:, :32]], 1), y.sum()
+            return jax.lax.scan(step, h, None, length=3)
+        self.assertIn("llvm.x86.tdpbf16ps", _llvm_ir(fn, (h, w), [AMX, DPBF16]))  # compiled for AMX anywhere
+        support.check_against_xla(self, fn, h, w, rtol=1e-2, atol=1e-2)  # run where the host has AMX
+
     def test_no_amx_at_opt_level_0(self):
         # LLVM's -O0 AMX lowering crashes on loop-carried tiles: the packed form runs as loops.
         args = (_random((64, 64), BF16), _random((64, 64), BF16))

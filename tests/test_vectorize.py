@@ -394,6 +394,27 @@ class StageTest(parameterized.TestCase):
         self.assertIn("vector.step", text)
         support.check_against_xla(self, masked, np.random.default_rng(0).standard_normal((4, 64, 64), np.float32))
 
+    @parameterized.parameters((37, 40), (3, 21, 35))
+    def test_transpose_of_indivisible_dims_runs_on_vectors(self, *shape):
+        # Whole 16 x 16 blocks, the rest peeled: the B of logits against a vocabulary of 5000
+        # (h @ emb.T) was transposed by scalar copies reading down its columns (80 x 256 x 5000
+        # took 4.5x the time of 80 x 256 x 4992).
+        text = _staged(lambda a: jnp.swapaxes(a, -1, -2), np.zeros(shape, np.float32), hw=AVX512)
+        self.assertNotIn("linalg.transpose", text)
+        self.assertIn("vector.shuffle", text)
+
+    def test_boolean_masks_run_on_vectors(self):
+        # Selects by a mask computed apart, logic on masks, jnp.any over rows: the loop
+        # bodies of jax.scipy.special.gammainc's while loop, scalar while they read or wrote
+        # tensors of i1 (0.42x XLA's speed, 1.5x on vectors).
+        def masked(x, y, m):
+            keep = (x > 0) & ~m | (y < x) ^ m
+            return jnp.where(keep, x * y, y), keep, jnp.any(keep, -1), jnp.all(m, -1)
+        x = np.zeros((4, 64), np.float32)
+        text = _staged(masked, x, x, x > 0, hw=AVX512)
+        self.assertNotRegex(text, r"linalg\.generic \{indexing_maps = \[affine_map<\(d0")  # a loop left
+        self.assertRegex(text, r"vector<\d+xi1>")
+
     def test_polynomial_steps_contract_into_fmas(self):
         text = _staged(jnp.exp, np.zeros((4, 64), np.float32))
         self.assertRegex(text, r"arith\.mulf .* fastmath<contract> : vector<")
@@ -701,7 +722,10 @@ class ResultsTest(parameterized.TestCase):
         ("rows_and_columns", (2, 48, 64), (0, 2, 1), np.float32),
         ("heads_first", (4, 32, 2, 16), (2, 0, 3, 1), np.float32),
         ("int32", (32, 48), (1, 0), np.int32),
-        ("indivisible", (3, 20, 17), (0, 2, 1), np.float32))
+        ("indivisible", (3, 20, 17), (0, 2, 1), np.float32),
+        ("peeled_columns", (40, 37), (1, 0), np.float32),
+        ("peeled_int32", (50, 18), (1, 0), np.int32),
+        ("peeled_4d", (2, 33, 3, 17), (0, 3, 2, 1), np.float32))
     def test_transpose(self, shape, permutation, dtype):
         x = np.random.default_rng(len(shape)).standard_normal(shape).astype(dtype) * 100
         self._check(lambda a: jnp.transpose(a, permutation), x)
@@ -724,6 +748,30 @@ class ResultsTest(parameterized.TestCase):
         x = support.random_array(rng, (4, 48), np.float32)
         y = support.random_array(rng, (48,), np.float32)
         self._check(lambda a, b: (jnp.maximum(a, b) * 2 - jnp.where(a > b, a, -b), jnp.abs(a) + b), x, y)
+
+    def test_boolean_masks(self):
+        # Masks read, computed, selected by and written, whole vectors and peeled remainders
+        # (37 and 1003 elements), reduced by jnp.any / jnp.all along rows and whole, and
+        # carried by a while loop (as by jax.scipy.special.gammainc's series).
+        rng = np.random.default_rng(7)
+        x = support.random_array(rng, (3, 37), np.float32)
+        y = support.random_array(rng, (3, 37), np.float32)
+        m = rng.random((3, 37)) < 0.5
+        v = np.abs(rng.standard_normal(1003)).astype(np.float32) + 0.5
+
+        def logic(x, y, m):
+            keep = (x > 0) & ~m | (y < x) ^ m
+            return (jnp.where(keep, x * y, y), keep, ~keep != m, jnp.any(keep, -1), jnp.all(m | keep, -1),
+                    jnp.any(x > 2), jnp.where(m[0], x, 0.0), (m & (y > 0)).astype(jnp.int32))
+
+        def halve(v):
+            def body(s):
+                on, v, n = s
+                v = jnp.where(on, v * 0.5, v)
+                return on & (v > 0.01), v, n + on.astype(jnp.int32)
+            return jax.lax.while_loop(lambda s: jnp.any(s[0]), body, (v > 0.6, v, jnp.zeros(v.shape, jnp.int32)))
+        self._check(logic, x, y, m)
+        self._check(halve, v)
 
     def test_reversed_operands(self):
         # A reversal's indexing map (n - 1 - d) made upstream tiling abort the process

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 
 from mlir import ir
-from mlir.dialects import func
+from mlir.dialects import func, scf
 
 from polyblocks_jax.cpu.avx512_bf16 import round_computed_vectors
 from polyblocks_jax.cpu.denormals import flush_denormals
@@ -124,6 +124,28 @@ _DESCRIPTOR_FUNCTIONS = "convert-openmp-to-llvm, convert-func-to-llvm, "
 _REST = "reconcile-unrealized-casts"
 
 
+def _scopes_in_blocks_of_their_own(module: ir.Module) -> None:
+    """Put each memref.alloca_scope that lies right in an scf op's region (an AMX kernel whose
+    parallel loop had one step, folded away, in a scan's body) into an scf.execute_region:
+    finalize-memref-to-llvm splits the scope's block into several, which an scf.while or
+    scf.for region may not hold (convert-scf-to-cf then aborted on a terminator that was not
+    scf.yield); an execute_region's may, and convert-scf-to-cf inlines it."""
+    scopes = []
+    module.operation.walk(lambda op: (scopes.append(op) if op.name == "memref.alloca_scope"
+                                      and op.parent.name.startswith("scf.")
+                                      and op.parent.name != "scf.execute_region" else None,
+                                      ir.WalkResult.ADVANCE)[1])
+    for scope in scopes:
+        with ir.InsertionPoint(scope), scope.location:
+            region_op = scf.ExecuteRegionOp([r.type for r in scope.results])
+            block = region_op.region.blocks.append()
+        for old, new in zip(scope.results, region_op.results):
+            old.replace_all_uses_with(new)
+        with ir.InsertionPoint(block), scope.location:
+            yield_op = scf.YieldOp(list(scope.results))
+        scope.move_before(yield_op)
+
+
 def lower_to_llvm(module: ir.Module, options: Options) -> None:
     """The module in the LLVM dialect. Its functions take bare pointers where every
     function's buffers allow it (cpu/outline.py's ``bare_pointer``), memref descriptors
@@ -133,6 +155,7 @@ def lower_to_llvm(module: ir.Module, options: Options) -> None:
     bare = all(bare_pointer(t) for f in functions for t in [*f.type.inputs, *f.type.results])
     works = region_works(module)
     pass_manager(f"builtin.module({_TO_OPENMP})", module.context).run(module.operation)
+    _scopes_in_blocks_of_their_own(module)
     guard_parallel_regions(module, works)
     pipeline = _TO_LLVM + (_BARE_FUNCTIONS if bare else _DESCRIPTOR_FUNCTIONS) + _REST
     pass_manager(f"builtin.module({pipeline})", module.context).run(module.operation)

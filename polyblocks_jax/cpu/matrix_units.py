@@ -1,12 +1,15 @@
 """The host's matrix-unit lowering: each packed contraction the shared matrix-unit stage
 marked (``passes/matrix_forms.py``) becomes its unit's kernel, on buffers, before the
-loops stage. A marked contraction this lowering cannot take (a unit without a kernel here,
-a strided buffer, AMX at opt_level 0) stays a linalg.contract and runs as loops: slower,
+loops stage. An operand in a strided view (a scan's step of its sequence, xs[t]) is copied
+into a contiguous buffer first, and an accumulator back after: the kernels read identity
+layouts. A marked contraction this lowering cannot take (a unit without a kernel here, a
+view of dynamic shape, AMX at opt_level 0) stays a linalg.contract and runs as loops: slower,
 never wrong.
 """
 from __future__ import annotations
 
 from mlir import ir
+from mlir.dialects import memref
 
 from polyblocks_jax.cpu import amx, avx512_bf16, avx512_vnni
 from polyblocks_jax.options import Options
@@ -29,18 +32,41 @@ def lower_matrix_units(module: ir.Module, options: Options) -> bool:
         unit = ir.StringAttr(attr["unit"]).value
         kernel = KERNELS.get((unit, ir.BoolAttr(attr["rhs_rows"]).value))
         types = [ir.MemRefType(v.type) for v in op.operands]
-        if kernel is None or not all(identity_layout(t) for t in types):
+        if kernel is None or not all(t.has_static_shape for t in types):
             continue
         if unit == "amx" and options.opt_level == 0:
             continue  # LLVM 22 at -O0 (X86LowerAMXType) crashes on tiles carried around a loop
-        text = kernel(*types, TileShape(*ir.DenseI64ArrayAttr(attr["tile"])),
-                             ir.IntegerAttr(attr["pack"]).value, tuple(ir.DenseI64ArrayAttr(attr["blocking"])),
-                             ir.BoolAttr(attr["zero_init"]).value)
-        if ir.BoolAttr(attr["zero_init"]).value:
+        zero_init = ir.BoolAttr(attr["zero_init"]).value
+        if zero_init:
             _drop_fill(op)
-        templates.splice(text, op, list(op.operands))
+        operands = _contiguous_operands(op, zero_init)
+        text = kernel(*[ir.MemRefType(v.type) for v in operands], TileShape(*ir.DenseI64ArrayAttr(attr["tile"])),
+                      ir.IntegerAttr(attr["pack"]).value, tuple(ir.DenseI64ArrayAttr(attr["blocking"])), zero_init)
+        templates.splice(text, op, operands)
         op.erase()
     return bool(marked)
+
+
+def _contiguous_operands(op: ir.Operation, zero_init: bool) -> list[ir.Value]:
+    """``op``'s operands, each one in a strided view replaced by a contiguous copy (made
+    before ``op``, freed after it; the accumulator's copied back, and copied in unless the
+    kernel starts from zero)."""
+    operands = list(op.operands)
+    for i, value in enumerate(operands):
+        type_ = ir.MemRefType(value.type)
+        if identity_layout(type_):
+            continue
+        with ir.InsertionPoint(op), op.location:
+            buffer = memref.alloc(ir.MemRefType.get(type_.shape, type_.element_type), [], [])
+            if i < 2 or not zero_init:
+                memref.copy(value, buffer)
+        with ir.InsertionPoint.after(op), op.location:
+            dealloc = memref.DeallocOp(buffer)
+        if i == 2:  # the accumulator: its result goes back into the view
+            with ir.InsertionPoint(dealloc), op.location:
+                memref.copy(buffer, value)
+        operands[i] = buffer
+    return operands
 
 
 def _drop_fill(op: ir.Operation) -> None:

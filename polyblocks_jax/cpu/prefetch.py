@@ -186,8 +186,9 @@ def _bytes(shape: ir.MemRefType) -> int:
 
 
 def _element_bytes(element_type: ir.Type) -> int:
-    """``index`` has no width of its own: 64 bits on the host."""
-    return 8 if isinstance(element_type, ir.IndexType) else element_type.width // 8
+    """``index`` has no width of its own: 64 bits on the host; a bool (i1) takes a byte
+    (bool_buffers widens its buffers after this stage)."""
+    return 8 if isinstance(element_type, ir.IndexType) else max(1, element_type.width // 8)
 
 
 def _index(value: int) -> ir.Value:

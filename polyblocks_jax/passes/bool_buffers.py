@@ -5,13 +5,15 @@ narrower than a byte (the process aborts), so every boolean buffer (a predicate 
 scf.while or scf.if, a boolean program result) must hold bytes. One byte per element
 is also the layout numpy uses for bool, so the ABI is unchanged. Loads truncate to i1
 and stores zero-extend; every other op on these buffers only moves or views them.
-Run it on loops: linalg and vector ops reading i1 buffers are not rewritten.
+Vector transfers of i1 vectors (elementwise ops on masks, vectorized) read and write
+vectors of bytes the same way. Run it on loops: linalg ops reading i1 buffers are not
+rewritten.
 """
 from __future__ import annotations
 
 import numpy as np
 from mlir import ir
-from mlir.dialects import arith, memref
+from mlir.dialects import arith, memref, vector
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.transform import blocks
@@ -47,6 +49,29 @@ def _rewrite(op: ir.Operation) -> bool:
         with ir.InsertionPoint(op), op.location:
             wide = arith.extui(ir.IntegerType.get_signless(8), op.operands[0])
             memref.StoreOp(wide, op.operands[1], list(op.operands[2:]))
+        op.erase()
+        return True
+    if op.name == "vector.transfer_read" and _is_i1(ir.VectorType(op.result.type).element_type):
+        read = op.opview
+        mask = read.mask
+        with ir.InsertionPoint(op), op.location:
+            i8 = ir.IntegerType.get_signless(8)
+            wide_type = ir.VectorType.get(ir.VectorType(op.result.type).shape, i8)
+            wide = vector.TransferReadOp(wide_type, read.base, list(read.indices), read.permutation_map,
+                                         arith.extui(i8, read.padding), read.in_bounds, mask=mask).result
+            op.result.replace_all_uses_with(arith.trunci(op.result.type, wide))
+        op.erase()
+        return True
+    if op.name == "vector.transfer_write" and _is_i1(ir.VectorType(op.operands[0].type).element_type):
+        write = op.opview
+        if op.results:  # a write into a tensor: no buffer here
+            return False
+        mask = write.mask
+        with ir.InsertionPoint(op), op.location:
+            i8 = ir.IntegerType.get_signless(8)
+            wide = arith.extui(ir.VectorType.get(ir.VectorType(op.operands[0].type).shape, i8), write.valueToStore)
+            vector.TransferWriteOp(None, wide, write.base, list(write.indices), write.permutation_map,
+                                   write.in_bounds, mask=mask)
         op.erase()
         return True
     if op.name == "memref.global":
