@@ -127,7 +127,7 @@ def in_process():
     """Compile in this process while the context lasts, as when no compile worker can start:
     for tests that patch the compiler's functions, which a worker would not see."""
     from polyblocks_jax import compile_workers
-    return mock.patch.object(compile_workers, "compile", lambda job, text, follow=None: None)
+    return mock.patch.object(compile_workers, "compile", lambda job, text, follow=None, kind="host": None)
 
 
 def without_flags(test: absltest.TestCase) -> None:
