@@ -20,9 +20,10 @@ from mlir.dialects import func
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.deferred_normalization import divide_after_contractions
-from polyblocks_jax.passes.gather_fusion import fuse_into_gathers
+from polyblocks_jax.passes.gather_fusion import fuse_into_gathers, read_own_elements_as_inputs
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.scaled_extrema import reduce_before_scaling
+from polyblocks_jax.passes.sibling_fusion import merge_siblings
 from polyblocks_jax.passes.sliced_producers import compute_moved_results
 from polyblocks_jax.passes.transform import apply_script, indexing_maps, is_elementwise_generic, walk
 from polyblocks_jax.passes.unit_dims import fold_collapsed_unit_dims
@@ -47,6 +48,7 @@ def fuse_elementwise(module: ir.Module, options: Options) -> None:
     into their consumers' operands and into the gathers that read them."""
     apply_script(module, _GENERALIZE_REDUCTIONS)
     fold_collapsed_unit_dims(module)
+    read_own_elements_as_inputs(module)
     _copy_shared_constant_broadcasts(module)
     compute_moved_results(module)
     _fuse_without_recomputing(module)
@@ -54,6 +56,9 @@ def fuse_elementwise(module: ir.Module, options: Options) -> None:
         _fuse_without_recomputing(module)
     if fuse_into_gathers(module):  # a producer the gathers read no more may have one use left
         pass_manager("builtin.module(canonicalize)", module.context).run(module.operation)
+        read_own_elements_as_inputs(module)  # the inputs of producers fused at the loops' indices
+        _fuse_without_recomputing(module)
+    if merge_siblings(module):  # the values the siblings shared have one consumer left
         _fuse_without_recomputing(module)
     divide_after_contractions(module)
     pass_manager("builtin.module(canonicalize, cse)", module.context).run(module.operation)
