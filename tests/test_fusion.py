@@ -144,6 +144,27 @@ class ElementwiseFusionTest(absltest.TestCase):
         self.assertEqual(str(extracts[0].operands[0].type), "tensor<64xf32>")
         support.check_against_xla(self, take, x, i)
 
+    def test_math_functions_are_not_recomputed_where_broadcast(self):
+        # An n-body step's pow per pair, read by each of the 3 coordinates: fused, it ran 3
+        # times per pair (a libm call each); computed once, it is read back. A multiply-add
+        # costs less than the load and is still fused.
+        def forces(p):
+            d = p[None] - p[:, None]
+            return jnp.sum(d / ((jnp.sum(d * d, -1) + 0.01) ** 1.5)[..., None], 1)
+        p = np.random.default_rng(12).standard_normal((64, 3)).astype(np.float32)
+        module = _after("fusion", forces, p)
+        powers = [op for op in walk(module.operation) if op.name == "linalg.generic" and "math.powf" in str(op)]
+        self.assertLen(powers, 1)
+        self.assertEqual(str(powers[0].results[0].type), "tensor<64x64xf32>")
+        support.check_against_xla(self, forces, p, **ACCUMULATE)
+
+        def scaled(a, b):
+            return (a * 2.0 + 1.0)[:, None] * b
+        a, b = p[:, 0].copy(), np.random.default_rng(13).standard_normal((64, 8)).astype(np.float32)
+        generics = [op for op in walk(_after("fusion", scaled, a, b).operation) if op.name == "linalg.generic"]
+        self.assertLen(generics, 1)
+        support.check_against_xla(self, scaled, a, b)
+
     def test_gathered_producer_is_computed_at_the_gathered_elements(self):
         # A cross-entropy picks one log-probability per row: no log-softmax (nor x - max)
         # of the whole input; the log runs in the gather's body, once per row.

@@ -76,7 +76,8 @@ def recomputes(producer: ir.Operation, consumer: ir.Operation, operand: int) -> 
     """Whether fusing ``producer`` (an elementwise generic) into ``consumer`` as its operand
     ``operand`` would repeat the producer's work: the consumer is a named op (fusion would
     make it a generic, hiding it from the matmul and convolution tiling) or it has a
-    parallel loop that does not index this operand. Pure data movement (a body that yields an
+    parallel loop that does not index this operand (for an elementwise consumer, where the
+    producer costs more than reading its result back). Pure data movement (a body that yields an
     input: broadcast, transpose) is free to fuse into generics."""
     if consumer.name != "linalg.generic":
         return consumer.name.startswith("linalg.") and consumer.name not in ("linalg.fill", "linalg.copy")
@@ -84,11 +85,29 @@ def recomputes(producer: ir.Operation, consumer: ir.Operation, operand: int) -> 
     if len(body) == 1:
         return False
     iterators = str(consumer.attributes["iterator_types"]).split(",")
-    if not any("reduction" in it for it in iterators):
-        return False
     used = indexing_maps(consumer)[operand]
     dims = {e.position for e in used.results if isinstance(e, ir.AffineDimExpr)}
-    return any("parallel" in it and d not in dims for d, it in enumerate(iterators))
+    broadcast = any("parallel" in it and d not in dims for d, it in enumerate(iterators))
+    if not any("reduction" in it for it in iterators):
+        # An elementwise consumer reading it broadcast computes it again per element it
+        # broadcasts to: cheaper than a load where the body is a few operations (x - mean),
+        # not where it calls a math function (an n-body step's pow per pair, 3 times).
+        return broadcast and _body_cost(body) > RECOMPUTE_BUDGET
+    return broadcast
+
+
+# Operations per element of the math functions, as the host computes them (polynomials of
+# 15-25 operations for exp, log, tanh; pow and the rest a libm call each).
+_MATH_COST = 20
+_CHEAP_MATH = ("math.sqrt", "math.rsqrt", "math.absf", "math.absi", "math.floor", "math.ceil", "math.copysign",
+               "math.fma", "math.roundeven", "math.round", "math.trunc")
+
+
+def _body_cost(body: list) -> int:
+    """Operations per element of a generic's body (its ops but the yield), each math
+    function but the cheap ones counted as ``_MATH_COST``."""
+    return sum(_MATH_COST if op.name.startswith("math.") and op.name not in _CHEAP_MATH else 1
+               for op in body[:-1])
 
 
 def _copy_shared_constant_broadcasts(module: ir.Module) -> None:
