@@ -120,6 +120,7 @@ def programs() -> dict[str, tuple[Callable, list]]:
         "fori_loop": (lambda a: lax.fori_loop(0, 100, lambda i, c: c * 0.99 + 0.01, a), [_normal(8, 256, 256)]),
         "scan_rnn": (lambda h, xs, w: lax.scan(lambda c, v: (jnp.tanh(c @ w + v), None), h, xs)[0],
                      [_normal(32, 256), _normal(64, 32, 256), _normal(256, 256, seed=1) / 16]),
+        **_loops(),
         "rfft_last": (lambda a: jnp.fft.rfft(a, axis=-1), [x]),
         "fft2_complex": (lambda a: jnp.fft.fft2(lax.complex(a, a * 0.5)), [_normal(16, 256, 256)]),
         "irfft_spectral_filter": (lambda a: jnp.fft.irfft(jnp.fft.rfft(a, axis=1) * 0.5, n=128, axis=1), [x]),
@@ -127,6 +128,50 @@ def programs() -> dict[str, tuple[Callable, list]]:
                             [_normal(8, 4096), _normal(8, 4096, seed=1)]),
         "fft_prime_length": (lambda a: jnp.fft.fft(a.astype(jnp.complex64), axis=-1), [_normal(256, 1031)]),
         **_training(),
+    }
+
+
+def _loops() -> dict[str, tuple[Callable, list]]:
+    """While loops of small bodies (issue #47): binary searches (searchsorted, interp,
+    histogram: ~10 steps over the queries), an n-body fori_loop, expm's squarings, a GRU
+    under scan, a Newton iteration to convergence, a recurrence written row by row."""
+    def nbody_step(i, state):
+        p, v = state
+        d = p[None] - p[:, None]
+        v = v + 0.001 * jnp.sum(d / ((jnp.sum(d * d, -1) + 0.01) ** 1.5)[..., None], 1)
+        return p + 0.001 * v, v
+
+    def gru(xs, wi, wh):
+        def cell(h, x):
+            gi, gh = x @ wi, h @ wh
+            r = jax.nn.sigmoid(gi[:, :128] + gh[:, :128])
+            z = jax.nn.sigmoid(gi[:, 128:256] + gh[:, 128:256])
+            h = (1 - z) * jnp.tanh(gi[:, 256:] + r * gh[:, 256:]) + z * h
+            return h, h
+        return lax.scan(cell, jnp.zeros((8, 128), jnp.float32), xs)
+
+    def newton_sqrt(a):
+        def cond(s):
+            return (s[1] < 100) & (jnp.max(jnp.abs(s[0] * s[0] - a)) > 1e-5)
+        return lax.while_loop(cond, lambda s: (0.5 * (s[0] + a / s[0]), s[1] + 1), (a, 0))
+
+    def recurrence_rows(x):
+        def row(i, s):
+            acc, out = s
+            acc = acc * 0.9 + x[i]
+            return acc, lax.dynamic_update_slice(out, acc[None], (i, 0))
+        return lax.fori_loop(0, 256, row, (jnp.zeros(64, jnp.float32), jnp.zeros((256, 64), jnp.float32)))
+
+    knots = np.sort(_normal(1000))
+    return {
+        "searchsorted_interp": (lambda xp, q: (jnp.searchsorted(xp, q), jnp.interp(q, xp, jnp.sin(xp))),
+                                [knots, _normal(5000, seed=1)]),
+        "histogram": (lambda a: jnp.histogram(a, bins=50, range=(-3, 3))[0], [_normal(100000)]),
+        "nbody_fori": (lambda p, v: lax.fori_loop(0, 50, nbody_step, (p, v)), [_normal(128, 3), _normal(128, 3, seed=1)]),
+        "expm": (jax.scipy.linalg.expm, [_normal(32, 32) * 0.1]),
+        "gru_scan": (gru, [_normal(128, 8, 64), _normal(64, 384, seed=1) / 8, _normal(128, 384, seed=2) / 11]),
+        "newton_while": (newton_sqrt, [np.abs(_normal(4096)) + 0.5]),
+        "recurrence_rows": (recurrence_rows, [_normal(256, 64)]),
     }
 
 

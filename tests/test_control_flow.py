@@ -36,6 +36,41 @@ class WhileTest(absltest.TestCase):
         self.assertEqual([op.name for op in walk(loop) if op.name in ("memref.copy", "memref.alloc")], [])
         support.check_against_xla(self, program, x)
 
+    def test_binary_search_is_one_loop_over_its_carried_bounds(self):
+        # jnp.searchsorted's step: a gather at the midpoint, a compare, two selects. Each
+        # step is one vectorized kernel writing both bounds over the carried buffers: no
+        # buffer, no copy and no mask in memory per iteration (there were four kernels, one
+        # per op, scalar for the mask's bytes, and two copies of 20 KB).
+        rng = np.random.default_rng(3)
+        sorted_ = np.sort(rng.standard_normal(1000).astype(np.float32))
+        queries = rng.standard_normal(5000).astype(np.float32)
+        queries[:7] = [sorted_[0], sorted_[-1], sorted_[500], -np.inf, np.inf, 0.0, -0.0]
+        program = lambda a, v: (jnp.searchsorted(a, v), jnp.searchsorted(a, v, side="right"))
+        module = support.module_after("out-params", program, sorted_, queries, hardware=cpu.host().hardware())
+        for loop in [op for op in walk(module.operation) if op.name == "scf.while"]:
+            inside = [op.name for op in walk(loop)]
+            self.assertEqual([n for n in inside if n in ("memref.copy", "memref.alloc")], [])
+            self.assertLen([n for n in inside if n == "vector.gather"], 2)  # the main loop and its remainder
+        support.check_against_xla(self, program, sorted_, queries)
+
+    def test_histogram_and_interpolation(self):
+        rng = np.random.default_rng(4)
+        x = rng.standard_normal(20000).astype(np.float32)
+        support.check_against_xla(self, lambda x: jnp.histogram(x, bins=50, range=(-3, 3))[0], x)
+        xp = np.sort(rng.standard_normal(300).astype(np.float32))
+        support.check_against_xla(self, lambda x, xp: jnp.interp(x, xp, jnp.sin(xp)), x[:999], xp)
+
+    def test_carried_pair_updated_in_place_with_a_remainder(self):
+        # Two carried values updated from both (one loop, results over their own buffers),
+        # of a length no vector divides (a main loop and a remainder, both in place).
+        def program(a, b):
+            return lax.fori_loop(0, 6, lambda i, c: (c[0] * 0.5 + c[1], c[1] - c[0] * 0.25), (a, b))
+        a, b = (support.random_array(np.random.default_rng(s), (1003,), np.float32, edge=False) for s in (5, 6))
+        module = support.module_after("out-params", program, a, b, hardware=cpu.host().hardware())
+        loop = next(op for op in walk(module.operation) if op.name == "scf.while")
+        self.assertEqual([op.name for op in walk(loop) if op.name in ("memref.copy", "memref.alloc")], [])
+        support.check_against_xla(self, program, a, b)
+
     def test_fori_loop_data_dependent_trip_count(self):
         def program(n, x):
             return lax.fori_loop(0, n, lambda i, v: v * 0.5 + i.astype(v.dtype), x)

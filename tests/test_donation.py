@@ -49,8 +49,11 @@ PROGRAMS = {
     # a tiled matmul reads rows and columns its result overwrites: computed in its own buffer,
     # then returned there or copied into the donated one (as the vector width splits columns)
     "matmul": (lambda a, b: a @ b, (S, S.T.copy()), (0,), {}, (EITHER,)),
-    # read after the donated result is computed: in place would clobber it
-    "read_after": (lambda a, b: (a + b, a * 2.0), (M, N), (0,), {}, (None, None)),
+    # read after the donated result is computed, in another order: in place would clobber it
+    "read_after": (lambda a, b: (a + b, a[::-1] * 2.0), (M, N), (0,), {}, (None, None)),
+    # read by a sibling over the same elements: one loop computes both (sibling_fusion.py),
+    # each element read before it is overwritten
+    "read_by_sibling": (lambda a, b: (a + b, a * 2.0), (M, N), (0,), {}, (0, None)),
     "scalar": (lambda s: s * 2.0, (np.float32(3.0),), (0,), {}, (0,)),
     "zero_size": (lambda a: a + 1.0, (np.zeros((0, 3), np.float32),), (0,), {}, (0,)),
     "returned_unchanged": (lambda a, b: (a, a + b), (M, N), (0,), {}, (0, None)),

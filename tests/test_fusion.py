@@ -101,6 +101,70 @@ class ElementwiseFusionTest(absltest.TestCase):
                 self.assertEmpty([o for o in walk(op) if o.name == "linalg.generic"])
         support.check_against_xla(self, take, x)
 
+    def test_siblings_sharing_values_are_one_generic(self):
+        # A binary search's step: two selects read the mask and the midpoint. Merged into
+        # one generic of two results, the mask and the midpoint have one consumer, which
+        # fusion computes them in: no tensor of bools, one loop.
+        def step(x, lo, hi):
+            mid = (lo + hi) // 2
+            m = x[mid] <= 0.5
+            return jnp.where(m, lo, mid), jnp.where(m, mid, hi)
+        rng = np.random.default_rng(9)
+        x = rng.standard_normal(64).astype(np.float32)
+        lo, hi = rng.integers(0, 32, 300).astype(np.int32), rng.integers(32, 64, 300).astype(np.int32)
+        module = _after("fusion", step, x, lo, hi)
+        generics = [op for op in walk(module.operation) if op.name == "linalg.generic"]
+        self.assertLen(generics, 1)
+        self.assertLen(generics[0].results, 2)
+        self.assertNotIn("xi1>", str(module))
+        support.check_against_xla(self, step, x, lo, hi)
+
+    def test_siblings_merge_only_where_one_can_move_to_the_other(self):
+        # b depends on a's sibling through c: merging a and b would put b before c or a
+        # after it; the sums stay apart (and the results right).
+        def program(x):
+            a = jnp.exp(x) + 1.0
+            c = jnp.sum(a)
+            b = jnp.exp(x) * c
+            return a, b
+        x = np.random.default_rng(10).standard_normal(256).astype(np.float32)
+        support.check_against_xla(self, program, x, **ACCUMULATE)
+
+    def test_gather_reading_its_index_at_its_own_position_takes_it_as_input(self):
+        # The imported gather reads its (n, 1) index tensor at its own (i, 0) by
+        # tensor.extract: as an input, it is a vector load (and a fusible operand), and the
+        # gather's only extract is the gather from x.
+        def take(x, i):
+            return jnp.take(x, (i * 7 + 3) % 64, axis=0)
+        x = np.random.default_rng(11).standard_normal(64).astype(np.float32)
+        i = np.arange(1000, dtype=np.int32)
+        module = _after("fusion", take, x, i)
+        extracts = [op for op in walk(module.operation) if op.name == "tensor.extract"]
+        self.assertLen(extracts, 1)
+        self.assertEqual(str(extracts[0].operands[0].type), "tensor<64xf32>")
+        support.check_against_xla(self, take, x, i)
+
+    def test_math_functions_are_not_recomputed_where_broadcast(self):
+        # An n-body step's pow per pair, read by each of the 3 coordinates: fused, it ran 3
+        # times per pair (a libm call each); computed once, it is read back. A multiply-add
+        # costs less than the load and is still fused.
+        def forces(p):
+            d = p[None] - p[:, None]
+            return jnp.sum(d / ((jnp.sum(d * d, -1) + 0.01) ** 1.5)[..., None], 1)
+        p = np.random.default_rng(12).standard_normal((64, 3)).astype(np.float32)
+        module = _after("fusion", forces, p)
+        powers = [op for op in walk(module.operation) if op.name == "linalg.generic" and "math.powf" in str(op)]
+        self.assertLen(powers, 1)
+        self.assertEqual(str(powers[0].results[0].type), "tensor<64x64xf32>")
+        support.check_against_xla(self, forces, p, **ACCUMULATE)
+
+        def scaled(a, b):
+            return (a * 2.0 + 1.0)[:, None] * b
+        a, b = p[:, 0].copy(), np.random.default_rng(13).standard_normal((64, 8)).astype(np.float32)
+        generics = [op for op in walk(_after("fusion", scaled, a, b).operation) if op.name == "linalg.generic"]
+        self.assertLen(generics, 1)
+        support.check_against_xla(self, scaled, a, b)
+
     def test_gathered_producer_is_computed_at_the_gathered_elements(self):
         # A cross-entropy picks one log-probability per row: no log-softmax (nor x - max)
         # of the whole input; the log runs in the gather's body, once per row.

@@ -573,6 +573,31 @@ class VectorMathTest(parameterized.TestCase):
         np.testing.assert_array_equal(np.signbit(actual[numbers]), np.signbit(expected[numbers]))
 
 
+    def test_f32_pow(self):
+        # e^(y log|x|) in f64: within an ulp of the exact value over bases and exponents of
+        # both signs (results from 1e-30 to 1e30), no libm call left, and every pair of
+        # special values (zeros, ones, infinities, NaN, odd and even integers, halves) as XLA's
+        text = _staged(jnp.power, np.ones((4, 64), np.float32), np.ones((4, 64), np.float32), hw=AVX512)
+        self.assertNotRegex(text, r"math\.powf %\w+, %\w+ : vector")
+        rng = np.random.default_rng(14)
+        x = np.abs(rng.standard_normal(64_000)).astype(np.float32) * 20 + 1e-3
+        y = (rng.standard_normal(64_000) * 4).astype(np.float32)
+        x[::2] *= -1
+        y[::2] = np.round(y[::2])
+        x, y = x.reshape(250, 256), y.reshape(250, 256)
+        (actual,) = support.polyblocks(jnp.power, x, y)
+        reference = np.power(x.astype(np.float64), y.astype(np.float64))
+        finite = np.isfinite(reference) & (np.abs(reference) > 1e-30) & (np.abs(reference) < 1e30)
+        ulp = np.spacing(np.abs(reference[finite]).astype(np.float32)).astype(np.float64)
+        self.assertLess(np.max(np.abs(actual[finite] - reference[finite]) / ulp), 1.0)
+        np.testing.assert_array_equal(np.isnan(actual), np.isnan(reference))
+        values = np.float32([0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 3.0, -3.0, 1.5, -1.5, np.inf, -np.inf, np.nan, 1e30])
+        bases, exponents = np.repeat(values, 16).reshape(16, 16), np.tile(values, 16).reshape(16, 16)
+        (actual,), (expected,) = support.polyblocks(jnp.power, bases, exponents), support.xla_cpu(jnp.power, bases, exponents)
+        np.testing.assert_array_equal(actual, expected)
+        numbers = ~np.isnan(expected)
+        np.testing.assert_array_equal(np.signbit(actual[numbers]), np.signbit(expected[numbers]))
+
     def test_exp_ulps(self):
         # every normal result: within 2 ulps of the float64 value (the polynomial's own
         # error is 0.8 ulp on the reduced range; the reduction adds a little)

@@ -1,4 +1,4 @@
-"""Polynomial math on f32 and f64 vectors, in arith ops: exp, tanh and log.
+"""Polynomial math on f32 and f64 vectors, in arith ops: exp, tanh, log, and f32's pow.
 
 LLVM lowers a vector ``math.exp``, ``tanh`` or ``log`` to one libm call per lane
 (tanh: 23 times XLA's time on 2M elements); this build of MLIR has no
@@ -30,6 +30,9 @@ f64 takes the same steps with its own constants (``F64``): exp's polynomial Tayl
 r^13, log's f = m - 1 through 2 atanh(f / (2 + f)) (a series in s^2 <= 0.03), tanh clamped at
 20; within 2 ulps, where XLA's f64 exp is vectorized too and its tanh is 0.07x ours was before
 (libm per lane).
+
+- pow on f32: e^(y log|x|) by f64's log and exp, C's special cases by selects (a libm call
+  per lane was half an n-body step's time).
 
 log1p and expm1 arrive as identities on log and exp (stablehlo_import/elementwise.py).
 Scalar math (loops left scalar) keeps libm.
@@ -104,17 +107,22 @@ _CURRENT_ROUNDING = 4  # _MM_FROUND_CUR_DIRECTION: the rounding mode in MXCSR
 
 
 def expand_vector_math(module: ir.Module, scales_by_exponent: bool = False) -> None:
-    """Replace every ``math.exp``, ``tanh`` and ``log`` on an f32 or f64 vector with its
-    polynomial (exp's 2^n by VSCALEFPS / VSCALEFPD where ``scales_by_exponent``)."""
+    """Replace every ``math.exp``, ``tanh`` and ``log`` on an f32 or f64 vector, and
+    ``math.powf`` on an f32 one, with its polynomial (exp's 2^n by VSCALEFPS / VSCALEFPD
+    where ``scales_by_exponent``)."""
     expansions = {"math.exp": _exp, "math.tanh": _tanh, "math.log": _log}
-    for op in [o for o in walk(module.operation) if o.name in expansions]:
+    for op in [o for o in walk(module.operation) if o.name in expansions or o.name == "math.powf"]:
         vtype = op.results[0].type
         if not isinstance(vtype, ir.VectorType):
             continue
         fmt = next((f for t, f in _FORMATS.items() if isinstance(vtype.element_type, t)), None)
+        if op.name == "math.powf":  # f32 only: computed in f64 (f64's own stays libm's)
+            fmt = fmt if fmt is F32 else None
         if fmt is not None:
             with ir.InsertionPoint(op), op.location:
-                value = expansions[op.name](op.operands[0], _Vectors(vtype, fmt), scales_by_exponent)
+                v = _Vectors(vtype, fmt)
+                value = _pow(*op.operands, v) if op.name == "math.powf" else \
+                    expansions[op.name](op.operands[0], v, scales_by_exponent)
             op.results[0].replace_all_uses_with(value)
             op.erase()
 
@@ -182,6 +190,34 @@ def _log(x: ir.Value, v: _Vectors, _scales_by_exponent: bool = False) -> ir.Valu
     y = arith.select(arith.cmpf(F.OEQ, x, const(float("inf"))), x, y)
     y = arith.select(arith.cmpf(F.OEQ, x, const(0.0)), const(float("-inf")), y)
     return arith.select(arith.cmpf(F.ULT, x, const(0.0)), const(float("nan")), y)
+
+
+def _pow(x: ir.Value, y: ir.Value, v: _Vectors) -> ir.Value:
+    """x^y on f32 vectors as e^(y log|x|) in f64 (f64's log and exp, each within 2 f64
+    ulps: y log|x| keeps 2^-45 of relative error at |y log|x|| <= 104, the f32 range, so the
+    f32 result is rounded from within a hair of the exact value), then C's special cases:
+    x^0 = 1^y = 1 (NaN included), (-1)^(+-inf) = 1, a finite x < 0 to a non-integer y is NaN,
+    to an odd integer y negative (x = -0 and x = -inf too)."""
+    F, const = arith.CmpFPredicate, v.const
+    wide = _Vectors(ir.VectorType.get(v.vtype.shape, ir.F64Type.get()), F64)
+    r = _exp(arith.mulf(arith.extf(wide.vtype, y), _log(arith.extf(wide.vtype, math.absf(x)), wide)), wide, False)
+    r = arith.truncf(v.vtype, r)
+    integer = arith.cmpf(F.OEQ, math.floor(y), y)  # (infinities count: even)
+    half = arith.mulf(y, const(0.5))
+    odd = arith.andi(integer, arith.cmpf(F.ONE, math.floor(half), half))
+    negative = arith.cmpi(arith.CmpIPredicate.slt, arith.bitcast(v.itype, x), v.int(0))  # -0 too
+    r = arith.select(arith.andi(negative, odd), arith.negf(r), r)
+    finite_negative = arith.andi(arith.cmpf(F.OLT, x, const(0.0)), arith.cmpf(F.ONE, x, const(float("-inf"))))
+    r = arith.select(arith.andi(finite_negative, arith.xori(integer, _true(integer))), const(float("nan")), r)
+    one = arith.ori(arith.cmpf(F.OEQ, y, const(0.0)), arith.cmpf(F.OEQ, x, const(1.0)))
+    minus_one_to_inf = arith.andi(arith.cmpf(F.OEQ, x, const(-1.0)),
+                                  arith.cmpf(F.OEQ, math.absf(y), const(float("inf"))))
+    return arith.select(arith.ori(one, minus_one_to_inf), const(1.0), r)
+
+
+def _true(like: ir.Value) -> ir.Value:
+    """A vector of i1 ``true`` of ``like``'s type."""
+    return arith.constant(like.type, ir.DenseElementsAttr.get_splat(like.type, ir.BoolAttr.get(True)))
 
 
 def _exp(x: ir.Value, v: _Vectors, scales_by_exponent: bool) -> ir.Value:

@@ -14,7 +14,7 @@ from polyblocks_jax.passes.conv_tiling import convs_to_matmuls
 from polyblocks_jax.passes.copies import strided_copies_to_linalg
 from polyblocks_jax.passes.empty_loops import fold_empty_loops
 from polyblocks_jax.passes.fusion import fuse_elementwise
-from polyblocks_jax.passes.in_place import compute_in_place
+from polyblocks_jax.passes.in_place import compute_carried_in_place, compute_in_place
 from polyblocks_jax.passes.matrix_forms import inline_matrix_units, map_matrix_units, select_units
 from polyblocks_jax.passes.pipeline import Stage, run_stages
 from polyblocks_jax.passes.results import drop_aliased_results, prepare_results, reshaped_results_in_place
@@ -88,6 +88,9 @@ def shared_stages(options: Options, hardware: Hardware, small: bool = False, til
         # Reductions with their producers and consumers, epilogues with their convolution:
         # computed one tile at a time (one pass over memory per group).
         stages.append(Stage("tile-fusion", functools.partial(tile_and_fuse, hw=hardware)))
+    # Loop bodies' elementwise results over the carried values they replace, before the
+    # target's tiles would put them in loops apart from their remainders.
+    stages.append(Stage("carried-in-place", compute_carried_in_place))
     stages += tile_stages
     # The packed contractions sat in functions of their own, out of fusion's reach.
     stages.append(Stage("matrix-units-inline", inline_matrix_units))

@@ -20,9 +20,10 @@ from mlir.dialects import func
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.deferred_normalization import divide_after_contractions
-from polyblocks_jax.passes.gather_fusion import fuse_into_gathers
+from polyblocks_jax.passes.gather_fusion import fuse_into_gathers, read_own_elements_as_inputs
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.scaled_extrema import reduce_before_scaling
+from polyblocks_jax.passes.sibling_fusion import merge_siblings
 from polyblocks_jax.passes.sliced_producers import compute_moved_results
 from polyblocks_jax.passes.transform import apply_script, indexing_maps, is_elementwise_generic, walk
 from polyblocks_jax.passes.unit_dims import fold_collapsed_unit_dims
@@ -47,6 +48,7 @@ def fuse_elementwise(module: ir.Module, options: Options) -> None:
     into their consumers' operands and into the gathers that read them."""
     apply_script(module, _GENERALIZE_REDUCTIONS)
     fold_collapsed_unit_dims(module)
+    read_own_elements_as_inputs(module)
     _copy_shared_constant_broadcasts(module)
     compute_moved_results(module)
     _fuse_without_recomputing(module)
@@ -54,6 +56,9 @@ def fuse_elementwise(module: ir.Module, options: Options) -> None:
         _fuse_without_recomputing(module)
     if fuse_into_gathers(module):  # a producer the gathers read no more may have one use left
         pass_manager("builtin.module(canonicalize)", module.context).run(module.operation)
+        read_own_elements_as_inputs(module)  # the inputs of producers fused at the loops' indices
+        _fuse_without_recomputing(module)
+    if merge_siblings(module):  # the values the siblings shared have one consumer left
         _fuse_without_recomputing(module)
     divide_after_contractions(module)
     pass_manager("builtin.module(canonicalize, cse)", module.context).run(module.operation)
@@ -71,7 +76,8 @@ def recomputes(producer: ir.Operation, consumer: ir.Operation, operand: int) -> 
     """Whether fusing ``producer`` (an elementwise generic) into ``consumer`` as its operand
     ``operand`` would repeat the producer's work: the consumer is a named op (fusion would
     make it a generic, hiding it from the matmul and convolution tiling) or it has a
-    parallel loop that does not index this operand. Pure data movement (a body that yields an
+    parallel loop that does not index this operand (for an elementwise consumer, where the
+    producer costs more than reading its result back). Pure data movement (a body that yields an
     input: broadcast, transpose) is free to fuse into generics."""
     if consumer.name != "linalg.generic":
         return consumer.name.startswith("linalg.") and consumer.name not in ("linalg.fill", "linalg.copy")
@@ -79,11 +85,29 @@ def recomputes(producer: ir.Operation, consumer: ir.Operation, operand: int) -> 
     if len(body) == 1:
         return False
     iterators = str(consumer.attributes["iterator_types"]).split(",")
-    if not any("reduction" in it for it in iterators):
-        return False
     used = indexing_maps(consumer)[operand]
     dims = {e.position for e in used.results if isinstance(e, ir.AffineDimExpr)}
-    return any("parallel" in it and d not in dims for d, it in enumerate(iterators))
+    broadcast = any("parallel" in it and d not in dims for d, it in enumerate(iterators))
+    if not any("reduction" in it for it in iterators):
+        # An elementwise consumer reading it broadcast computes it again per element it
+        # broadcasts to: cheaper than a load where the body is a few operations (x - mean),
+        # not where it calls a math function (an n-body step's pow per pair, 3 times).
+        return broadcast and _body_cost(body) > RECOMPUTE_BUDGET
+    return broadcast
+
+
+# Operations per element of the math functions, as the host computes them (polynomials of
+# 15-25 operations for exp, log, tanh; pow and the rest a libm call each).
+_MATH_COST = 20
+_CHEAP_MATH = ("math.sqrt", "math.rsqrt", "math.absf", "math.absi", "math.floor", "math.ceil", "math.copysign",
+               "math.fma", "math.roundeven", "math.round", "math.trunc")
+
+
+def _body_cost(body: list) -> int:
+    """Operations per element of a generic's body (its ops but the yield), each math
+    function but the cheap ones counted as ``_MATH_COST``."""
+    return sum(_MATH_COST if op.name.startswith("math.") and op.name not in _CHEAP_MATH else 1
+               for op in body[:-1])
 
 
 def _copy_shared_constant_broadcasts(module: ir.Module) -> None:

@@ -22,7 +22,7 @@ import math
 from mlir import ir
 from mlir.dialects import arith, tensor
 
-from polyblocks_jax.passes.transform import indexing_maps, is_elementwise_generic, walk
+from polyblocks_jax.passes.transform import constant_index, indexing_maps, is_elementwise_generic, rebuild_generic, walk
 
 
 def fuse_into_gathers(module: ir.Module) -> bool:
@@ -124,3 +124,114 @@ def _element(value: ir.Value, m: ir.AffineMap, indices: list[ir.Value]) -> ir.Va
     at = [indices[e.position] if isinstance(e, ir.AffineDimExpr)
           else arith.constant(ir.IndexType.get(), ir.AffineConstantExpr(e).value) for e in m.results]
     return tensor.extract(value, at)
+
+
+def read_own_elements_as_inputs(module: ir.Module) -> None:
+    """A ``tensor.extract`` at a generic's own loop indices (an imported gather reads its
+    index tensor that way; fusion into gathers extracts the producer's inputs at them) is a
+    plain read: the tensor becomes an input of the generic. Upstream fusion then fuses its
+    producer, the vectorizer loads it as a vector, and bufferization sees it read only at
+    the element the op writes, so the op may compute in place over it."""
+    for op in [op for op in walk(module.operation) if op.name == "linalg.generic"]:
+        reads = [(inner, *read) for inner in op.regions[0].blocks[0].operations
+                 if inner.name == "tensor.extract" and (read := _own_read(inner, op)) is not None]
+        if reads:
+            _as_inputs(op, reads)
+
+
+def _own_read(extract: ir.Operation, generic: ir.Operation) -> tuple[ir.Value, ir.AffineMap] | None:
+    """The tensor ``extract`` reads and the indexing map of that read, where it reads it at
+    ``generic``'s loop indices, each element in one iteration; None otherwise. A unit dim read
+    at 0 (an (n, 1) index tensor's) is read from the tensor it expands."""
+    value = extract.operands[0]
+    source = ir.RankedTensorType(value.type)
+    if not source.has_static_shape:
+        return None
+    extents = _extents(generic)
+    dims: list[int | None] = []
+    for index, size in zip(list(extract.operands)[1:], source.shape):
+        owner = index.owner
+        if not isinstance(owner, ir.OpView):
+            return None
+        if owner.operation.name == "linalg.index" and owner.operation.parent == generic:
+            dims.append(ir.IntegerAttr(owner.operation.attributes["dim"]).value)
+            if extents.get(dims[-1]) != size:
+                return None
+        elif size == 1 and constant_index(index) == 0:
+            dims.append(None)
+        else:
+            return None
+    looped = [d for d in dims if d is not None]
+    rank = indexing_maps(generic)[0].n_dims
+    # Each element read by one iteration only: as an input, a value read by several (a
+    # broadcast) would have its producer fused and computed again at each.
+    if len(set(looped)) != len(looped) or len(extents) != rank or \
+            any(n != 1 for d, n in extents.items() if d not in looped):
+        return None
+    expanded = _unit_dims_source(value)
+    if expanded is not None:  # (a map reading a unit dim at a constant the vectorizer rejects)
+        value, dims = expanded, [d for d, n in zip(dims, source.shape) if n != 1]
+    if None in dims:
+        return None
+    return value, ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(d) for d in dims])
+
+
+def _unit_dims_source(value: ir.Value) -> ir.Value | None:
+    """The tensor that ``value`` expands by unit dims only (an (n, 1) index tensor made of
+    (n,), by expand_shape or broadcast), or None."""
+    owner = value.owner
+    if not isinstance(owner, ir.OpView) or not (owner.operation.name == "tensor.expand_shape"
+                                                or _broadcasts_to_unit_dims(owner.operation)):
+        return None
+    source = owner.operation.operands[0]
+    shape = [n for n in ir.RankedTensorType(value.type).shape if n != 1]
+    return source if list(ir.RankedTensorType(source.type).shape) == shape else None
+
+
+def _broadcasts_to_unit_dims(op: ir.Operation) -> bool:
+    """A generic copying its one input into a result of the same dims and unit dims between
+    them (broadcast_in_dim of (n,) to (n, 1)), in order."""
+    if not is_elementwise_generic(op) or len(op.operands) != 2:
+        return False
+    body = list(op.regions[0].blocks[0].operations)
+    maps = indexing_maps(op)
+    kept = [e.position for e in maps[0].results if isinstance(e, ir.AffineDimExpr)]
+    shape = ir.RankedTensorType(op.results[0].type).shape
+    return (len(body) == 1 and list(body[0].operands) == [op.regions[0].blocks[0].arguments[0]]
+            and maps[1] == ir.AffineMap.get_identity(maps[1].n_dims) and len(kept) == len(maps[0].results)
+            and kept == sorted(kept) and all(shape[d] == 1 for d in range(len(shape)) if d not in kept))
+
+
+def _extents(generic: ir.Operation) -> dict[int, int]:
+    """The extent of each loop of ``generic`` that an operand indexes plainly."""
+    extents: dict[int, int] = {}
+    for value, m in zip(generic.operands, indexing_maps(generic)):
+        if isinstance(value.type, ir.RankedTensorType):
+            for e, size in zip(m.results, ir.RankedTensorType(value.type).shape):
+                if isinstance(e, ir.AffineDimExpr):
+                    extents.setdefault(e.position, size)
+    return extents
+
+
+def _as_inputs(op: ir.Operation, reads: list[tuple[ir.Operation, ir.Value, ir.AffineMap]]) -> None:
+    """``op`` rebuilt with the tensors of ``reads`` as inputs (one per tensor and map, an
+    input it has already reused), each extract replaced by its input's element."""
+    n_outputs = len(op.results)
+    n_inputs = len(op.operands) - n_outputs
+    maps = indexing_maps(op)
+    inputs, input_maps = list(op.operands)[:n_inputs], maps[:n_inputs]
+    positions = []
+    for _, value, m in reads:
+        position = next((k for k, (v, mm) in enumerate(zip(inputs, input_maps)) if v == value and mm == m), None)
+        if position is None:
+            inputs.append(value)
+            input_maps.append(m)
+            position = len(inputs) - 1
+        positions.append(position)
+    outputs = list(op.operands)[n_inputs:]
+    arguments = list(range(n_inputs)) + list(range(len(inputs), len(inputs) + n_outputs))
+    new = rebuild_generic(op, inputs, outputs, input_maps + maps[n_inputs:], arguments)
+    block = new.regions[0].blocks[0]
+    for (extract, _, _), position in zip(reads, positions):
+        extract.results[0].replace_all_uses_with(block.arguments[position])
+        extract.erase()

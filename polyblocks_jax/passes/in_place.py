@@ -26,7 +26,8 @@ from mlir.dialects import func, tensor
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.contexts import pass_manager
-from polyblocks_jax.passes.results import forall_into, generic_into, is_empty_tensor
+from polyblocks_jax.passes.results import forall_into, generic_into, is_empty_tensor, uses_within
+from polyblocks_jax.passes.transform import indexing_maps, rebuild_generic
 
 _RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")
 _STATIC = ("static_offsets", "static_sizes", "static_strides")
@@ -54,11 +55,17 @@ def compute_in_place(module: ir.Module, options: Options) -> None:
             ops = [op.operation for op in block.operations]
             for op in ops:
                 into = _WRITERS.get(op.name)
-                if into is None or len(op.results) != 1 or _returned(op.results[0]):
+                if into is None or (len(op.results) != 1 and op.name != "linalg.generic"):
                     continue
-                for value in _inputs(op, block):
-                    if value.type == op.results[0].type and _computed(value, fn) and into(op, 0, value):
-                        break
+                taken: set[ir.Value] = set()  # each input serves one result at most
+                for result, value in enumerate(op.results):
+                    if _returned(value):
+                        continue
+                    for source in _inputs(op, block, _carried(value)):
+                        if source.type == value.type and source not in taken and _computed(source, fn) \
+                                and into(op, result, source):
+                            taken.add(source)
+                            break
             # The last insert first: a concatenation into a padded copy, then its parts into it.
             inserts = [op for op in ops if op.name == "tensor.insert_slice"]
             for op in reversed(inserts):
@@ -66,6 +73,50 @@ def compute_in_place(module: ir.Module, options: Options) -> None:
             concatenated = concatenated or any(_is_insert(op.operands[1]) for op in inserts)
     if concatenated:
         pass_manager("builtin.module(eliminate-empty-tensors)", module.context).run(module.operation)
+
+
+def compute_carried_in_place(module: ir.Module, options: Options) -> None:
+    """Give each all-parallel generic in a loop's body whose result the body yields as a
+    carried value, and which reads that value element for element, the value as destination.
+    Before vectorization: its tiles then carry that tensor, and a peeled remainder writes
+    into it too, where after it the in-place stage finds a tiled loop and a remainder apart.
+    Computed over the carried buffer, the loop needs no fresh buffer and no copy per
+    iteration (a while loop copies each carried value whose body yields another buffer)."""
+    if not options.arena:
+        return
+    for fn in module.body.operations:
+        if not isinstance(fn, func.FuncOp) or fn.is_external:
+            continue
+        for block in _blocks(fn.entry_block)[1:]:
+            for op in [op.operation for op in block.operations if op.operation.name == "linalg.generic"]:
+                for result in range(len(op.results)):
+                    carried = _carried(op.results[result])
+                    if carried is not None and carried in _inputs(op, block):
+                        op = _carried_into(op, result, carried)
+
+
+def _carried_into(op: ir.Operation, result: int, carried: ir.Value) -> ir.Operation:
+    """``op`` computing its result ``result`` over ``carried``, an input it reads through that
+    result's indexing map only, where nothing after it reads ``carried``: the input's reads
+    become reads of the output (its initial value), so that the tiles of the op and a peeled
+    remainder read the slice they write (reading the input, each would read the value from
+    before the loop, which bufferization then copies); returns the op, rebuilt or not."""
+    outs = len(op.results)
+    n_inputs = len(op.operands) - outs
+    maps = indexing_maps(op)
+    init = n_inputs + result
+    parallel = all("parallel" in str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"]))
+    read = [i for i in range(n_inputs) if op.operands[i] == carried]
+    if not (parallel and is_empty_tensor(op.operands[init]) and all(maps[i] == maps[init] for i in read)) \
+            or uses_within(carried, op) != []:
+        return op
+    inputs = [v for i, v in enumerate(list(op.operands)[:n_inputs]) if i not in read]
+    outputs = list(op.operands)[n_inputs:]
+    outputs[result] = carried
+    kept = [i for i in range(n_inputs) if i not in read]
+    arguments = [len(inputs) + result if i in read else kept.index(i) for i in range(n_inputs)]
+    arguments += list(range(len(inputs), len(inputs) + outs))
+    return rebuild_generic(op, inputs, outputs, [maps[i] for i in kept] + maps[n_inputs:], arguments)
 
 
 def _blocks(block: ir.Block) -> list[ir.Block]:
@@ -80,14 +131,41 @@ def _blocks(block: ir.Block) -> list[ir.Block]:
     return blocks
 
 
-def _inputs(op: ir.Operation, block: ir.Block) -> list[ir.Value]:
-    """The values ``op`` could write over: a generic's inputs; the values of ``block`` that
-    a loop slices directly in its body (``forall_into`` takes no other reads)."""
+def _inputs(op: ir.Operation, block: ir.Block, first: ir.Value | None = None) -> list[ir.Value]:
+    """The values ``op`` could write over, ``first`` first where it is one: a generic's
+    inputs; the values of ``block`` that a loop slices directly in its body (``forall_into``
+    takes no other reads)."""
     if op.name == "linalg.generic":
-        return list(dict.fromkeys(list(op.operands)[:len(op.operands) - 1]))
+        inputs = list(op.operands)[:len(op.operands) - len(op.results)]
+        return list(dict.fromkeys([first] * (first is not None and first in inputs) + inputs))
     sources = (inner.operands[0] for inner in op.regions[0].blocks[0].operations
                if inner.name == "tensor.extract_slice")
     return list(dict.fromkeys(v for v in sources if _block_of(v) == block))
+
+
+def _carried(value: ir.Value) -> ir.Value | None:
+    """The loop-carried value that ``value`` (through reshapes) replaces, where a loop body
+    yields it: written over that value, the loop's buffer is updated in place, while another
+    carried value of the same type as destination would make bufferization copy both."""
+    while True:
+        uses = list(value.uses)
+        if len(uses) != 1:
+            return None
+        user = uses[0].owner
+        if user.name not in _RESHAPES:
+            break
+        value = user.results[0]
+    loop, position = user.parent, uses[0].operand_number
+    if user.name != "scf.yield" or loop.name not in ("scf.for", "scf.while"):
+        return None
+    if loop.name == "scf.for":
+        return loop.regions[0].blocks[0].arguments[1 + position]
+    # A while loop's yield feeds its condition block, which hands the body its arguments.
+    before, after = (region.blocks[0] for region in loop.regions)
+    condition = list(before.operations)[-1]
+    forwarded = list(condition.operands)[1:]
+    argument = before.arguments[position]
+    return after.arguments[forwarded.index(argument)] if argument in forwarded else None
 
 
 def _produce_into_padding(insert: ir.Operation) -> None:

@@ -31,7 +31,7 @@ def isolate(ops: list[ir.Operation], name: str,
     inside = set(nested)
     external = _external(nested)
     passed = [v for v in external if not clonable(v)]
-    with ir.InsertionPoint(last.parent.parent.regions[0].blocks[0]):  # the module's end
+    with ir.InsertionPoint(_module(last).regions[0].blocks[0]):  # the module's end
         function = func.FuncOp(name, ([v.type for v in passed], [r.type for r in results]),
                                visibility="private")
     with ir.InsertionPoint(last):
@@ -50,6 +50,13 @@ def isolate(ops: list[ir.Operation], name: str,
         op.move_before(returned)
     _replace_operands(inside, replacement)
     return call.operation, function.operation
+
+
+def _module(op: ir.Operation) -> ir.Operation:
+    """The module holding ``op`` (its function's parent, or further out for a loop's op)."""
+    while op.name != "builtin.module":
+        op = op.parent
+    return op
 
 
 def clonable(value: ir.Value) -> bool:

@@ -268,7 +268,7 @@ def forall_into(loop: ir.Operation, result: int, arg: ir.Value) -> bool:
     inserts = [op for op in terminator.regions[0].blocks[0].operations if op.operands[1] == shared]
     if len(inserts) != 1:
         return False
-    reads = _uses_within(arg, loop)
+    reads = uses_within(arg, loop)
     if reads is None or not all(_reads_inserted_slice(use, body, inserts[0]) for use in reads):
         return False
     loop.operands[len(loop.operands) - outs + result] = arg
@@ -285,13 +285,13 @@ def generic_into(op: ir.Operation, result: int, arg: ir.Value) -> bool:
     maps = indexing_maps(op)
     parallel = all("parallel" in str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"]))
     same_map = all(maps[i] == maps[init_index] for i, v in enumerate(op.operands) if v == arg)
-    if not (parallel and same_map and is_empty_tensor(op.operands[init_index])) or _uses_within(arg, op) != []:
+    if not (parallel and same_map and is_empty_tensor(op.operands[init_index])) or uses_within(arg, op) != []:
         return False
     op.operands[init_index] = arg
     return True
 
 
-def _uses_within(arg: ir.Value, op: ir.Operation) -> list[ir.Operation] | None:
+def uses_within(arg: ir.Value, op: ir.Operation) -> list[ir.Operation] | None:
     """The ops nested in ``op`` that use ``arg``; None when an op after ``op`` (in its block)
     uses it too."""
     inside = []

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import func, tensor
+from mlir.dialects import func, linalg, tensor
 from mlir.dialects.transform import interpreter
 
 from polyblocks_jax import llvm_options
@@ -97,6 +97,32 @@ def move_body(source: ir.Operation, target: ir.Operation) -> None:
     point = ir.InsertionPoint(new)
     for body_op in list(old.operations):
         point.insert(body_op.operation.detach_from_parent())
+
+
+def rebuild_generic(op: ir.Operation, inputs: list[ir.Value], outputs: list[ir.Value], maps: list[ir.AffineMap],
+                    arguments: list[int]) -> ir.Operation:
+    """``op`` (a linalg.generic: its iterators, attributes and body) over ``inputs`` and
+    ``outputs`` read through ``maps``, each argument of its body replaced by the new body's
+    argument ``arguments[i]``; its results replaced by the new op's, and erased."""
+    with ir.InsertionPoint(op), op.location:
+        new = linalg.GenericOp([v.type for v in outputs], inputs, outputs,
+                               ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+                               op.attributes["iterator_types"])
+    for name in op.attributes:
+        if name not in ("indexing_maps", "iterator_types", "operandSegmentSizes"):
+            new.operation.attributes[name] = op.attributes[name]
+    old = op.regions[0].blocks[0]
+    block = new.regions[0].blocks.append(*[ir.ShapedType(v.type).element_type if isinstance(v.type, ir.ShapedType)
+                                           else v.type for v in inputs + outputs])
+    for argument, k in zip(old.arguments, arguments):
+        argument.replace_all_uses_with(block.arguments[k])
+    point = ir.InsertionPoint(block)
+    for inner in list(old.operations):
+        point.insert(inner.operation.detach_from_parent())
+    for r, s in zip(op.results, new.results):
+        r.replace_all_uses_with(s)
+    op.erase()
+    return new.operation
 
 
 # Float max and min: exact, one of their operands (NaN aside), in any order.

@@ -17,27 +17,30 @@ from mlir import ir
 from polyblocks_jax.passes.isolated_functions import isolate
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.templates import inline_call
-from polyblocks_jax.passes.transform import is_elementwise_generic
+from polyblocks_jax.passes.transform import is_elementwise_generic, walk
 
 # Each round folds the producers that the previous round left collapsed: chains of
 # elementwise ops between two reshapes are short. (The bound also stops an op that the
 # upstream pass leaves as it was.)
 _ROUNDS = 4
+# The ops of a function, of a loop's or a branch's body (a binary search's step gathers
+# (n, 1) values in a while loop), not those the stages before put in loops of tiles.
+_BLOCKS_OF_THE_PROGRAM = ("func.func", "scf.while", "scf.if")
 
 
 def fold_collapsed_unit_dims(module: ir.Module) -> None:
-    """Fold the unit dims out of each top-level elementwise generic whose result is only
+    """Fold the unit dims out of each elementwise generic of the program whose result is only
     read through collapse_shapes dropping them; again for the producers that this leaves
     read through collapse_shapes in turn."""
     fold = pass_manager("func.func(linalg-fold-unit-extent-dims)", module.context)
     cleanup = pass_manager("builtin.module(canonicalize)", module.context)
     for _ in range(_ROUNDS):
-        candidates = [op for function in module.body.operations if function.operation.name == "func.func"
-                      for op in function.regions[0].blocks[0].operations if _collapsed_everywhere(op.operation)]
+        candidates = [op for op in walk(module.operation)
+                      if op.parent.name in _BLOCKS_OF_THE_PROGRAM and _collapsed_everywhere(op)]
         if not candidates:
             return
         for number, op in enumerate(candidates):
-            call, function = isolate([op.operation], f"polyblocks_unit_dims_{number}")
+            call, function = isolate([op], f"polyblocks_unit_dims_{number}")
             fold.run(function)
             inline_call(call, function)
         cleanup.run(module.operation)  # collapse(expand(x)) -> x
