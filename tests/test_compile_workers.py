@@ -180,6 +180,28 @@ class ScriptTest(absltest.TestCase):
         self.assertEqual(done.stdout, "1\n")
 
 
+class ParentWatchTest(absltest.TestCase):
+    def test_a_worker_ends_with_its_parent_mid_compile(self):
+        # a compile holds Python's lock for seconds, and a killed caller left its worker
+        # compiling for 40 minutes: a thread of C watches the job pipe
+        job_out, job_in = os.pipe()
+        script = textwrap.dedent(f"""
+            from polyblocks_jax.compile_workers import worker
+            worker._exit_with_parent({job_out})
+            print("watching", flush=True)
+            while True:  # a long compile: this thread never lets go
+                pass
+        """)
+        child = subprocess.Popen([sys.executable, "-c", script], pass_fds=(job_out,), stdout=subprocess.PIPE, text=True)
+        os.close(job_out)
+        self.assertEqual(child.stdout.readline(), "watching\n")
+        os.close(job_in)  # the parent's end goes, as when the parent exits
+        try:
+            self.assertEqual(child.wait(timeout=30), 3)
+        finally:
+            child.kill()
+
+
 class ErrorTest(absltest.TestCase):
     def test_an_error_keeps_its_type_message_and_fields(self):
         program = """

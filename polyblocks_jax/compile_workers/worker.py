@@ -8,14 +8,18 @@ with the options it is handed. A "host" worker runs the host's LLVM in its own p
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import subprocess
 import sys
 
+from polyblocks_jax import native_build
 from polyblocks_jax.compile_workers import protocol
 from polyblocks_jax.options import Options
 
 
 def main(requests_fd: int, replies_fd: int, stage_fd: int, kind: str) -> None:
+    _exit_with_parent(requests_fd)
     requests, replies = protocol.reader(requests_fd), protocol.writer(replies_fd)
     stage = protocol.StageSlot(stage_fd)
     os.close(stage_fd)  # mapped
@@ -33,6 +37,17 @@ def main(requests_fd: int, replies_fd: int, stage_fd: int, kind: str) -> None:
         except EOFError:  # the parent closed the pipe, or exited
             return
         replies.send(_compile(in_process, job, stage.write))
+
+
+def _exit_with_parent(requests_fd: int) -> None:
+    """End this process when its parent closes the job pipe or ends, mid-compile too
+    (parent_watch.c); where the watcher cannot be built, the worker ends between jobs."""
+    try:
+        library = ctypes.CDLL(native_build.shared_library(
+            os.path.join(os.path.dirname(__file__), "parent_watch.c"), "parent_watch", ["-lpthread"]))
+    except (OSError, subprocess.SubprocessError):
+        return
+    library.pb_exit_with_parent(ctypes.c_int(requests_fd))
 
 
 # A matmul, an elementwise op and a reduction: what most programs' first compile meets.
