@@ -25,7 +25,8 @@ from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.scaled_extrema import reduce_before_scaling
 from polyblocks_jax.passes.sibling_fusion import merge_siblings
 from polyblocks_jax.passes.sliced_producers import compute_moved_results
-from polyblocks_jax.passes.transform import apply_script, indexing_maps, is_elementwise_generic, walk
+from polyblocks_jax.passes.transform import (apply_script, indexing_maps, is_elementwise_generic, nested_in,
+                                             use_through_reshapes, walk)
 from polyblocks_jax.passes.unit_dims import fold_collapsed_unit_dims
 
 _GENERALIZE_REDUCTIONS = """
@@ -36,7 +37,6 @@ module attributes {transform.with_named_sequence} {
     transform.yield
   }
 }"""
-_RESHAPES = ("tensor.collapse_shape", "tensor.expand_shape")
 _KEEP = "polyblocks_fusion_keep"  # prefix of the callees of the temporary uses
 # Operations per element a copy of a function of constants may compute at each use: about
 # what reading the shared tensor back costs (a load, its address, a cache miss's share).
@@ -158,17 +158,8 @@ def _reads_variables_from_above(op: ir.Operation) -> bool:
         for value in inner.operands:
             owner = value.owner
             defining = (owner.owner if isinstance(owner, ir.Block) else owner).operation
-            if defining.name != "arith.constant" and not _nested_in(defining, op):
+            if defining.name != "arith.constant" and not nested_in(defining, op):
                 return True
-    return False
-
-
-def _nested_in(inner: ir.Operation, op: ir.Operation) -> bool:
-    while inner is not None:
-        if inner == op:
-            return True
-        parent = inner.parent
-        inner = None if parent is None else parent.operation
     return False
 
 
@@ -180,25 +171,13 @@ def _keep_recomputing_producers(module: ir.Module) -> list[ir.Operation]:
     for op in list(walk(module.operation)):
         if not is_elementwise_generic(op):
             continue
-        use = _final_use(op.results[0])
-        if use is not None and recomputes(op, *use):
+        found = use_through_reshapes(op.results[0])
+        if found is not None and recomputes(op, found[0].owner, found[0].operand_number):
             value = op.results[0]
             callee = _declaration(module, declared, value.type)
             with ir.InsertionPoint.after(op), op.location:
                 keepers.append(func.CallOp([], ir.FlatSymbolRefAttr.get(callee), [value]).operation)
     return keepers + [declared[name] for name in declared]
-
-
-def _final_use(value: ir.Value) -> tuple[ir.Operation, int] | None:
-    """The one consumer of ``value`` (through single-use reshapes) and the operand index."""
-    while True:
-        uses = list(value.uses)
-        if len(uses) != 1:
-            return None
-        user = uses[0].owner
-        if user.name not in _RESHAPES:
-            return user, uses[0].operand_number
-        value = user.results[0]
 
 
 def _declaration(module: ir.Module, declared: dict[str, ir.Operation], arg: ir.Type) -> str:

@@ -22,7 +22,8 @@ import math
 from mlir import ir
 from mlir.dialects import arith, tensor
 
-from polyblocks_jax.passes.transform import constant_index, indexing_maps, is_elementwise_generic, rebuild_generic, walk
+from polyblocks_jax.passes.transform import (constant_index, indexing_maps, input_position, is_elementwise_generic,
+                                             rebuild_generic, walk)
 
 
 def fuse_into_gathers(module: ir.Module) -> bool:
@@ -85,13 +86,7 @@ def _moves_data(block: ir.Block) -> bool:
 
 def _iterations(generic: ir.Operation) -> int:
     """A linalg.generic's iteration count: the extent of each loop, from its operands."""
-    extents: dict[int, int] = {}
-    for value, m in zip(generic.operands, indexing_maps(generic)):
-        if isinstance(value.type, ir.RankedTensorType):
-            for e, size in zip(m.results, ir.RankedTensorType(value.type).shape):
-                if isinstance(e, ir.AffineDimExpr):
-                    extents.setdefault(e.position, size)
-    return math.prod(extents.values())
+    return math.prod(_extents(generic).values())
 
 
 def _compute_at(extract: ir.Operation, producer: ir.Operation) -> None:
@@ -222,12 +217,7 @@ def _as_inputs(op: ir.Operation, reads: list[tuple[ir.Operation, ir.Value, ir.Af
     inputs, input_maps = list(op.operands)[:n_inputs], maps[:n_inputs]
     positions = []
     for _, value, m in reads:
-        position = next((k for k, (v, mm) in enumerate(zip(inputs, input_maps)) if v == value and mm == m), None)
-        if position is None:
-            inputs.append(value)
-            input_maps.append(m)
-            position = len(inputs) - 1
-        positions.append(position)
+        positions.append(input_position(inputs, input_maps, value, m))
     outputs = list(op.operands)[n_inputs:]
     arguments = list(range(n_inputs)) + list(range(len(inputs), len(inputs) + n_outputs))
     new = rebuild_generic(op, inputs, outputs, input_maps + maps[n_inputs:], arguments)

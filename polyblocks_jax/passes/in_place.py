@@ -27,9 +27,8 @@ from mlir.dialects import func, tensor
 from polyblocks_jax.options import Options
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.results import forall_into, generic_into, is_empty_tensor, uses_within
-from polyblocks_jax.passes.transform import indexing_maps, rebuild_generic
+from polyblocks_jax.passes.transform import RESHAPES, indexing_maps, rebuild_generic, use_through_reshapes
 
-_RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")
 _STATIC = ("static_offsets", "static_sizes", "static_strides")
 _RESULT_USERS = ("func.return", "bufferization.materialize_in_destination", "bufferization.alloc_tensor")
 # Loops whose bodies are searched too, by the index of their first body region (scf.while's
@@ -152,15 +151,11 @@ def _carried(value: ir.Value) -> ir.Value | None:
     """The loop-carried value that ``value`` (through reshapes) replaces, where a loop body
     yields it: written over that value, the loop's buffer is updated in place, while another
     carried value of the same type as destination would make bufferization copy both."""
-    while True:
-        uses = list(value.uses)
-        if len(uses) != 1:
-            return None
-        user = uses[0].owner
-        if user.name not in _RESHAPES:
-            break
-        value = user.results[0]
-    loop, position = user.parent, uses[0].operand_number
+    found = use_through_reshapes(value)
+    if found is None:
+        return None
+    user, position = found[0].owner, found[0].operand_number
+    loop = user.parent
     if user.name != "scf.yield" or loop.name not in ("scf.for", "scf.while"):
         return None
     if loop.name == "scf.for":
@@ -242,14 +237,14 @@ def _is_insert(value: ir.Value) -> bool:
 def _returned(value: ir.Value) -> bool:
     """Whether ``value`` is (a reshape of) a result: it gets the caller's buffer, or a
     donated argument's (``results.py``), not an input's."""
-    return any(use.owner.name in _RESULT_USERS or (use.owner.name in _RESHAPES and _returned(use.owner.results[0]))
+    return any(use.owner.name in _RESULT_USERS or (use.owner.name in RESHAPES and _returned(use.owner.results[0]))
                for use in value.uses)
 
 
 def _computed(value: ir.Value, fn: func.FuncOp) -> bool:
     """Whether ``value`` is an op's result (through reshapes) other than a constant's, or a
     loop's carried value (an argument of a loop body, not of the function)."""
-    while not isinstance(value.owner, ir.Block) and value.owner.name in _RESHAPES:
+    while not isinstance(value.owner, ir.Block) and value.owner.name in RESHAPES:
         value = value.owner.operands[0]
     if isinstance(value.owner, ir.Block):
         return value.owner != fn.entry_block

@@ -18,7 +18,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import linalg
 
-from polyblocks_jax.passes.transform import indexing_maps, walk
+from polyblocks_jax.passes.transform import indexing_maps, input_position, nested_in, walk
 
 
 def merge_siblings(module: ir.Module) -> bool:
@@ -98,7 +98,7 @@ def _anchor(first: ir.Operation, second: ir.Operation, order: dict[ir.Operation,
             owner = value.owner
             defining = owner.owner.operation if isinstance(owner, ir.Block) else owner.operation
             ancestor = _in_block(defining, first.block)
-            if ancestor is not None and ancestor != second and not _nested(ancestor, second) \
+            if ancestor is not None and ancestor != second and not nested_in(ancestor, second) \
                     and order[ancestor] >= order[first]:
                 return None
     return first
@@ -113,15 +113,6 @@ def _in_block(op: ir.Operation, block: ir.Block) -> ir.Operation | None:
     return None
 
 
-def _nested(inner: ir.Operation, op: ir.Operation) -> bool:
-    while inner is not None:
-        if inner == op:
-            return True
-        parent = inner.parent
-        inner = None if parent is None else parent.operation
-    return False
-
-
 def _merge(first: ir.Operation, second: ir.Operation, anchor: ir.Operation) -> None:
     """One generic computing ``first``'s results, then ``second``'s, placed before ``anchor``."""
     inputs: list[ir.Value] = []
@@ -131,12 +122,7 @@ def _merge(first: ir.Operation, second: ir.Operation, anchor: ir.Operation) -> N
         n_inputs = len(op.operands) - len(op.results)
         own = []
         for value, m in zip(list(op.operands)[:n_inputs], indexing_maps(op)):
-            shared = next((k for k, (v, mm) in enumerate(zip(inputs, maps)) if v == value and mm == m), None)
-            if shared is None:
-                inputs.append(value)
-                maps.append(m)
-                shared = len(inputs) - 1
-            own.append(shared)
+            own.append(input_position(inputs, maps, value, m))
         positions.append(own)
     outputs = [v for op in (first, second) for v in list(op.operands)[len(op.operands) - len(op.results):]]
     output_maps = [m for op in (first, second) for m in indexing_maps(op)[len(op.operands) - len(op.results):]]

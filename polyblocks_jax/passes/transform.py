@@ -48,6 +48,42 @@ def producer(value: ir.Value, name: str) -> ir.Operation | None:
     return None
 
 
+def nested_in(inner: ir.Operation, op: ir.Operation) -> bool:
+    """Whether ``inner`` is ``op`` or an op inside it."""
+    while inner is not None:
+        if inner == op:
+            return True
+        parent = inner.parent
+        inner = None if parent is None else parent.operation
+    return False
+
+
+RESHAPES = ("tensor.collapse_shape", "tensor.expand_shape")
+
+
+def use_through_reshapes(value: ir.Value) -> tuple[ir.OpOperand, ir.Value] | None:
+    """The one use of ``value`` past single-use reshapes, and the value it uses (``value`` or
+    its last reshape); None where a value on the way has several uses or none."""
+    while True:
+        uses = list(value.uses)
+        if len(uses) != 1:
+            return None
+        if uses[0].owner.name not in RESHAPES:
+            return uses[0], value
+        value = uses[0].owner.results[0]
+
+
+def input_position(inputs: list[ir.Value], maps: list[ir.AffineMap], value: ir.Value, map_: ir.AffineMap) -> int:
+    """The position of the input ``value`` read through ``map_`` among ``inputs`` (with their
+    ``maps``), both appended where it is not one yet: a generic reads each pair once."""
+    position = next((k for k, (v, m) in enumerate(zip(inputs, maps)) if v == value and m == map_), None)
+    if position is None:
+        inputs.append(value)
+        maps.append(map_)
+        position = len(inputs) - 1
+    return position
+
+
 def identity_layout(type_: ir.MemRefType) -> bool:
     """Whether ``type_``'s layout is the identity map: a contiguous, row-major buffer."""
     layout = type_.layout
