@@ -299,7 +299,11 @@ class ArenaTest(absltest.TestCase):
         x, y = np.ones((512, 1024), np.float32), np.ones((1024, 512), np.float32)
         allocs = allocs_before_arena(jnp.matmul, x, y)
         self.assertEmpty([a for a in allocs if a[0] and a[1] >= 64 << 10])
-        self.assertLen([size for inside, size in allocs if not inside], 2)  # a matmul has no other intermediates
+        # B panels and A blocks (with a vector width that leaves a remainder of rows, A's
+        # remainder block too); a matmul has no other intermediates
+        self.assertBetween(len([a for a in allocs if not a[0]]), 2, 3)
+        self.assertEmpty([a for a in allocs_before_arena(jnp.matmul, x, y, options=pb.Options(packing=False))
+                          if not a[0]])
         without = allocs_before_arena(jnp.matmul, x, y, options=pb.Options(arena=False))
         self.assertNotEmpty([a for a in without if a[0] and a[1] >= 64 << 10])
 

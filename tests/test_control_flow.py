@@ -50,7 +50,8 @@ class WhileTest(absltest.TestCase):
         for loop in [op for op in walk(module.operation) if op.name == "scf.while"]:
             inside = [op.name for op in walk(loop)]
             self.assertEqual([n for n in inside if n in ("memref.copy", "memref.alloc")], [])
-            self.assertLen([n for n in inside if n == "vector.gather"], 2)  # the main loop and its remainder
+            # the main loop, and its remainder where the vector width does not divide 5000
+            self.assertIn(len([n for n in inside if n == "vector.gather"]), (1, 2))
         support.check_against_xla(self, program, sorted_, queries)
 
     def test_histogram_and_interpolation(self):

@@ -347,7 +347,9 @@ class SolversTest(absltest.TestCase):
         # complex, and singular columns in a later panel (info, pivots as LAPACK's).
         rng = np.random.default_rng(12)
         lu = lambda a: lax.linalg.lu(a)
-        _check(self, lu, rng.standard_normal((200, 200)).astype(np.float32), rtol=1e-4, atol=1e-4)
+        # An entry of U after 200 eliminations carries rounding of about n eps max|U| (5e-4):
+        # XLA's and ours differ from an f64 LU with the same pivots by 1e-4 and 2e-4.
+        _check(self, lu, rng.standard_normal((200, 200)).astype(np.float32), rtol=1e-4, atol=5e-4)
         _check(self, lu, rng.standard_normal((2, 100, 70)), rtol=1e-10, atol=1e-12)
         _check(self, lu, rng.standard_normal((2, 70, 100)), rtol=1e-10, atol=1e-12)
         c = (rng.standard_normal((65, 65)) + 1j * rng.standard_normal((65, 65))).astype(np.complex64)

@@ -328,8 +328,9 @@ class OutlineProgramTest(absltest.TestCase):
 
     def test_transposed_convolution_taps_share_their_kernels(self):
         # Stride 2, a 2 x 2 kernel: each tap is a matmul of its slice of the weights into every
-        # other pixel of the output, and a copy of it: four calls of two kernels, not eight
-        # kernels (then the bias, a kernel of its own).
+        # other pixel of the output, and a copy of it: four calls of each kernel (two, or four
+        # where the register tile leaves a remainder of rows), not a kernel per tap (then the
+        # bias, a kernel of its own).
         def upsample(x, w, b):
             return jax.lax.conv_transpose(x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) + b
         rng = np.random.default_rng(3)
@@ -337,7 +338,7 @@ class OutlineProgramTest(absltest.TestCase):
                 rng.standard_normal(16, np.float32))
         text = _outlined_dump(upsample, *args, options=pb.Options())
         kernels = re.findall(r"func.func private @(\w+)\(", text)
-        self.assertEqual(sorted(text.count(f"call @{k}(") for k in kernels), [1, 4, 4])
+        self.assertIn(sorted(text.count(f"call @{k}(") for k in kernels), ([1, 4, 4], [1, 4, 4, 4, 4]))
         support.check_against_xla(self, upsample, *args, rtol=1e-5, atol=1e-5)
 
     def test_matches_xla(self):
