@@ -4,10 +4,12 @@ Trip counts and branch choices come from the inputs, so one compiled program is 
 several of them; hand-written StableHLO covers what JAX never emits (an out-of-range
 stablehlo.case index, stablehlo.if).
 """
+import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 from jax import lax
+from mlir import ir
 
 import polyblocks_jax as pb
 import support
@@ -35,6 +37,33 @@ class WhileTest(absltest.TestCase):
         loop = next(op for op in walk(module.operation) if op.name == "scf.while")
         self.assertEqual([op.name for op in walk(loop) if op.name in ("memref.copy", "memref.alloc")], [])
         support.check_against_xla(self, program, x)
+
+    def test_gradients_accumulated_by_a_scan_are_updated_in_place(self):
+        # The backward loop of an LSTM with a weight per gate adds an outer product into each
+        # gate's gradient per step, all four reading that step's input: merged as siblings,
+        # the shared input's reshape fused into them as (1, 1, n, m) loops, and the loop
+        # copied each accumulator per iteration instead of adding into it.
+        rng = np.random.default_rng(5)
+        hidden, width, steps = 32, 8, 16
+        weights = [(rng.standard_normal((width, hidden)).astype(np.float32) * 0.3,
+                    rng.standard_normal((hidden, hidden)).astype(np.float32) * 0.1) for _ in range(4)]
+        xs = rng.standard_normal((steps, 1, width)).astype(np.float32)
+
+        def loss(weights, xs):
+            def cell(carry, x):
+                h, c = carry
+                i, f, g, o = (x @ wx + h @ wh for wx, wh in weights)
+                c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+                h = jax.nn.sigmoid(o) * jnp.tanh(c)
+                return (h, c), h
+            zeros = jnp.zeros((1, hidden), jnp.float32)
+            return jnp.sum(lax.scan(cell, (zeros, zeros), xs)[1] ** 2)
+        program = jax.grad(loss)
+        module = support.module_after("out-params", program, weights, xs, hardware=cpu.host().hardware())
+        copied = [ir.MemRefType(op.operands[0].type).shape for loop in walk(module.operation)
+                  if loop.name == "scf.while" for op in walk(loop) if op.name == "memref.copy"]
+        self.assertEmpty([shape for shape in copied if np.prod(shape) > hidden], "copies per iteration")
+        support.check_against_xla(self, program, weights, xs, rtol=1e-5, atol=1e-5)
 
     def test_binary_search_is_one_loop_over_its_carried_bounds(self):
         # jnp.searchsorted's step: a gather at the midpoint, a compare, two selects. Each

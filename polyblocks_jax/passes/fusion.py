@@ -60,6 +60,9 @@ def fuse_elementwise(module: ir.Module, options: Options) -> None:
         _fuse_without_recomputing(module)
     if merge_siblings(module):  # the values the siblings shared have one consumer left
         _fuse_without_recomputing(module)
+        # A reshape the siblings shared fuses now by expanding their loops: (1, 1, n, m)
+        # gradient accumulators, which a loop then copies per iteration, not in place.
+        fold_collapsed_unit_dims(module)
     divide_after_contractions(module)
     pass_manager("builtin.module(canonicalize, cse)", module.context).run(module.operation)
 

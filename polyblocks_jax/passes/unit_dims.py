@@ -17,7 +17,7 @@ from mlir import ir
 from polyblocks_jax.passes.isolated_functions import isolate
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.templates import inline_call
-from polyblocks_jax.passes.transform import is_elementwise_generic, walk
+from polyblocks_jax.passes.transform import walk
 
 # Each round folds the producers that the previous round left collapsed: chains of
 # elementwise ops between two reshapes are short. (The bound also stops an op that the
@@ -47,14 +47,23 @@ def fold_collapsed_unit_dims(module: ir.Module) -> None:
 
 
 def _collapsed_everywhere(op: ir.Operation) -> bool:
-    """Whether ``op`` is elementwise and each use of its result is a collapse_shape dropping
-    its unit dims for elementwise consumers (a contraction's operands stay as tiling and
-    fusion expect them)."""
-    if not is_elementwise_generic(op):
+    """Whether ``op`` is an all-parallel generic (of one result or several: merged siblings)
+    and each use of each of its results is a collapse_shape dropping its unit dims, for
+    elementwise consumers or a loop's next iteration (a contraction's operands stay as
+    tiling and fusion expect them)."""
+    if not _all_parallel(op):
         return False
-    shape = ir.RankedTensorType(op.results[0].type).shape
-    kept = [n for n in shape if n != 1]
-    uses = list(op.results[0].uses)
-    return len(kept) < len(shape) and bool(uses) and all(
-        u.owner.name == "tensor.collapse_shape" and ir.RankedTensorType(u.owner.results[0].type).shape == kept
-        and all(is_elementwise_generic(c.owner.operation) for c in u.owner.results[0].uses) for u in uses)
+    for result in op.results:
+        shape = ir.RankedTensorType(result.type).shape
+        kept = [n for n in shape if n != 1]
+        uses = list(result.uses)
+        if not (len(kept) < len(shape) and uses and all(
+                u.owner.name == "tensor.collapse_shape" and ir.RankedTensorType(u.owner.results[0].type).shape == kept
+                and all(c.owner.name == "scf.yield" or _all_parallel(c.owner.operation)
+                        for c in u.owner.results[0].uses) for u in uses)):
+            return False
+    return True
+
+
+def _all_parallel(op: ir.Operation) -> bool:
+    return op.name == "linalg.generic" and "reduction" not in str(op.attributes["iterator_types"])
