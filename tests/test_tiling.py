@@ -119,6 +119,18 @@ class CostModelTest(parameterized.TestCase):
         part = plan_matmul(1024, 2048, 2048, 4, AVX2).parts[0]
         self.assertEqual((part.tiles.register, part.tiles.cache[1]), ((6, 16, 1), 256))  # 6 x 16: a panel in half of L1 does both
 
+    @parameterized.parameters((1, 1024, 256), (1, 3072, 768), (2, 512, 128))
+    def test_a_matrix_vector_product_reads_b_in_short_k_tiles(self, m, n, k):
+        # One register row per tile reads B once, in place: a k tile of 128 rows was 128
+        # streams at 4 KiB strides, beyond what the prefetchers follow (an RNN step's
+        # (1, 256) @ (256, 1024) 2.4x slower than with 8 rows on an AVX2 EPYC).
+        for hw in (AVX2_2C, AVX512):
+            part = plan_matmul(m, n, k, 4, hw).parts[0]
+            self.assertEqual(part.tiles.parallel[0], part.tiles.register[0])
+            self.assertEqual(part.tiles.cache[1], 8)
+        # many rows per tile keep the long k tiles that amortize their C tile's reloads
+        self.assertGreater(plan_matmul(64, n, k, 4, AVX2_2C).parts[0].tiles.cache[1], 8)
+
     def test_divisible_shape_is_one_part(self):
         plan = plan_matmul(96, 64, 256, 4, AVX2)
         self.assertEqual(len(plan.parts), 1)

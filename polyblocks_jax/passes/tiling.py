@@ -57,6 +57,10 @@ _PACK_ROWS = 8  # rows of B copied per step of a packing loop
 # in place; 32 x 256 x 1024: 217 against 131; 64 rows even. B of 768 x 3072, from L3: packed
 # 1.5x faster at 32 and 64 rows).
 _PACKED_B_READERS = 16
+# Rows of B that a tile of one register row (a matrix-vector product) reads at once: on a
+# 2-core AMD EPYC (Zen 3), 128 steps of (1, 256) @ (256, 1024) took 5.4 ms with k tiles of 128
+# rows, 2.3-2.5 ms with 8 (XLA 2.2), 3.4 with 16.
+_STREAMED_B_ROWS = 8
 # Per core, as on current x86 cores with FMA: FMAs and loads issued per cycle, FMA latency.
 FMA_PER_CYCLE, LOADS_PER_CYCLE, FMA_LATENCY = 2, 2, 4
 # A matmul's accumulators cover the latency with a margin (BLIS keeps 12 on AVX2, where 8
@@ -187,10 +191,12 @@ def choose_matmul_tiles(m: int, n: int, k: int, register: tuple[int, int], elem_
     with the fewest estimated cycles (``_parallel_cycles``).
     """
     mr, nr = register
-    kc_max = _k_tile_bound(register, elem_bytes, hw)
-    kc = _divisor_near(k, kc_max) or -(-k // -(-k // kc_max))
     pm, pn = min(((r, c) for r in _divisors(m // mr) for c in _divisors(n // nr)),
                  key=lambda t: (_parallel_cycles(m, n, k, t, register, elem_bytes, hw, batch), t[0] * t[1]))
+    # A tile of one register row reads B once, in place: the k tile's rows are as many streams
+    # through memory, which the hardware prefetchers follow only a few at a time.
+    kc_max = _STREAMED_B_ROWS if m // pm == mr else _k_tile_bound(register, elem_bytes, hw)
+    kc = _divisor_near(k, kc_max) or -(-k // -(-k // kc_max))
     blocks, bound = m // pm // mr, max(1, hw.l2_bytes // 2 // (kc * elem_bytes * mr))
     mc = mr * (_divisor_near(blocks, bound) or -(-blocks // -(-blocks // bound)))
     # A B panel read by few register rows is read in place where B stays in L2: there a copy
