@@ -67,6 +67,18 @@ class SortTest(absltest.TestCase):
         x = np.random.default_rng(8).integers(-(1 << 30), 1 << 30, size=(4, 300)).astype(np.int32)
         support.check_against_xla(self, lambda x: jnp.sort(x, -1), x)
 
+    def test_runs_of_every_length_merge_from_both_ends(self):
+        # Each merge fills the first half of its output from the front and the rest from the
+        # back: lengths odd and even, a last run alone or short, ties (stability decides who
+        # comes first at either end) and several operands.
+        rng = np.random.default_rng(9)
+        for n in (1, 2, 3, 5, 8, 13, 31, 64, 100):
+            keys = rng.integers(0, 4, size=(3, n)).astype(np.int32)
+            values = _floats((3, n), seed=n)
+            support.check_against_xla(
+                self, lambda k, v: (jnp.argsort(k, axis=1, stable=True), jnp.sort(v, axis=1),
+                                    lax.sort((k, v), dimension=1, num_keys=1)), keys, values)
+
     def test_merge_takes_its_element_without_a_branch(self):
         # Which run the next element comes from is a coin flip on random keys: a branch on
         # it mispredicts half the time (16 rows of 4096 int32: 3x slower than a cmov).

@@ -80,22 +80,41 @@ def _merge_pass(src: list[ir.Value], shape: Sequence[int], dimension: int, width
 
 
 def _merge_runs(src, dst, lo, mid, hi, n, read_at, write_at, less) -> list[ir.Value]:
-    """Merge ``src[lo:mid]`` and ``src[mid:hi]`` into ``dst[lo:hi]`` (one scf.for over k)."""
+    """Merge ``src[lo:mid]`` and ``src[mid:hi]`` into ``dst[lo:hi]``: from both ends at once,
+    the first half of the stable merge's output from the front and the rest from the back (one
+    scf.for). Each step of a merge waits on the previous one's choice (a load, a compare, a
+    select); two independent chains finish in half the steps."""
+    one = builders.index_constant(1)
+    length = arith.subi(hi, lo)
+    steps = arith.divui(arith.addi(length, one), builders.index_constant(2))
+
+    def read(i):  # positions stay in bounds: a clamped one is read but never chosen
+        return [tensor.ExtractOp(s, read_at(arith.maxsi(_min_index(i, n - 1), builders.index_constant(0)))).result
+                for s in src]
+
     def step(k, carried):
-        i, j, *out = carried
-        # Loads stay in bounds; a clamped position is read but never chosen.
-        left = [tensor.ExtractOp(s, read_at(_min_index(i, n - 1))).result for s in src]
-        right = [tensor.ExtractOp(s, read_at(_min_index(j, n - 1))).result for s in src]
-        left_done = arith.cmpi(arith.CmpIPredicate.sge, i, mid)
-        right_open = arith.cmpi(arith.CmpIPredicate.slt, j, hi)
-        take_right = arith.andi(right_open, arith.ori(left_done, less(right, left)))
-        chosen = [arith.select(take_right, r, l) for r, l in zip(right, left)]
-        out = [tensor.InsertOp(c, o, write_at(k)).result for c, o in zip(chosen, out)]
-        one = builders.index_constant(1)
-        next_i = arith.select(take_right, i, arith.addi(i, one))
-        next_j = arith.select(take_right, arith.addi(j, one), j)
-        return [next_i, next_j, *out]
-    return builders.for_loop(lo, hi, builders.index_constant(1), [lo, mid, *dst], step)[2:]
+        i, j, back_i, back_j, *out = carried
+        # The front takes the right run's element only where it sorts strictly before the left's.
+        left, right = read(i), read(j)
+        take_right = arith.andi(arith.cmpi(arith.CmpIPredicate.slt, j, hi),
+                                arith.ori(arith.cmpi(arith.CmpIPredicate.sge, i, mid), less(right, left)))
+        front = [arith.select(take_right, r, l) for r, l in zip(right, left)]
+        # The back takes the left run's element only where the right's sorts strictly before it
+        # (equal ones: the right run's come last, as in the stable merge).
+        back_left, back_right = read(back_i), read(back_j)
+        take_left = arith.andi(arith.cmpi(arith.CmpIPredicate.sge, back_i, lo),
+                               arith.ori(arith.cmpi(arith.CmpIPredicate.slt, back_j, mid),
+                                         less(back_right, back_left)))
+        back = [arith.select(take_left, l, r) for l, r in zip(back_left, back_right)]
+        # Of an odd length, the last step's two writes are one: the element left, in the middle.
+        out = [tensor.InsertOp(f, o, write_at(arith.addi(lo, k))).result for f, o in zip(front, out)]
+        last = arith.subi(arith.subi(hi, one), k)
+        out = [tensor.InsertOp(b, o, write_at(last)).result for b, o in zip(back, out)]
+        return [arith.select(take_right, i, arith.addi(i, one)), arith.select(take_right, arith.addi(j, one), j),
+                arith.select(take_left, arith.subi(back_i, one), back_i),
+                arith.select(take_left, back_j, arith.subi(back_j, one)), *out]
+    start = [lo, mid, arith.subi(mid, one), arith.subi(hi, one), *dst]
+    return builders.for_loop(builders.index_constant(0), steps, one, start, step)[4:]
 
 
 def _min_index(value: ir.Value, bound: int) -> ir.Value:
