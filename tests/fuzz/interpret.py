@@ -136,6 +136,9 @@ def _apply(op: dict, v: list):
     if k == "fori":
         y, fn = v[op["y"]], LAX_BINARY[op["fn"]]
         return lax.fori_loop(0, op["n"], lambda i, acc: fn(acc, y), x)
+    if k == "sort" and op.get("indices"):
+        positions = lax.broadcasted_iota(np.int32, x.shape, op["axis"])
+        return lax.sort((x, positions), dimension=op["axis"], num_keys=1, is_stable=True)[1]
     if k == "sort":
         return lax.sort(x, dimension=op["axis"])
     if k in ("cumsum", "cummax", "cummin"):

@@ -406,7 +406,11 @@ def _gen_sort(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     if not shape:
         return _gen_unary(p, x)
-    p.add({"op": "sort", "x": x, "axis": p.draw(st.integers(0, len(shape) - 1))}, shape, dtype)
+    axis = p.draw(st.integers(0, len(shape) - 1))
+    if p.draw(st.booleans()):  # the positions a stable sort moves the elements from: ties decide
+        p.add({"op": "sort", "x": x, "axis": axis, "indices": True}, shape, "int32")
+    else:
+        p.add({"op": "sort", "x": x, "axis": axis}, shape, dtype)
 
 
 def _gen_cumulative(p: Program, x: int) -> None:
