@@ -32,6 +32,7 @@ VNNI = avx512_vnni.unit()
 PMADDWD = avx2_pmaddwd.unit()
 AMX_ROWS_ONLY = MatrixUnit("amx", (amx.AMX_BF16_ROWS, amx.AMX_INT8_ROWS), amx.TILE_REGISTERS)
 FMA_MACS = host().hardware().fma_macs_per_cycle
+AVX2_FMA_MACS = 16  # two FMAs of 8 f32 lanes a cycle
 BF16 = ml_dtypes.bfloat16
 NO_AMX = "no AMX on this CPU"
 NO_AVX512_BF16 = "no AVX-512 BF16 on this CPU"
@@ -220,14 +221,14 @@ class SelectionTest(parameterized.TestCase):
         # Integer products on vectors run at half the FMA rate (VPMULLD): VPMADDWD on B as
         # stored beats them (k odd and columns not a multiple of 16: both padded).
         c = Contraction(m, n, k, "i8", "i8", "i32")
-        mapping = choose_unit_mapping(c, (PMADDWD,), FMA_MACS)
+        mapping = choose_unit_mapping(c, (PMADDWD,), AVX2_FMA_MACS)
         self.assertEqual((mapping.unit, mapping.op.rhs_rows, mapping.op.lhs_packed), ("avx2", True, "i16"))
         self.assertEqual(mapping.blocking, (min(m, 4), 1) if m > 1 else (1, 2))
         # Where VNNI is there too (with AVX-512's FMA rate), VPDPBUSD's four k a lane win (or
         # the vector path, on a ragged shape VPDPBUSD would pad to 64 columns).
-        vnni = choose_unit_mapping(c, (VNNI, PMADDWD), 32)
+        vnni = choose_unit_mapping(c, (VNNI, PMADDWD), 2 * AVX2_FMA_MACS)
         self.assertEqual(vnni.unit if vnni else None, "avx512vnni" if n % 64 == 0 else None)
-        self.assertIsNone(choose_unit_mapping(Contraction(m, n, k, "bf16", "bf16", "f32"), (PMADDWD,), FMA_MACS))
+        self.assertIsNone(choose_unit_mapping(Contraction(m, n, k, "bf16", "bf16", "f32"), (PMADDWD,), AVX2_FMA_MACS))
 
     def test_the_fma_path_when_no_unit_is_faster(self):
         self.assertIsNone(choose_unit_mapping(Contraction(1, 4096, 4096, "i8", "i8", "i32"), (AMX,), FMA_MACS))
@@ -476,6 +477,17 @@ class X86CodeTest(parameterized.TestCase):
             self.assertIn(instruction, code)
         self.assertNotIn("vpmulld", code)
 
+    def test_vpmaddwd_takes_k_in_chunks_for_several_blocks_of_rows(self):
+        # Each block of rows reads B again: a chunk of B's rows at a time stays in L1d.
+        from mlir import ir
+        with ir.Context():
+            def kernel(rows):
+                types = (f"memref<{rows}x256x2xi16>", "memref<256x2x512xi8>", f"memref<{rows}x512xi32>")
+                return avx2_pmaddwd.rows_kernel(*map(ir.MemRefType.parse, types), avx2_pmaddwd.PMADDWD_ROWS.tile, 2,
+                                                (4, 1), True)
+            self.assertIn("scf.for %kc", kernel(32))
+            self.assertNotIn("scf.for %kc", kernel(4))
+
     def test_avx512_bf16_uses_vdpbf16ps(self):
         ir_text = _llvm_ir(_matmul, (_random((40, 64), BF16), _random((64, 48), BF16)), [DPBF16])
         self.assertIn("llvm.x86.avx512bf16.dpbf16ps.512", ir_text)
@@ -686,8 +698,9 @@ class HostPathsTest(parameterized.TestCase):
         for value in (-128, 127):
             support.check_against_xla(self, _int8_dot, np.full((3, 1001), -128, np.int8),
                                       np.full((1001, 33), value, np.int8), options=options)
-        support.check_against_xla(self, _int8_dot, np.full((1, 140000), -128, np.int8),
-                                  np.full((140000, 16), -128, np.int8), options=options)
+        for rows in (1, 8):  # one block of rows; two, taking k a chunk at a time
+            support.check_against_xla(self, _int8_dot, np.full((rows, 140000), -128, np.int8),
+                                      np.full((140000, 16), -128, np.int8), options=options)
         x = _random((32, 512), np.int8)
         text = str(support.module_after("matrix-units", _int8_dot, x, x.T, hardware=host().hardware(), options=options))
         self.assertIn('rhs_rows = true, tile = array<i64: 1, 16, 2>, unit = "avx2"', text)
@@ -708,6 +721,9 @@ class HostPathsTest(parameterized.TestCase):
                          (lambda x, y, z: z + _int8_dot(x, y),
                           (_random((3, 64), np.int8), _random((64, 64), np.int8, 1),
                            _random((3, 64), np.int8, 2).astype(np.int32))),
+                         (lambda x, y, z: z + _int8_dot(x, y),  # chunks of k, the last one shorter
+                          (_random((20, 1001), np.int8), _random((1001, 600), np.int8, 1),
+                           _random((20, 600), np.int8, 2).astype(np.int32))),
                          (dense, (_random((32, 512), np.int8), _random((512, 256), np.int8, 1),
                                   (_random((256,), np.float32, 2) * 1000).astype(np.int32))),
                          (functools.partial(conv, stride=1),

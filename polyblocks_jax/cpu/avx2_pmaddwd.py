@@ -21,12 +21,19 @@ from polyblocks_jax.passes.matrix_units import MatrixUnit, TileShape, UnitOp
 _LANES = 8
 # Per 16 columns and two rows of k: two sign extensions and two interleaving shuffles, then
 # per row a broadcast load, two VPMADDWD and two VPADDD. A Zen 3 issues one VPMADDWD a cycle:
-# 16 multiply-adds a cycle, what a 4 x 16 block measured (256^3 in 0.34 ms, one core).
+# 16 multiply-adds a cycle, what a 4 x 16 block measured (256^3 in 0.30 ms, one core).
 PMADDWD_ROWS = UnitOp("i8", "i8", "i32", TileShape(1, 16, 2), pack=2, macs_per_cycle=16, rhs_rows=True,
                       registers=2, lhs_packed="i16")
 # AVX2's 16 vector registers, less one for a row's broadcast pair: the block (accumulators,
 # the interleaved rhs) takes the others.
 _BLOCK_REGISTERS = 15
+# Several blocks of rows read each row of B: they take k a chunk at a time, the chunk of B
+# (its rows of all columns) at most half a 32 KiB L1d, the accumulators reloaded per chunk;
+# where such a chunk would be under 8 pairs of k (over 1024 columns), k at once. On a Zen 3:
+# (32, 512) @ (512, 512) 0.22 -> 0.18 ms, 1024^3 32 -> 26-27 ms; (128, 768) @ (768, 3072) in
+# chunks of 8 pairs 12.4 ms, at once 9.2.
+_B_CHUNK_BYTES = 16 << 10
+_MIN_CHUNK_PAIRS = 8
 
 
 def unit() -> MatrixUnit:
@@ -38,7 +45,11 @@ def rows_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile
     """The template computing lhs (.., M', K'/2, 2) int16 (the int8 lhs sign-extended, see
     ``UnitOp.lhs_packed``) @ rhs (.., K'/2, 2, N') int8 into (.., M', N') int32 with VPMADDWD
     (identity-layout buffers)."""
-    return interleaving.pair_rows_kernel(lhs, rhs, acc, tile, blocking, zero_init, _PRODUCT)
+    pm, pn = lhs.shape[-3], rhs.shape[-1]
+    chunk = _B_CHUNK_BYTES // (2 * pn)  # pairs of k
+    if pm == blocking[0] or chunk < _MIN_CHUNK_PAIRS:
+        chunk = 0  # B read once; or chunks too short for the accumulators' reload: k at once
+    return interleaving.pair_rows_kernel(lhs, rhs, acc, tile, blocking, zero_init, _PRODUCT, chunk)
 
 
 def _pmaddwd(out: str, acc: str, a: str, b: str) -> list[str]:

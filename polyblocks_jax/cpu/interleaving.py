@@ -6,6 +6,7 @@ stored. ``pair_rows_kernel`` is the whole template for products of pairs of 16-b
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 from mlir import ir
@@ -75,11 +76,12 @@ class PairProduct:
 
 
 def pair_rows_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: TileShape,
-                     blocking: tuple[int, int], zero_init: bool, unit: PairProduct) -> str:
+                     blocking: tuple[int, int], zero_init: bool, unit: PairProduct, k_chunk: int = 0) -> str:
     """The template computing lhs (.., M', K'/2, 2) @ rhs (.., K'/2, 2, N') as stored into
     (.., M', N') with ``unit``'s instruction (identity-layout buffers): blocks of mb rows x nb
     tiles of ``tile.n`` columns, each column tile two accumulators a row (low and high halves
-    of the interleaving), over the whole k loop."""
+    of the interleaving), over the whole k loop, or over at most ``k_chunk`` pairs of k at a
+    time, the blocks taken again for each chunk (from the accumulators in memory)."""
     *lead, pm, _, _ = lhs.shape
     k2, pn = rhs.shape[-3], rhs.shape[-1]
     mb, nb = blocking
@@ -94,59 +96,75 @@ def pair_rows_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType,
     def at(*rest: str) -> str:
         return ", ".join([*lead_ix, *rest])
 
-    body = [
-        templates.block_loop(lead, (pm, mb), (pn, nb * tile.n), index),
-        *[f"  %row{i} = arith.addi %i, {index.const(i)} : index" for i in range(mb)],
-        *[f"  %col{j}_{h} = arith.addi %j, {index.const(j * tile.n + h * unit.lanes)} : index"
-          for j in range(nb) for h in range(2)],
-    ]
-    if zero_init:
-        body.append(f"  %zero = arith.constant dense<{'0.0' if unit.accumulate.startswith('f') else '0'}> : {vec}")
-        inits = ["%zero"] * len(accs)
-    else:  # column order -> the halves' order
-        for i in range(mb):
-            for j in range(nb):
-                body += [f"  %in{i}_{j}_{h} = vector.load %acc[{at(f'%row{i}', f'%col{j}_{h}')}] : {acc}, {vec}"
-                         for h in range(2)]
-                body += [f"  %init{i}_{j}_{h} = vector.shuffle %in{i}_{j}_0, %in{i}_{j}_1 {halves[h]} : {vec}, {vec}"
-                         for h in range(2)]
-        inits = [f"%init{i}_{j}_{h}" for i, j, h in accs]
-    carried = ", ".join(f"%c{i}_{j}_{h} = {init}" for (i, j, h), init in zip(accs, inits))
-    body.append(f"  %sums:{len(accs)} = scf.for %k2 = {index.const(0)} to {index.const(k2)} step {index.const(1)} "
-                f"iter_args({carried}) -> ({', '.join([vec] * len(accs))}) {{")
-    # The rows of a later step, streamed in ahead: the hardware prefetcher hardly follows a
-    # few lines a row, a row apart.
-    body.append(f"    %ahead = affine.min affine_map<(d0) -> (d0 + {_PREFETCH_STEPS}, {k2 - 1})>(%k2)")
-    element_bytes = 1 if unit.rhs == "i8" else 2
-    lines = range(0, tile.n * element_bytes, 64)
-    for j in range(nb):
-        for line in lines:
-            body.append(f"    %col{j}_l{line} = arith.addi %col{j}_0, {index.const(line // element_bytes)} : index")
-        for q in range(2):
-            for line in lines:
-                body.append(f"    memref.prefetch %rhs[{at('%ahead', index.const(q), f'%col{j}_l{line}')}], read, "
-                            f"locality<3>, data : {rhs}")
-    widen = "arith.extsi" if element_bytes == 1 else "vector.bitcast"
-    for j in range(nb):  # two rows of k, as 16-bit words interleaved into pairs
-        for q in range(2):
-            body += [f"    %r{j}_{q} = vector.load %rhs[{at('%k2', index.const(q), f'%col{j}_0')}] : {rhs}, {stored}",
-                     f"    %w{j}_{q} = {widen} %r{j}_{q} : {stored} to {words}"]
-        for h in range(2):
-            shuffled = f"%u{j}_{h}" if unit.pair != "i16" else f"%vb{j}_{h}"
-            body.append(f"    {shuffled} = vector.shuffle %w{j}_0, %w{j}_1 {interleave(h, 8, tile.n)} "
-                        f": {words}, {words}")
-            if unit.pair != "i16":
-                body.append(f"    %vb{j}_{h} = vector.bitcast %u{j}_{h} : {words} to {pairs}")
-    body += broadcast_pairs(lhs, mb, at, index, unit.pair, unit.lanes)
-    for i, j, h in accs:
-        body += unit.product(f"%d{i}_{j}_{h}", f"%c{i}_{j}_{h}", f"%va{i}", f"%vb{j}_{h}")
-    body += [f"    scf.yield {', '.join(f'%d{i}_{j}_{h}' for i, j, h in accs)} : {', '.join([vec] * len(accs))}",
-             "  }"]
-    for i in range(mb):  # the halves' order -> column order
+    def one_pass(lo: str, hi: str, zero: bool) -> list[str]:
+        """The scf.parallel over the blocks, adding the products of pairs lo..hi of k."""
+        body = [
+            templates.block_loop(lead, (pm, mb), (pn, nb * tile.n), index),
+            *[f"  %row{i} = arith.addi %i, {index.const(i)} : index" for i in range(mb)],
+            *[f"  %col{j}_{h} = arith.addi %j, {index.const(j * tile.n + h * unit.lanes)} : index"
+              for j in range(nb) for h in range(2)],
+        ]
+        if zero:
+            literal = "0.0" if unit.accumulate.startswith("f") else "0"
+            body.append(f"  %zero = arith.constant dense<{literal}> : {vec}")
+            inits = ["%zero"] * len(accs)
+        else:  # column order -> the halves' order
+            for i in range(mb):
+                for j in range(nb):
+                    body += [f"  %in{i}_{j}_{h} = vector.load %acc[{at(f'%row{i}', f'%col{j}_{h}')}] : {acc}, {vec}"
+                             for h in range(2)]
+                    body += [f"  %init{i}_{j}_{h} = vector.shuffle %in{i}_{j}_0, %in{i}_{j}_1 {halves[h]} "
+                             f": {vec}, {vec}" for h in range(2)]
+            inits = [f"%init{i}_{j}_{h}" for i, j, h in accs]
+        carried = ", ".join(f"%c{i}_{j}_{h} = {init}" for (i, j, h), init in zip(accs, inits))
+        body.append(f"  %sums:{len(accs)} = scf.for %k2 = {lo} to {hi} step {index.const(1)} "
+                    f"iter_args({carried}) -> ({', '.join([vec] * len(accs))}) {{")
+        # The rows of a later step, streamed in ahead: the hardware prefetcher hardly follows a
+        # few lines a row, a row apart.
+        body.append(f"    %ahead = affine.min affine_map<(d0) -> (d0 + {_PREFETCH_STEPS}, {k2 - 1})>(%k2)")
+        element_bytes = 1 if unit.rhs == "i8" else 2
+        lines = range(0, tile.n * element_bytes, 64)
         for j in range(nb):
-            lo, hi = (f"%sums#{accs.index((i, j, h))}" for h in range(2))
+            for line in lines:
+                offset = index.const(line // element_bytes)
+                body.append(f"    %col{j}_l{line} = arith.addi %col{j}_0, {offset} : index")
+            for q in range(2):
+                for line in lines:
+                    ahead = at("%ahead", index.const(q), f"%col{j}_l{line}")
+                    body.append(f"    memref.prefetch %rhs[{ahead}], read, locality<3>, data : {rhs}")
+        widen = "arith.extsi" if element_bytes == 1 else "vector.bitcast"
+        for j in range(nb):  # two rows of k, as 16-bit words interleaved into pairs
+            for q in range(2):
+                row = at("%k2", index.const(q), f"%col{j}_0")
+                body += [f"    %r{j}_{q} = vector.load %rhs[{row}] : {rhs}, {stored}",
+                         f"    %w{j}_{q} = {widen} %r{j}_{q} : {stored} to {words}"]
             for h in range(2):
-                body += [f"  %out{i}_{j}_{h} = vector.shuffle {lo}, {hi} {columns[h]} : {vec}, {vec}",
-                         f"  vector.store %out{i}_{j}_{h}, %acc[{at(f'%row{i}', f'%col{j}_{h}')}] : {acc}, {vec}"]
-    body += ["  scf.reduce", "}", "return"]
+                shuffled = f"%u{j}_{h}" if unit.pair != "i16" else f"%vb{j}_{h}"
+                body.append(f"    {shuffled} = vector.shuffle %w{j}_0, %w{j}_1 {interleave(h, 8, tile.n)} "
+                            f": {words}, {words}")
+                if unit.pair != "i16":
+                    body.append(f"    %vb{j}_{h} = vector.bitcast %u{j}_{h} : {words} to {pairs}")
+        body += broadcast_pairs(lhs, mb, at, index, unit.pair, unit.lanes)
+        for i, j, h in accs:
+            body += unit.product(f"%d{i}_{j}_{h}", f"%c{i}_{j}_{h}", f"%va{i}", f"%vb{j}_{h}")
+        body += [f"    scf.yield {', '.join(f'%d{i}_{j}_{h}' for i, j, h in accs)} : {', '.join([vec] * len(accs))}",
+                 "  }"]
+        for i in range(mb):  # the halves' order -> column order
+            for j in range(nb):
+                low, high = (f"%sums#{accs.index((i, j, h))}" for h in range(2))
+                for h in range(2):
+                    body += [f"  %out{i}_{j}_{h} = vector.shuffle {low}, {high} {columns[h]} : {vec}, {vec}",
+                             f"  vector.store %out{i}_{j}_{h}, %acc[{at(f'%row{i}', f'%col{j}_{h}')}] : {acc}, {vec}"]
+        return body + ["  scf.reduce", "}"]
+
+    passes = math.ceil(k2 / k_chunk) if k_chunk else 1
+    if passes == 1:
+        body = one_pass(index.const(0), index.const(k2), zero_init)
+    else:  # the first pass, then the others (from the accumulators)
+        chunk = math.ceil(k2 / passes)
+        body = one_pass(index.const(0), index.const(chunk), zero_init)
+        body += [f"scf.for %kc = {index.const(chunk)} to {index.const(k2)} step {index.const(chunk)} {{",
+                 f"  %kend = affine.min affine_map<(d0) -> (d0 + {chunk}, {k2})>(%kc)",
+                 *one_pass("%kc", "%kend", False), "}"]
+    body.append("return")
     return templates.function([f"%lhs: {lhs}", f"%rhs: {rhs}", f"%acc: {acc}"], [], index.lines + body)
