@@ -20,7 +20,7 @@ from polyblocks_jax.errors import PolyblocksError
 FLAGS_ENV = "POLYBLOCKS_FLAGS"
 DUMP_ENV = "POLYBLOCKS_DUMP"
 
-MATRIX_UNITS = ("auto", "amx", "avx512bf16", "avx512vnni", "fma")
+MATRIX_UNITS = ("auto", "amx", "avx512bf16", "avx512vnni", "avx2", "fma")
 PRECISIONS = ("fp32", "tf32", "mixed_bf16_fp32")
 
 # Fields that do not influence generated code, hence stay out of the cache key.
@@ -39,7 +39,8 @@ class Options:
     arena: bool = True           # host intermediates share one arena laid out by liveness (cpu/arena.py)
     fast_tier: bool = True       # small programs skip the stages that cannot pay off for them (passes/work.py)
     opt_level: int = 2           # LLVM: 0 unoptimized; else our passes (cpu/codegen.py), codegen at this level
-    matrix_unit: str = "auto"    # host matmul path: auto | amx | avx512bf16 | avx512vnni | fma (forcing an absent one fails)
+    matrix_unit: str = "auto"    # host matmul path: auto | amx | avx512bf16 | avx512vnni | avx2 | fma
+                                 # (forcing an absent one fails)
     precision: str = "fp32"      # f32 matmuls/convs: fp32 (exact) | tf32 (GPU tensor cores; exact on the host)
                                  # | mixed_bf16_fp32 (bf16 operands, f32 sums)
     dump_dir: str | None = None  # write the module after every stage, and stage timings

@@ -2,6 +2,7 @@
 machine code, detection and forcing of each path, and results against XLA (bf16, int8,
 mixed precision) on the paths this CPU runs."""
 import dataclasses
+import functools
 import importlib.metadata
 import os
 import re
@@ -17,7 +18,7 @@ from absl.testing import absltest, parameterized
 import polyblocks_jax as pb
 import support
 from polyblocks_jax import cpu, passes
-from polyblocks_jax.cpu import amx, avx512_bf16, avx512_vnni
+from polyblocks_jax.cpu import amx, avx2_pmaddwd, avx512_bf16, avx512_vnni
 from polyblocks_jax.cpu.target import CpuTarget, host
 from polyblocks_jax.errors import PolyblocksError
 from polyblocks_jax.passes.matrix_forms import select_units
@@ -28,12 +29,15 @@ AMX = amx.amx_unit()
 DPBF16 = avx512_bf16.unit()
 DPBF16_ROWS_ONLY = MatrixUnit("avx512bf16", (avx512_bf16.DPBF16_ROWS,), avx512_bf16.VECTOR_REGISTERS)
 VNNI = avx512_vnni.unit()
+PMADDWD = avx2_pmaddwd.unit()
 AMX_ROWS_ONLY = MatrixUnit("amx", (amx.AMX_BF16_ROWS, amx.AMX_INT8_ROWS), amx.TILE_REGISTERS)
 FMA_MACS = host().hardware().fma_macs_per_cycle
+AVX2_FMA_MACS = 16  # two FMAs of 8 f32 lanes a cycle
 BF16 = ml_dtypes.bfloat16
 NO_AMX = "no AMX on this CPU"
 NO_AVX512_BF16 = "no AVX-512 BF16 on this CPU"
 NO_AVX512_VNNI = "no AVX-512 VNNI on this CPU"
+NO_AVX2 = "no AVX2 on this CPU"
 # Shapes (m, k, n): multiples of the AMX tiles, and not.
 SHAPES = [(64, 64, 64), (32, 128, 48), (40, 72, 48), (20, 40, 60)]
 # mixed_bf16_fp32: each operand is rounded to bf16 (relative error <= 2**-9), so a product is
@@ -212,6 +216,20 @@ class SelectionTest(parameterized.TestCase):
         m = choose_unit_mapping(Contraction(16, 16384, 16384, operand, operand, accumulate), (AMX,), FMA_MACS)
         self.assertEqual((m.unit, m.op.rhs_rows), ("amx", False))
 
+    @parameterized.parameters((32, 512, 512), (1, 512, 512), (256, 256, 256), (8, 1024, 1024), (16, 65, 70))
+    def test_int8_on_vpmaddwd_without_vnni(self, m, k, n):
+        # Integer products on vectors run at half the FMA rate (VPMULLD): VPMADDWD on B as
+        # stored beats them (k odd and columns not a multiple of 16: both padded).
+        c = Contraction(m, n, k, "i8", "i8", "i32")
+        mapping = choose_unit_mapping(c, (PMADDWD,), AVX2_FMA_MACS)
+        self.assertEqual((mapping.unit, mapping.op.rhs_rows, mapping.op.lhs_packed), ("avx2", True, "i16"))
+        self.assertEqual(mapping.blocking, (min(m, 4), 1) if m > 1 else (1, 2))
+        # Where VNNI is there too (with AVX-512's FMA rate), VPDPBUSD's four k a lane win (or
+        # the vector path, on a ragged shape VPDPBUSD would pad to 64 columns).
+        vnni = choose_unit_mapping(c, (VNNI, PMADDWD), 2 * AVX2_FMA_MACS)
+        self.assertEqual(vnni.unit if vnni else None, "avx512vnni" if n % 64 == 0 else None)
+        self.assertIsNone(choose_unit_mapping(Contraction(m, n, k, "bf16", "bf16", "f32"), (PMADDWD,), AVX2_FMA_MACS))
+
     def test_the_fma_path_when_no_unit_is_faster(self):
         self.assertIsNone(choose_unit_mapping(Contraction(1, 4096, 4096, "i8", "i8", "i32"), (AMX,), FMA_MACS))
         self.assertIsNone(choose_unit_mapping(Contraction(1, 4096, 4096, "bf16", "bf16", "f32"), (AMX,), FMA_MACS))
@@ -259,8 +277,15 @@ class DetectionTest(absltest.TestCase):
 
     def test_units_follow_the_features(self):
         units = self._target(self.FEATURES - {"amx_int8"}, True).matrix_units()
-        self.assertEqual([u.name for u in units], ["amx", "avx512bf16"])
+        self.assertEqual([u.name for u in units], ["amx", "avx512bf16", "avx2"])  # VPMADDWD: int8 only
         self.assertEqual({(op.lhs, op.accumulate) for op in units[0].ops}, {("bf16", "f32")})
+
+    def test_vpmaddwd_with_avx2(self):
+        self.assertEqual(self._target({"avx2"}, False).matrix_unit_names, ("avx2",))
+        self.assertEqual(self._target({"avx"}, False).matrix_unit_names, ())
+        vnni = self._target({"avx2", "avx512f", "avx512bw", "avx512_vnni"}, False)
+        self.assertEqual(vnni.matrix_unit_names, ("avx512vnni", "avx2"))  # usable when forced
+        self.assertEqual(vnni.description(), "polyblocks cpu x86-64 avx512 avx512vnni")
 
     def test_vnni_needs_avx512bw(self):
         self.assertIn("avx512vnni", self._target({"avx512f", "avx512bw", "avx512_vnni"}, False).matrix_unit_names)
@@ -443,6 +468,26 @@ class X86CodeTest(parameterized.TestCase):
             self.assertIn(instruction, code)
         self.assertNotIn("tdpbssd", code)
 
+    def test_int8_on_vpmaddwd(self):
+        # B as stored: two rows of k sign-extended and interleaved into pairs; the lhs packed
+        # as int16, its pairs broadcast; no VPMULLD of the vector path.
+        args = (_random((32, 256), np.int8), _random((256, 128), np.int8))
+        code = _machine_code(_llvm_ir(_int8_dot, args, [PMADDWD]), "+avx2")
+        for instruction in ("vpmovsxbw", "vpunpcklwd", "vpunpckhwd", "vpbroadcastd", "vpmaddwd"):
+            self.assertIn(instruction, code)
+        self.assertNotIn("vpmulld", code)
+
+    def test_vpmaddwd_takes_k_in_chunks_for_several_blocks_of_rows(self):
+        # Each block of rows reads B again: a chunk of B's rows at a time stays in L1d.
+        from mlir import ir
+        with ir.Context():
+            def kernel(rows):
+                types = (f"memref<{rows}x256x2xi16>", "memref<256x2x512xi8>", f"memref<{rows}x512xi32>")
+                return avx2_pmaddwd.rows_kernel(*map(ir.MemRefType.parse, types), avx2_pmaddwd.PMADDWD_ROWS.tile, 2,
+                                                (4, 1), True)
+            self.assertIn("scf.for %kc", kernel(32))
+            self.assertNotIn("scf.for %kc", kernel(4))
+
     def test_avx512_bf16_uses_vdpbf16ps(self):
         ir_text = _llvm_ir(_matmul, (_random((40, 64), BF16), _random((64, 48), BF16)), [DPBF16])
         self.assertIn("llvm.x86.avx512bf16.dpbf16ps.512", ir_text)
@@ -471,6 +516,12 @@ class PackedFormTest(parameterized.TestCase):
     def test_int8_matmul_on_rhs_rows_is_exact(self, m, k, n):
         args = (_random((m, k), np.int8), _random((k, n), np.int8, 1))
         support.assert_close(self, _run_packed_as_loops(_int8_dot, args, [VNNI]), support.xla_cpu(_int8_dot, *args))
+
+    @parameterized.parameters((1, 64, 16), (3, 41, 64), (5, 66, 70), (4, 33, 20), (16, 64, 100))
+    def test_int8_matmul_on_vpmaddwd_pairs_is_exact(self, m, k, n):
+        # k odd (padded to pairs), columns not a multiple of 16, the lhs packed as int16.
+        args = (_random((m, k), np.int8), _random((k, n), np.int8, 1))
+        support.assert_close(self, _run_packed_as_loops(_int8_dot, args, [PMADDWD]), support.xla_cpu(_int8_dot, *args))
 
     @parameterized.parameters((16, 64, 100), (20, 70, 33), (1, 64, 16))
     def test_amx_on_rhs_rows(self, m, k, n):
@@ -632,6 +683,62 @@ class HostPathsTest(parameterized.TestCase):
                          (batched, (_random((3, 4, 64), np.int8), _random((3, 64, 48), np.int8, 1)))]:
             support.assert_close(self, _run_on(fn, args, [VNNI]), support.xla_cpu(fn, *args))
 
+
+    @absltest.skipUnless(host().has_avx2, NO_AVX2)
+    def test_int8_on_vpmaddwd(self):
+        # Forced (on a CPU with VNNI, VPDPBUSD stays the choice of auto): rows 1..33, k odd
+        # and even, columns not a multiple of 16, int8 extremes (-128 x -128 summed, and sums
+        # past 2^31 that wrap), a batch, other layouts, a nonzero accumulator, a quantized
+        # dense layer, convolutions: exact, as XLA.
+        options = pb.Options(matrix_unit="avx2")
+        for m in range(1, 34, 4):
+            for k, n in [(7, 20), (64, 48), (130, 17)]:
+                support.check_against_xla(self, _int8_dot, _random((m, k), np.int8, m),
+                                          _random((k, n), np.int8, k), options=options)
+        for value in (-128, 127):
+            support.check_against_xla(self, _int8_dot, np.full((3, 1001), -128, np.int8),
+                                      np.full((1001, 33), value, np.int8), options=options)
+        for rows in (1, 8):  # one block of rows; two, taking k a chunk at a time
+            support.check_against_xla(self, _int8_dot, np.full((rows, 140000), -128, np.int8),
+                                      np.full((140000, 16), -128, np.int8), options=options)
+        x = _random((32, 512), np.int8)
+        text = str(support.module_after("matrix-units", _int8_dot, x, x.T, hardware=host().hardware(), options=options))
+        self.assertIn('rhs_rows = true, tile = array<i64: 1, 16, 2>, unit = "avx2"', text)
+
+        def dense(x, w, b):
+            acc = _int8_dot(x, w) + b
+            return acc, jnp.clip(jnp.round(acc.astype(jnp.float32) * 0.01), -128, 127).astype(jnp.int8)
+
+        def conv(x, w, stride):
+            return jax.lax.conv_general_dilated(x, w, (stride, stride), "SAME",
+                                                dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                                preferred_element_type=jnp.int32)
+
+        einsum = lambda spec: lambda x, y: jnp.einsum(spec, x, y, preferred_element_type=jnp.int32)  # noqa: E731
+        for fn, args in [(einsum("bmk,bkn->bmn"), (_random((3, 5, 66), np.int8), _random((3, 66, 70), np.int8, 1))),
+                         (einsum("bmk,kn->bmn"), (_random((4, 9, 40), np.int8), _random((40, 24), np.int8, 1))),
+                         (einsum("km,nk->mn"), (_random((40, 12), np.int8), _random((36, 40), np.int8, 1))),
+                         (lambda x, y, z: z + _int8_dot(x, y),
+                          (_random((3, 64), np.int8), _random((64, 64), np.int8, 1),
+                           _random((3, 64), np.int8, 2).astype(np.int32))),
+                         (lambda x, y, z: z + _int8_dot(x, y),  # chunks of k, the last one shorter
+                          (_random((20, 1001), np.int8), _random((1001, 600), np.int8, 1),
+                           _random((20, 600), np.int8, 2).astype(np.int32))),
+                         (dense, (_random((32, 512), np.int8), _random((512, 256), np.int8, 1),
+                                  (_random((256,), np.float32, 2) * 1000).astype(np.int32))),
+                         (functools.partial(conv, stride=1),
+                          (_random((1, 8, 8, 16), np.int8), _random((3, 3, 16, 8), np.int8, 1))),
+                         (functools.partial(conv, stride=2),
+                          (_random((2, 9, 9, 5), np.int8), _random((3, 3, 5, 20), np.int8, 1)))]:
+            support.check_against_xla(self, fn, *args, options=options)
+            support.assert_close(self, _run_on(fn, args, [PMADDWD]), support.xla_cpu(fn, *args))
+
+    @absltest.skipUnless(host().has_avx2 and not host().has_avx512_vnni, "no AVX2, or VNNI")
+    def test_auto_takes_vpmaddwd_without_vnni(self):
+        x, y = _random((32, 512), np.int8), _random((512, 512), np.int8, 1)
+        text = str(support.module_after("matrix-units", _int8_dot, x, y, hardware=host().hardware()))
+        self.assertIn('unit = "avx2"', text)
+        support.check_against_xla(self, _int8_dot, x, y)
 
     @absltest.skipUnless(host().has_amx, NO_AMX)
     def test_amx_packing_b_block_by_block(self):

@@ -35,6 +35,7 @@ from typing import Callable
 from mlir import ir
 from mlir.dialects import arith, vector
 
+from polyblocks_jax.cpu import interleaving
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import templates
 from polyblocks_jax.passes.transform import FLOAT_EXTREMA, float_constant, walk
@@ -47,7 +48,6 @@ DPBF16_ROWS = UnitOp("bf16", "bf16", "f32", TileShape(1, 32, 2), pack=2, macs_pe
                      registers=2)
 VECTOR_REGISTERS = 32
 _LANES = 16
-_PREFETCH_STEPS = 8  # k steps ahead
 
 
 def unit() -> MatrixUnit:
@@ -96,7 +96,7 @@ def kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: Til
         *[f"    %vb{j} = vector.load %b[{at(f'%panel{j}', '%k2', index.const(0))}] : {b_type}, {pairs}"
           for j in range(nb)],
     ]
-    body += _broadcast_pairs(lhs, mb, at, index)
+    body += interleaving.broadcast_pairs(lhs, mb, at, index, "bf16", _LANES)
     body += [
         *[f"    %d{i}_{j} = x86vector.avx512.dot %c{i}_{j}, %va{i}, %vb{j} : {pairs} -> {vec}" for i, j in accs],
         f"    scf.yield {', '.join(f'%d{i}_{j}' for i, j in accs)} : {', '.join([vec] * len(accs))}",
@@ -114,98 +114,15 @@ def rows_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile
                 blocking: tuple[int, int], zero_init: bool) -> str:
     """The template computing the contraction on the rhs as stored, lhs (.., M', K'/2, 2) @
     rhs (.., K'/2, 2, N') into (.., M', N'), with VDPBF16PS (identity-layout buffers)."""
-    *lead, pm, _, _ = lhs.shape
-    k2, pn = rhs.shape[-3], rhs.shape[-1]
-    mb, nb = blocking
-    r = len(lead)
-    vec, pairs, words = f"vector<{_LANES}xf32>", f"vector<{tile.n}xbf16>", f"vector<{tile.n}xi16>"
-    lead_ix = [f"%b{d}" for d in range(r)]
-    accs = [(i, j, h) for i in range(mb) for j in range(nb) for h in range(2)]  # h: low / high half
-    index = templates.IndexConstants()
-
-    def at(*rest: str) -> str:
-        return ", ".join([*lead_ix, *rest])
-
-    body = [
-        templates.block_loop(lead, (pm, mb), (pn, nb * tile.n), index),
-        *[f"  %row{i} = arith.addi %i, {index.const(i)} : index" for i in range(mb)],
-        *[f"  %col{j}_{h} = arith.addi %j, {index.const(j * tile.n + h * _LANES)} : index"
-          for j in range(nb) for h in range(2)],
-    ]
-    if zero_init:
-        body.append(f"  %zero = arith.constant dense<0.0> : {vec}")
-        inits = ["%zero"] * len(accs)
-    else:  # column order -> the halves' order
-        for i in range(mb):
-            for j in range(nb):
-                body += [f"  %in{i}_{j}_{h} = vector.load %acc[{at(f'%row{i}', f'%col{j}_{h}')}] : {acc}, {vec}"
-                         for h in range(2)]
-                body += [f"  %init{i}_{j}_{h} = vector.shuffle %in{i}_{j}_0, %in{i}_{j}_1 {_HALVES[h]} : {vec}, {vec}"
-                         for h in range(2)]
-        inits = [f"%init{i}_{j}_{h}" for i, j, h in accs]
-    carried = ", ".join(f"%c{i}_{j}_{h} = {init}" for (i, j, h), init in zip(accs, inits))
-    body.append(f"  %sums:{len(accs)} = scf.for %k2 = {index.const(0)} to {index.const(k2)} step {index.const(1)} "
-                f"iter_args({carried}) -> ({', '.join([vec] * len(accs))}) {{")
-    # The rows of a later step, streamed in ahead: the hardware prefetcher hardly follows a
-    # few lines a row, a row apart.
-    body.append(f"    %ahead = affine.min affine_map<(d0) -> (d0 + {_PREFETCH_STEPS}, {k2 - 1})>(%k2)")
-    for j in range(nb):
-        for line in range(0, tile.n * 2, 64):  # bf16: 32 columns a line
-            body.append(f"    %col{j}_l{line} = arith.addi %col{j}_0, {index.const(line // 2)} : index")
-        for q in range(pack):
-            for line in range(0, tile.n * 2, 64):
-                body.append(f"    memref.prefetch %rhs[{at('%ahead', index.const(q), f'%col{j}_l{line}')}], read, "
-                            f"locality<3>, data : {rhs}")
-    for j in range(nb):  # two rows of k, interleaved into pairs
-        for q in range(pack):
-            body += [f"    %r{j}_{q} = vector.load %rhs[{at('%k2', index.const(q), f'%col{j}_0')}] : {rhs}, {pairs}",
-                     f"    %w{j}_{q} = vector.bitcast %r{j}_{q} : {pairs} to {words}"]
-        for h in range(2):
-            body += [f"    %u{j}_{h} = vector.shuffle %w{j}_0, %w{j}_1 {_interleave(h)} : {words}, {words}",
-                     f"    %vb{j}_{h} = vector.bitcast %u{j}_{h} : {words} to {pairs}"]
-    body += _broadcast_pairs(lhs, mb, at, index)
-    body += [
-        *[f"    %d{i}_{j}_{h} = x86vector.avx512.dot %c{i}_{j}_{h}, %va{i}, %vb{j}_{h} : {pairs} -> {vec}"
-          for i, j, h in accs],
-        f"    scf.yield {', '.join(f'%d{i}_{j}_{h}' for i, j, h in accs)} : {', '.join([vec] * len(accs))}",
-        "  }",
-    ]
-    for i in range(mb):  # the halves' order -> column order
-        for j in range(nb):
-            lo, hi = (f"%sums#{accs.index((i, j, h))}" for h in range(2))
-            for h in range(2):
-                body += [f"  %out{i}_{j}_{h} = vector.shuffle {lo}, {hi} {_COLUMNS[h]} : {vec}, {vec}",
-                         f"  vector.store %out{i}_{j}_{h}, %acc[{at(f'%row{i}', f'%col{j}_{h}')}] : {acc}, {vec}"]
-    body += ["  scf.reduce", "}", "return"]
-    return templates.function([f"%lhs: {lhs}", f"%rhs: {rhs}", f"%acc: {acc}"], [], index.lines + body)
+    return interleaving.pair_rows_kernel(lhs, rhs, acc, tile, blocking, zero_init, _ROWS_PRODUCT)
 
 
-def _interleave(half: int) -> list[int]:
-    """VPUNPCKLWD (half 0) / VPUNPCKHWD (1) of two 32 x 16-bit vectors: per 128-bit lane,
-    words 0-3 (4-7) of the first and second vector alternating."""
-    return [w + offset for lane in range(4) for t in range(4) for w in [8 * lane + 4 * half + t] for offset in (0, 32)]
+def _dot(out: str, acc: str, a: str, b: str) -> list[str]:
+    pairs = f"vector<{2 * _LANES}xbf16>"
+    return [f"    {out} = x86vector.avx512.dot {acc}, {a}, {b} : {pairs} -> vector<{_LANES}xf32>"]
 
 
-# Lane 4L + t of the low half is column 8L + t of the 32, of the high half column 8L + 4 + t.
-_HALVES = ([0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27],     # of columns 0-15 ++ 16-31
-           [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31])
-_COLUMNS = ([0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23],      # of low ++ high half
-            [8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31])
-
-
-def _broadcast_pairs(lhs: ir.MemRefType, rows: int, at: Callable[..., str],
-                     index: templates.IndexConstants) -> list[str]:
-    """Lines loading the lhs pair of each of ``rows`` rows at %k2 as one 32-bit value
-    broadcast to every lane (``%va<i>``)."""
-    lines = []
-    for i in range(rows):
-        lines += [
-            f"    %pa{i} = vector.load %lhs[{at(f'%row{i}', '%k2', index.const(0))}] : {lhs}, vector<2xbf16>",
-            f"    %pw{i} = vector.bitcast %pa{i} : vector<2xbf16> to vector<1xi32>",
-            f"    %ps{i} = vector.extract %pw{i}[0] : i32 from vector<1xi32>",
-            f"    %pb{i} = vector.broadcast %ps{i} : i32 to vector<{_LANES}xi32>",
-            f"    %va{i} = vector.bitcast %pb{i} : vector<{_LANES}xi32> to vector<{2 * _LANES}xbf16>"]
-    return lines
+_ROWS_PRODUCT = interleaving.PairProduct(_LANES, "f32", "bf16", "bf16", _dot)
 
 
 _SIGN_OPS = frozenset({"math.absf", "math.copysign"})  # exact: a loaded subnormal stays one

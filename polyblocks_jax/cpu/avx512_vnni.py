@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from mlir import ir
 
+from polyblocks_jax.cpu import interleaving
 from polyblocks_jax.passes import templates
 from polyblocks_jax.passes.matrix_units import MatrixUnit, TileShape, UnitOp
 
@@ -82,13 +83,13 @@ def rows_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile
         for pair in range(2):  # rows 2 pair, 2 pair + 1 -> byte pairs (low, high halves)
             for h in range(2):
                 body += [f"    %p{j}_{pair}_{h} = vector.shuffle %x{j}_{2 * pair}, %x{j}_{2 * pair + 1} "
-                         f"{_interleave(h, 16, tile.n)} : {row_bytes}, {row_bytes}",
+                         f"{interleaving.interleave(h, 16, tile.n)} : {row_bytes}, {row_bytes}",
                          f"    %pw{j}_{pair}_{h} = vector.bitcast %p{j}_{pair}_{h} : {row_bytes} to {quads}"]
         for h in range(2):  # byte pairs of rows 0-1 and 2-3 -> quads
             for g in range(2):
                 t = 2 * h + g
-                body += [f"    %u{j}_{t} = vector.shuffle %pw{j}_0_{h}, %pw{j}_1_{h} {_interleave(g, 8, tile.n // 2)} "
-                         f": {quads}, {quads}",
+                quad_order = interleaving.interleave(g, 8, tile.n // 2)
+                body += [f"    %u{j}_{t} = vector.shuffle %pw{j}_0_{h}, %pw{j}_1_{h} {quad_order} : {quads}, {quads}",
                          f"    %vb{j}_{t} = vector.bitcast %u{j}_{t} : {quads} to {row_bytes}"]
     for i in range(mb):  # one lhs quad, as one 32-bit value broadcast to every lane
         body += [
@@ -118,13 +119,6 @@ def rows_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile
 def _dot(acc: str, unsigned: str, signed: str, vec: str, operand: str) -> str:
     return (f'llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"({acc}, {unsigned}, {signed}) : '
             f"({vec}, {operand}, {operand}) -> {vec}")
-
-
-def _interleave(half: int, per_lane: int, count: int) -> list[int]:
-    """VPUNPCKL* (half 0) / VPUNPCKH* (1) of two vectors of ``count`` elements, ``per_lane``
-    to a 128-bit lane: the lower (upper) half of each lane of the first and second alternating."""
-    return [e + offset for lane in range(count // per_lane) for u in range(per_lane // 2)
-            for e in [per_lane * lane + per_lane // 2 * half + u] for offset in (0, count)]
 
 
 def _transpose_quads(vectors: list[str], prefix: str, vec: str) -> list[str]:

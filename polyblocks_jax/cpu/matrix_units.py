@@ -11,7 +11,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import memref
 
-from polyblocks_jax.cpu import amx, avx512_bf16, avx512_vnni
+from polyblocks_jax.cpu import amx, avx2_pmaddwd, avx512_bf16, avx512_vnni
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import templates
 from polyblocks_jax.passes.matrix_forms import MATRIX_UNIT_ATTR
@@ -20,7 +20,8 @@ from polyblocks_jax.passes.transform import identity_layout, walk
 
 # (unit, whether the rhs is read as stored rows) -> kernel
 KERNELS = {("amx", False): amx.kernel, ("amx", True): amx.rows_kernel, ("avx512bf16", False): avx512_bf16.kernel,
-           ("avx512bf16", True): avx512_bf16.rows_kernel, ("avx512vnni", True): avx512_vnni.rows_kernel}
+           ("avx512bf16", True): avx512_bf16.rows_kernel, ("avx512vnni", True): avx512_vnni.rows_kernel,
+           ("avx2", True): avx2_pmaddwd.rows_kernel}
 
 
 def lower_matrix_units(module: ir.Module, options: Options) -> bool:

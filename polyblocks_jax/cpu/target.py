@@ -4,8 +4,10 @@ Matrix units are detected at run time, preferred first: AMX (CPU flags amx_tile 
 amx_bf16 and/or amx_int8, and Linux's permission for this process to use tile data, asked
 for with ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``: without it the first tile
 instruction is an illegal instruction), then AVX-512 BF16 (VDPBF16PS) and AVX-512 VNNI
-(VPDPBUSD); the matrix-unit stage picks among them and the vector FMA path per contraction.
-The first shows in the device kind.
+(VPDPBUSD), then AVX2's VPMADDWD for int8 (the pre-VNNI path; on a CPU with VNNI, usable
+when forced, and the time model prefers VPDPBUSD); the matrix-unit stage picks among them and
+the vector FMA path per contraction. The first shows in the device kind (AVX2's is the
+vector ISA already shown).
 """
 from __future__ import annotations
 
@@ -47,15 +49,19 @@ class CpuTarget:
         return {"avx512f", "avx512bw", "avx512_vnni"} <= self.features
 
     @property
+    def has_avx2(self) -> bool:
+        return "avx2" in self.features
+
+    @property
     def matrix_unit_names(self) -> tuple[str, ...]:
         """The usable matrix units, preferred first (``Options.matrix_unit`` names)."""
         return (("amx",) if self.has_amx else ()) + (("avx512bf16",) if self.has_avx512_bf16 else ()) + (
-            ("avx512vnni",) if self.has_avx512_vnni else ())
+            ("avx512vnni",) if self.has_avx512_vnni else ()) + (("avx2",) if self.has_avx2 else ())
 
     def matrix_units(self) -> tuple["MatrixUnit", ...]:  # noqa: F821 (compiler side, like hardware)
-        from polyblocks_jax.cpu import amx, avx512_bf16, avx512_vnni
+        from polyblocks_jax.cpu import amx, avx2_pmaddwd, avx512_bf16, avx512_vnni
         units = {"amx": lambda: amx.amx_unit("amx_bf16" in self.features, "amx_int8" in self.features),
-                 "avx512bf16": avx512_bf16.unit, "avx512vnni": avx512_vnni.unit}
+                 "avx512bf16": avx512_bf16.unit, "avx512vnni": avx512_vnni.unit, "avx2": avx2_pmaddwd.unit}
         return tuple(units[name]() for name in self.matrix_unit_names)
 
     def hardware(self) -> "Hardware":  # noqa: F821 (imported below: the runtime loads no MLIR)
@@ -76,7 +82,8 @@ class CpuTarget:
     def description(self) -> str:
         """The device kind shown to JAX users, e.g. ``polyblocks cpu x86-64 avx2``, or
         ``polyblocks cpu x86-64 avx512 amx`` with the matrix unit matmuls use."""
-        return " ".join(["polyblocks cpu x86-64", self.vector_isa, *self.matrix_unit_names[:1]])
+        shown = [name for name in self.matrix_unit_names if name != self.vector_isa]
+        return " ".join(["polyblocks cpu x86-64", self.vector_isa, *shown[:1]])
 
 
 @functools.cache

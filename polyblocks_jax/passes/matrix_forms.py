@@ -14,7 +14,8 @@ path, and rewrites each mapped one into its packed form:
 (a convolution first gathers its input into (images x pixels, taps x channels) rows, im2col,
 and reads its kernel as (taps x channels, F)). A product that reads the rhs as stored
 (``UnitOp.rhs_rows``) takes it as (K'/p, p, N'), a copy only where padded, and the
-accumulator as (M', N'). The called function holds one
+accumulator as (M', N'); the lhs in ``UnitOp.lhs_packed`` where the unit multiplies wider
+values (AVX2's VPMADDWD: int16). The called function holds one
 ``linalg.contract`` marked ``polyblocks.matrix_unit`` with the unit, tile, blocking: the
 elementwise fusion that runs after this stage would fold the reshapes around a contraction
 in reach into it, making it a generic of other dims without the mark, so the contraction
@@ -128,19 +129,19 @@ def _packed_form(op: ir.Operation, c: Contraction, mapping: MatrixMapping, calle
     lhs, rhs, acc = "%lhs", "%rhs", "%init"
     conv = op.name == "linalg.conv_2d_nhwc_hwcf"
     lead = [c.batch] if op.name == "linalg.batch_matmul" else []
-    operand = mapping.operand
+    operand, lhs_operand = mapping.operand, mapping.lhs_operand
     if conv:
-        lhs = body.im2col(op, c.lhs, operand)
+        lhs = body.im2col(op, c.lhs, lhs_operand)
         rhs = body.reshape("collapse", rhs, types[1], [[0, 1, 2], [3]], [c.k, c.n], c.rhs)
         acc = body.reshape("collapse", acc, types[2], [[0, 1, 2], [3]], [c.m, c.n], c.accumulate)
     else:
-        lhs = body.convert(lhs, lead + [c.m, c.k], c.lhs, operand)
+        lhs = body.convert(lhs, lead + [c.m, c.k], c.lhs, lhs_operand)
     rhs = body.convert(rhs, lead + [c.k, c.n], c.rhs, operand)
     pm, pn, pk = mapping.padded
     p, r = mapping.op.pack, len(lead)
-    lhs = body.pad(lhs, lead + [c.m, c.k], lead + [pm, pk], operand)
-    lhs = body.reshape("expand", lhs, _tensor(lead + [pm, pk], operand),
-                       [[d] for d in range(r + 1)] + [[r + 1, r + 2]], lead + [pm, pk // p, p], operand)
+    lhs = body.pad(lhs, lead + [c.m, c.k], lead + [pm, pk], lhs_operand)
+    lhs = body.reshape("expand", lhs, _tensor(lead + [pm, pk], lhs_operand),
+                       [[d] for d in range(r + 1)] + [[r + 1, r + 2]], lead + [pm, pk // p, p], lhs_operand)
     rhs = body.pad(rhs, lead + [c.k, c.n], lead + [pk, pn], operand)
     zero_init = zero_filled(op.operands[2])
     acc = (body.zeros(lead + [pm, pn], c.accumulate) if zero_init
@@ -148,8 +149,8 @@ def _packed_form(op: ir.Operation, c: Contraction, mapping: MatrixMapping, calle
     if mapping.op.rhs_rows:  # rows of the rhs as stored, p rows of k at a time
         rhs = body.reshape("expand", rhs, _tensor(lead + [pk, pn], operand),
                            [[d] for d in range(r)] + [[r, r + 1], [r + 2]], lead + [pk // p, p, pn], operand)
-        out = body.contract_rows(lhs, rhs, acc, lead + [pm, pn, pk // p, p], operand, c.accumulate,
-                                 _unit_attr(mapping, zero_init), callee)
+        out = body.contract_rows(lhs, rhs, acc, lead + [pm, pn, pk // p, p], (lhs_operand, operand),
+                                 c.accumulate, _unit_attr(mapping, zero_init), callee)
     else:
         out = body.contract_panels(lhs, rhs, acc, lead, mapping, operand, c.accumulate,
                                    _unit_attr(mapping, zero_init), callee)
@@ -356,16 +357,17 @@ class _Body:
         self.lines.append(f"{out} = func.call @{callee}({lhs}, {rhs}, {acc}) : ({', '.join(types)}) -> {types[2]}")
         return out
 
-    def contract_rows(self, lhs: str, rhs: str, acc: str, loops: Sequence[int], operand: str, accumulate: str,
-                      unit_attr: str, callee: str) -> str:
+    def contract_rows(self, lhs: str, rhs: str, acc: str, loops: Sequence[int], operands: tuple[str, str],
+                      accumulate: str, unit_attr: str, callee: str) -> str:
         """acc[.., m, n] += lhs[.., m, k, q] * rhs[.., k, q, n] over the loops (.., m, n, k, q):
-        the rhs as stored, as a call of ``callee`` holding the linalg.contract (see ``contract``)."""
+        the rhs as stored, as a call of ``callee`` holding the linalg.contract (see ``contract``);
+        ``operands``: the element types of lhs and rhs."""
         r = len(loops) - 4
         lead = [f"d{i}" for i in range(r)]
         m, n, k, q = (f"d{r + i}" for i in range(4))
         maps = _maps(len(loops), lead + [m, k, q], lead + [k, q, n], lead + [m, n])
         lead_sizes, (pm, pn, k2, p) = list(loops[:r]), loops[r:]
-        types = [_tensor(lead_sizes + [pm, k2, p], operand), _tensor(lead_sizes + [k2, p, pn], operand),
+        types = [_tensor(lead_sizes + [pm, k2, p], operands[0]), _tensor(lead_sizes + [k2, p, pn], operands[1]),
                  _tensor(lead_sizes + [pm, pn], accumulate)]
         return self._call_contraction(maps, types, unit_attr, callee, lhs, rhs, acc)
 

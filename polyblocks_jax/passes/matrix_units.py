@@ -50,6 +50,10 @@ class UnitOp:
     # reading the rows into registers (0).
     rhs_block_bytes: int = 0
     registers: int = 1  # registers one accumulator (and one rhs) tile takes
+    # With ``rhs_rows``: the type the lhs rows are packed in when the unit multiplies wider
+    # values than the operands (AVX2's VPMADDWD: int16 pairs), sign-extended once per call
+    # rather than per row and k step in the kernel; "" for ``lhs``.
+    lhs_packed: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +98,11 @@ class MatrixMapping:
     def operand(self) -> str:
         return self.op.lhs
 
+    @property
+    def lhs_operand(self) -> str:
+        """The type the lhs is packed in."""
+        return self.op.lhs_packed or self.op.lhs
+
 
 # A contraction whose padded problem has less than this fraction of useful work stays off
 # the unit: AMX does roughly 4-10x the multiply-adds per second of the f32 FMA path, so a
@@ -104,7 +113,11 @@ _STREAM_BYTES_PER_CYCLE = 8  # an operand read again from memory
 # A kernel packing the rhs: a load, an interleave and a store share per tile row (16 columns)
 # (int8 4 x 1024 x 1024: AMX packing as it went took 1.6x VPDPBUSD's time on B's rows).
 _PACK_CYCLES_PER_ROW = 2
-_BYTES = {"bf16": 2, "f16": 2, "i8": 1}
+_BYTES = {"bf16": 2, "f16": 2, "i8": 1, "i16": 2}
+# Integer products on the vector path multiply and add apart, the multiply (x86 VPMULLD) at
+# most one a cycle where two FMAs issue: half the FMA rate (int8 (32, 512) @ (512, 512) on
+# AVX2 ran at 7 multiply-adds a cycle, VPMADDWD at 16).
+_INTEGER_VECTOR_SHARE = 0.5
 
 
 def unit_operand_types(c: Contraction, precision: str) -> tuple[str, str]:
@@ -121,7 +134,8 @@ def choose_unit_mapping(c: Contraction, units: Sequence[MatrixUnit], fma_macs_pe
     problem, is estimated faster (a matrix-vector product; an int8 one of few rows)."""
     mappings = [m for unit in units for m in [choose_matrix_mapping(c, unit, precision)] if m is not None]
     best = min(mappings, key=lambda m: m.cycles, default=None)
-    fma_cycles = c.batch * c.m * c.n * c.k / fma_macs_per_cycle
+    rate = fma_macs_per_cycle * (1 if _is_float(c.accumulate) else _INTEGER_VECTOR_SHARE)
+    fma_cycles = c.batch * c.m * c.n * c.k / rate
     return best if best is not None and best.cycles < fma_cycles else None
 
 
@@ -183,7 +197,7 @@ def _cycles(c: Contraction, op: UnitOp, blocking: tuple[int, int], padded: tuple
     mb, nb = blocking
     products = pm * pn * pk / (op.macs_per_cycle or 1)
     copied = c.k * c.n if not op.rhs_rows or (pk, pn) != (c.k, c.n) else 0
-    copied += c.m * c.k if (pm, pk) != (c.m, c.k) else 0
+    copied += c.m * c.k if (pm, pk) != (c.m, c.k) or op.lhs_packed else 0
     packing = 0.0
     if op.rhs_block_bytes:  # each block of B packed in cache as the kernel goes; A read again per block
         packing = c.k * c.n / op.tile.n * _PACK_CYCLES_PER_ROW
@@ -213,6 +227,10 @@ def _unpadded_share(c: Contraction, op: UnitOp, padded: tuple[int, int]) -> floa
     if padded[1] != unpadded_n:
         copied += c.k * c.n
     return products / (products + copied * _BYTES[op.lhs] / _COPY_BYTES_PER_CYCLE)
+
+
+def _is_float(element: str) -> bool:
+    return element.startswith(("f", "bf"))
 
 
 def _round_up(n: int, step: int) -> int:
