@@ -84,12 +84,14 @@ def _cumulative(x, op: dict):
     return fn(x, axis=op["axis"], reverse=op["reverse"])
 
 
-def _apply(op: dict, v: list):
-    """The JAX value of one non-input op, given the values ``v`` defined before it."""
+def _apply(op: dict, v: list, ops: list):
+    """The JAX value of one non-input op, given the values ``v`` defined before it by ``ops``."""
     k = op["op"]
     x = v[op["x"]] if "x" in op else None
     if k == "unary":
         return LAX_UNARY[op["fn"]](x)
+    if k == "binary" and op["fn"] == "mul":
+        return lax.mul(_multiplied(ops, v, op["x"]), _multiplied(ops, v, op["y"]))
     if k == "binary":
         return LAX_BINARY[op["fn"]](x, v[op["y"]])
     if k == "compare":
@@ -184,8 +186,19 @@ def _run(ops: list, v: list, params: list) -> list:
         elif op["op"] == "outer":
             w[i] = v[op["x"]]
         else:
-            w[i] = _apply(op, w)
+            w[i] = _apply(op, w, ops)
     return w
+
+
+def _multiplied(ops: list, v: list, i: int):
+    """Factor ``v[i]`` of a product, behind an optimization barrier where it is a bool cast to a
+    number: XLA CPU's simplifier rewrites x * convert(p) as select(p, x, 0), whose 0 differs
+    from the IEEE product of the StableHLO spec, numpy and polyblocks (inf * 0 and NaN * 0 are
+    NaN, -x * 0 is -0). The barrier keeps the product a product on both sides."""
+    op = ops[i]
+    if op["op"] == "cast" and v[op["x"]].dtype == np.bool_:
+        return lax.optimization_barrier(v[i])
+    return v[i]
 
 
 def _loop(op: dict, v: list) -> tuple:
@@ -291,7 +304,7 @@ def make_inputs(spec: dict) -> list[np.ndarray]:
     """The arguments of build(spec): random values (some NaN, inf, limits; see _dense), with
     a leading axis where vmap batches them, and the tangents or cotangents of jvp or grad."""
     rng = np.random.default_rng(spec["seed"])
-    finite = _kernels_meeting_padding(spec)
+    finite = _finite_kernels(spec)
     transform = spec.get("transform", {"kind": "none"})
     inputs = []
     for i, op in enumerate(spec["ops"]):
@@ -332,15 +345,20 @@ def _dense(rng: np.random.Generator, shape, dtype: np.dtype) -> np.ndarray:
     return np.where(chosen, rng.choice(pool, size=x.shape), x).astype(dtype)
 
 
-def _kernels_meeting_padding(spec: dict) -> set[int]:
-    """Kernels of convolutions that pad or dilate their input: these get no inf or NaN.
+def _finite_kernels(spec: dict) -> set[int]:
+    """Kernels of convolutions whose products XLA CPU takes with zeros: these get no inf or NaN.
 
-    Such a value meets the padded zeros. The StableHLO spec (and polyblocks) multiply
-    them (0 * inf is NaN); XLA CPU's answer depends on the emitter it picks: Eigen (f32,
-    f16) multiplies too, its loop emitter (f64, lhs dilation, some small shapes) skips
-    the taps on padding. No answer matches XLA everywhere, so the fuzzer does not ask.
+    - A convolution that pads or dilates its input: a kernel value meets the padded zeros.
+      The StableHLO spec (and polyblocks) multiply them (0 * inf is NaN); XLA CPU's answer
+      depends on the emitter it picks: Eigen (f32, f16) multiplies too, its loop emitter (f64,
+      lhs dilation, some small shapes) skips the taps on padding. No answer matches XLA
+      everywhere, so the fuzzer does not ask.
+    - A convolution of batch groups: XLA CPU multiplies every group's kernel with every
+      group's image, masked by zeros, so an inf in one group's kernel is NaN in the outputs
+      of the others (the spec's, and polyblocks', stay finite).
     """
-    return {op["w"] for op in spec["ops"] if op["op"] == "conv" and pads_or_dilates(op)}
+    return {op["w"] for op in spec["ops"]
+            if op["op"] == "conv" and (pads_or_dilates(op) or op.get("batch_groups", 1) > 1)}
 
 
 def pads_or_dilates(conv: dict) -> bool:
