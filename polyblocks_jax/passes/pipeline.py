@@ -4,13 +4,15 @@ A stage is an upstream pass-pipeline string (or a Python function for the few
 rewrites upstream lacks). ``POLYBLOCKS_DUMP=dir`` writes the module after every stage
 (``polyblocks_jax.dumps``).
 
-What a stage written in Python changed (IR built by hand) is verified before the module
-reaches upstream code that trusts it: before a stage of upstream passes, or one marked
-``verify=False``, and after the last stage; a run of Python stages is verified once, not
-after each (the verifier walks the whole module: ResNet-18 verified 30 times, 0.1 s). Upstream
-passes given valid IR leave valid IR, and are not verified after. A Python stage that
-returns False left the module as it was. With a dump, the module is verified after each
-Python stage that changed it, which names the stage that broke it.
+What a stage written in Python changed (IR built by hand) is verified before upstream passes
+read it; upstream passes given valid IR leave valid IR, and are not verified after. In this
+process each Python stage is verified as it ends, naming the stage that broke the module. A
+compile worker (``defer_verification``) verifies a run of Python stages once, before a stage
+of upstream passes or one marked ``verify=False``, and after the last stage (the verifier
+walks the whole module: ResNet-18's 20 verifications took 0.1 s): an upstream pass that
+crashes on IR left invalid there is a CompilationError, not the end of the user's process;
+a dump verifies each stage there too. A Python stage that returns False left the module as
+it was.
 """
 from __future__ import annotations
 
@@ -38,6 +40,16 @@ class Stage:
     verify: bool = True
 
 
+_deferred = False
+
+
+def defer_verification() -> None:
+    """Verify a run of Python stages once, before upstream code reads the module, from now
+    on in this process (a compile worker's, where a crash is a CompilationError)."""
+    global _deferred
+    _deferred = True
+
+
 def run_stages(module: ir.Module, stages: Sequence[Stage], options: Options,
                dump: Dump | None = None, on_stage: Callable[[str], None] | None = None) -> dict[str, float]:
     """Run ``stages`` in order on ``module`` in place; returns seconds per stage (and the
@@ -59,7 +71,7 @@ def run_stages(module: ir.Module, stages: Sequence[Stage], options: Options,
         if _run_stage(stage, module, options):
             unverified.append(stage.name)
         timings[stage.name] = time.perf_counter() - start
-        if dump:
+        if dump or not _deferred:
             _verify(module, unverified, timings)
         dump.stage(stage.name, module)
     _verify(module, unverified, timings)
@@ -85,7 +97,7 @@ def _run_stage(stage: Stage, module: ir.Module, options: Options) -> bool:
 
 def _verify(module: ir.Module, unverified: list[str], timings: dict[str, float]) -> None:
     """Verify ``module`` if a stage of ``unverified`` changed it; an invalid module is a
-    CompilationError of the last of them, its message naming them all."""
+    CompilationError of the last of them, its message naming them all (deferred: several)."""
     if not unverified:
         return
     start = time.perf_counter()
