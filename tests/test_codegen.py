@@ -91,6 +91,30 @@ class CodegenTest(parameterized.TestCase):
         support.assert_close(self, support.polyblocks(jnp.matmul, *args, options=options),
                              support.xla_cpu(jnp.matmul, *args), rtol=1e-5, atol=1e-5)
 
+    def test_lowering_to_llvm_receives_only_one_dimensional_transfers(self):
+        # to-llvm runs no transfer lowering of its own: the vector-transfers stage leaves none
+        # of rank > 1, with the vectorize stage's register tiles (a convolution, a transpose,
+        # softmax rows) or without them.
+        def program(image, kernel, w):
+            y = jax.lax.conv_general_dilated(image, kernel, (1, 1), "SAME",
+                                             dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            return jax.nn.softmax(y.reshape(64, 32) @ w, axis=-1).T + 1.0
+
+        rng = np.random.default_rng(1)
+        args = [rng.standard_normal(s).astype(np.float32) / 4 for s in ((1, 8, 8, 16), (3, 3, 16, 32), (32, 48))]
+        for flags in ("", "no-vectorize"):
+            options = pb.Options.from_flags(flags)
+            module = support.module_after("flush-denormals", program, *args, hardware=cpu.host().hardware(),
+                                          options=options)
+            with module.context:
+                ranks = [ir.VectorType(op.results[0].type if op.name == "vector.transfer_read"
+                                       else op.operands[0].type).rank
+                         for op in walk(module.operation) if op.name in ("vector.transfer_read", "vector.transfer_write")]
+            self.assertNotEmpty(ranks, flags)
+            self.assertEqual(max(ranks), 1, flags)
+            support.assert_close(self, support.polyblocks(program, *args, options=options),
+                                 support.xla_cpu(program, *args), rtol=1e-5, atol=1e-5)
+
     def test_main_passes_kernels_pointers_without_descriptors(self):
         # The lowering builds a memref descriptor for each view main hands a kernel and takes
         # one pointer out of it; folded before LLVM (ViT-Tiny: most of the module's text).

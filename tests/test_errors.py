@@ -108,27 +108,95 @@ class MissingToolTest(absltest.TestCase):
 
 class InvalidIrTest(absltest.TestCase):
     """Upstream pipelines run without the verifier after each pass; the IR our own stages
-    build is verified as each ends, before a later stage can trip over it."""
+    build is verified before upstream code can trip over it: in this process as each stage
+    ends, in a compile worker a run of our stages once."""
 
-    def test_stage_leaving_invalid_ir_is_a_compilation_error_naming_it(self):
+    @staticmethod
+    def _stages(later, upstream):
         from mlir import ir
-        from polyblocks_jax.options import Options
-        from polyblocks_jax.passes import Stage, run_stages
+        from polyblocks_jax.passes import Stage
 
         def break_result_type(module, options):
             function = module.body.operations[0]
             function.attributes["function_type"] = ir.TypeAttr.get(
                 ir.FunctionType.get([], [ir.IntegerType.get_signless(32)]))
-        later = []
+        return [Stage("canonicalize", "canonicalize"), Stage("breaks-types", break_result_type),
+                Stage("later", lambda m, o: later.append(True)),
+                Stage("upstream-only", lambda m, o: upstream.append(True), verify=False)]
+
+    @staticmethod
+    def _module():
+        from mlir import ir
+        return ir.Module.parse("func.func @f() -> f32 {\n  %c = arith.constant 1.0 : f32\n  return %c : f32\n}")
+
+    def _deferred(self):
+        """As in a compile worker."""
+        from unittest import mock
+        from polyblocks_jax.passes import pipeline
+        self.enter_context(mock.patch.object(pipeline, "_deferred", True))
+
+    def test_stage_leaving_invalid_ir_is_a_compilation_error_naming_it(self):
+        from mlir import ir
+        from polyblocks_jax.options import Options
+        from polyblocks_jax.passes import run_stages
+        later, upstream = [], []
         with ir.Context(), ir.Location.unknown():
-            module = ir.Module.parse("func.func @f() -> f32 {\n  %c = arith.constant 1.0 : f32\n"
-                                     "  return %c : f32\n}")
-            stages = [Stage("canonicalize", "canonicalize"), Stage("breaks-types", break_result_type),
-                      Stage("later", lambda m, o: later.append(True))]
             with self.assertRaisesRegex(pb.CompilationError, "(?s)'breaks-types' failed: .*doesn't match") as raised:
-                run_stages(module, stages, Options())
+                run_stages(self._module(), self._stages(later, upstream), Options())
         self.assertEqual(raised.exception.stage, "breaks-types")
-        self.assertEqual(later, [])
+        self.assertEqual((later, upstream), ([], []))
+
+    def test_deferred_invalid_ir_is_a_compilation_error_before_upstream_passes_see_it(self):
+        from mlir import ir
+        from polyblocks_jax.options import Options
+        from polyblocks_jax.passes import run_stages
+        self._deferred()
+        later, upstream = [], []
+        with ir.Context(), ir.Location.unknown():
+            with self.assertRaisesRegex(pb.CompilationError, "(?s)'later' failed: .*doesn't match.*"
+                                        "changed by breaks-types, later since") as raised:
+                run_stages(self._module(), self._stages(later, upstream), Options())
+        self.assertEqual(raised.exception.stage, "later")
+        self.assertEqual((later, upstream), ([True], []))
+
+    def test_deferred_with_a_dump_the_stage_breaking_the_ir_is_named(self):
+        import tempfile
+        from mlir import ir
+        from polyblocks_jax.dumps import Dump
+        from polyblocks_jax.options import Options
+        from polyblocks_jax.passes import run_stages
+        self._deferred()
+        later, upstream = [], []
+        with tempfile.TemporaryDirectory() as folder, ir.Context(), ir.Location.unknown():
+            with self.assertRaisesRegex(pb.CompilationError, "(?s)'breaks-types' failed: .*doesn't match") as raised:
+                run_stages(self._module(), self._stages(later, upstream), Options(dump_dir=folder),
+                           Dump(folder, "program"))
+        self.assertEqual(raised.exception.stage, "breaks-types")
+        self.assertEqual((later, upstream), ([], []))
+
+    def test_a_run_of_python_stages_is_verified_once_in_a_worker(self):
+        # Three stages of ours, an upstream one, one of ours: in a worker verified before the
+        # upstream stage and at the end; in this process after each of ours.
+        from unittest import mock
+        from mlir import ir
+        from polyblocks_jax.options import Options
+        from polyblocks_jax.passes import Stage, pipeline, run_stages
+        # (each returns None: it may have changed the module)
+        ours = [Stage(f"ours{i}", lambda m, o: None) for i in range(3)]
+        verify, verified = ir.Operation.verify, []
+
+        def counted(op):
+            verified.append(op)
+            return verify(op)
+        with ir.Context(), ir.Location.unknown():
+            for deferred, count in ((False, 4), (True, 2)):
+                del verified[:]
+                with mock.patch.object(ir.Operation, "verify", counted), \
+                        mock.patch.object(pipeline, "_deferred", deferred):
+                    timings = run_stages(self._module(), [*ours, Stage("canonicalize", "canonicalize"), ours[0]],
+                                         Options())
+                self.assertEqual(len(verified), count, deferred)
+                self.assertIn("verify", timings)
 
     def test_stage_reporting_no_change_is_not_verified_again(self):
         # The contract a stage signs by returning False: the module is as it was. (This one

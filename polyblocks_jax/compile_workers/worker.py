@@ -25,9 +25,11 @@ def main(requests_fd: int, replies_fd: int, stage_fd: int, kind: str) -> None:
     os.close(stage_fd)  # mapped
     from polyblocks_jax import contexts, in_process
     from polyblocks_jax.cpu import codegen, host
+    from polyblocks_jax.passes import pipeline
     if kind == "host":
         codegen.load_llvm()  # a crash of LLVM here ends this process, not the user's
     contexts.keep_per_thread()
+    pipeline.defer_verification()  # as LLVM's, a crash of MLIR on invalid IR ends this process only
     if kind == "host":
         _warm_up(in_process)
     replies.send((protocol.READY, host().description()))

@@ -95,8 +95,9 @@ def _vectorize_copies(module: ir.Module, options: Options) -> bool:
 
 
 # scf.parallel -> omp.parallel + omp.wsloop; its body sits in memref.alloca_scope,
-# which finalize-memref-to-llvm removes and convert-scf-to-cf cannot handle.
-_TO_OPENMP = "func.func(convert-vector-to-scf), convert-scf-to-openmp"
+# which finalize-memref-to-llvm removes and convert-scf-to-cf cannot handle. (No n-D
+# transfer is left to convert-vector-to-scf: the vector-transfers stage unrolled them.)
+_TO_OPENMP = "convert-scf-to-openmp"
 _TO_LLVM = (
     # expand-strided-metadata emits affine.apply: lower affine after it.
     "func.func(expand-strided-metadata, lower-affine), finalize-memref-to-llvm, "
