@@ -97,7 +97,6 @@ class CorruptedCacheEntryTest(absltest.TestCase):
         child = """
             import jax, numpy as np
             from polyblocks_jax import compiler
-from polyblocks_jax.compile_workers import pool as pool_module
             jax.config.update("jax_compilation_cache_dir", {cache!r})
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
             jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -232,7 +231,6 @@ class ShutdownTest(absltest.TestCase):
         done = support.run_python("""
             import threading, jax, jax.numpy as jnp, numpy as np, polyblocks_jax as pb
             from polyblocks_jax import compiler
-from polyblocks_jax.compile_workers import pool as pool_module
             d = jax.devices("polyblocks")[0]
             x = jax.device_put(np.ones((64, 64), np.float32), d)
             fns = [jax.jit(lambda a, k=k: jnp.tanh(a @ a) + k) for k in range(4)]
@@ -348,7 +346,8 @@ def _rss_bytes() -> int:
 def _resources_but_workers() -> tuple[dict[str, str], tuple[int, int]]:
     """This process's open file descriptors (each with what it is: a pipe, a file) and its
     (Python, native) thread counts, less those of the live compile workers: their job and
-    reply pipes, output pipe and stage slot, and their two threads."""
+    reply pipes, output pipe and stage slot, the memory watcher's read of their resident
+    memory (a file open for an instant), and their two threads."""
     workers = [w for pool in pool_module.POOLS.values() for w in (*pool._idle, *pool._busy) if w.alive]
     theirs = {str(f.fileno()) for w in workers for f in (w._jobs, w._replies, w.process.stdout)}
     fds = {}
@@ -358,7 +357,8 @@ def _resources_but_workers() -> tuple[dict[str, str], tuple[int, int]]:
         except OSError:  # the listing's own descriptor, closed by now
             pass
     slots = [fd for fd, what in fds.items() if what.startswith("/memfd:polyblocks-stage")][:len(workers)]
-    fds = {fd: what for fd, what in fds.items() if fd not in theirs and fd not in slots}
+    watched = {f"/proc/{w.pid}/statm" for w in workers}
+    fds = {fd: what for fd, what in fds.items() if fd not in theirs and fd not in slots and what not in watched}
     worker_threads = sum(t.name.startswith("polyblocks-compile-worker") for t in threading.enumerate())
     return fds, (threading.active_count() - worker_threads, _native_threads() - worker_threads)
 
