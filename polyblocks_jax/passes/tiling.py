@@ -57,9 +57,8 @@ _PACK_ROWS = 8  # rows of B copied per step of a packing loop
 # in place; 32 x 256 x 1024: 217 against 131; 64 rows even. B of 768 x 3072, from L3: packed
 # 1.5x faster at 32 and 64 rows).
 _PACKED_B_READERS = 16
-# Rows of B that a tile of one register row (a matrix-vector product) reads at once: on a
-# 2-core AMD EPYC (Zen 3), 128 steps of (1, 256) @ (256, 1024) took 5.4 ms with k tiles of 128
-# rows, 2.3-2.5 ms with 8 (XLA 2.2), 3.4 with 16.
+# Rows of B that a tile of one register row (a matrix-vector product) reads at once: as many
+# streams as the hardware prefetchers follow per core (the sweep is in the commit message).
 _STREAMED_B_ROWS = 8
 # Per core, as on current x86 cores with FMA: FMAs and loads issued per cycle, FMA latency.
 FMA_PER_CYCLE, LOADS_PER_CYCLE, FMA_LATENCY = 2, 2, 4
