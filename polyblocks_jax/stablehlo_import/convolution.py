@@ -194,14 +194,16 @@ def _convolve(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op) ->
         and {lhs_dt, rhs_dt} != {op.result_specs[0].dtype})
     kernel_in = builders.shape_of(rhs)[-2]
     channels = builders.shape_of(lhs)[-1]
-    if named and win.batch_groups == 1 and win.rank == 1 and (win.groups == 1 or kernel_in == 1):
+    if not named:
+        return _generic_conv(lhs, rhs, init, win, op)
+    if win.rank == 1:
         return _as_2d(lhs, rhs, init, win, op)
     attrs = dict(strides=win.strides, dilations=win.rhs_dilation)
-    if named and win.batch_groups == 1 and win.groups == 1:
+    if win.batch_groups == 1 and win.groups == 1:
         return _CONV[win.rank](lhs, rhs, outs=[init], **attrs)
-    if named and win.batch_groups == 1 and win.groups == channels and kernel_in == 1:
+    if win.batch_groups == 1 and win.groups == channels and kernel_in == 1:
         return _depthwise(lhs, rhs, init, win, attrs)
-    return _generic_conv(lhs, rhs, init, win, op)
+    return _by_groups(lhs, rhs, init, win, op)
 
 
 def _as_2d(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op) -> ir.Value:
@@ -228,8 +230,39 @@ def _depthwise(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, attrs
     return _merge_last(out)
 
 
+def _by_groups(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op) -> ir.Value:
+    """Feature or batch groups (at most one of them > 1) as a loop over the groups, each a
+    plain convolution of its slices, which the named op's tiling and vectorization take
+    (one generic over every group stays scalar loops: 7 times XLA's time).
+
+    Group g reads input channels g*I.. (feature groups) or input images g*N.. (batch groups),
+    the kernel's and the result's features g*Og...
+    """
+    groups = win.groups * win.batch_groups
+    lhs_shape, rhs_shape, out_shape = (builders.shape_of(v) for v in (lhs, rhs, init))
+    kernel_in, features = rhs_shape[-2], out_shape[-1] // groups
+    lhs_sizes = ([*lhs_shape[:-1], kernel_in] if win.groups > 1
+                 else [out_shape[0], *lhs_shape[1:]])
+    plain = dataclasses.replace(win, groups=1, batch_groups=1)
+
+    def group(g: ir.Value, carried: list[ir.Value]) -> list[ir.Value]:
+        def at(size: int) -> ir.Value:
+            return arith.muli(g, builders.index_constant(size))
+        zeros = [0] * (win.rank + 1)
+        lhs_offsets = [*zeros, at(kernel_in)] if win.groups > 1 else [at(out_shape[0]), *zeros]
+        lhs_g = slices.extract_slice(lhs, lhs_sizes, lhs_offsets)
+        rhs_g = slices.extract_slice(rhs, [*rhs_shape[:-1], features], [*zeros, at(features)])
+        out_offsets = [*zeros, at(features)]
+        init_g = slices.extract_slice(carried[0], [*out_shape[:-1], features], out_offsets)
+        part = _convolve(lhs_g, rhs_g, init_g, plain, op)
+        return [slices.insert_slice(part, carried[0], out_offsets)]
+    zero, one = builders.index_constant(0), builders.index_constant(1)
+    return builders.for_loop(zero, builders.index_constant(groups), one, [init], group)[0]
+
+
 def _generic_conv(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op) -> ir.Value:
-    """Any feature or batch grouping (at most one of them > 1) as one linalg.generic.
+    """A convolution of types no named op takes, with any feature or batch grouping (at most
+    one of them > 1), as one linalg.generic.
 
     Loops (n, o_s..., g, og, r_s..., i); input channel g*I+i, input batch g*N'+n and
     result feature g*Og+og, with the kernel and result viewed as (..., g, Og).
