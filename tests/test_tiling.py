@@ -17,6 +17,7 @@ from polyblocks_jax.stablehlo_import import import_program
 AVX2 = Hardware(vector_bits=256, vector_registers=16, l1_bytes=32 << 10, l2_bytes=512 << 10)
 AVX512 = Hardware(vector_bits=512, vector_registers=32, l1_bytes=48 << 10, l2_bytes=2 << 20)
 AVX2_2C = Hardware(vector_bits=256, vector_registers=16, l1_bytes=32 << 10, l2_bytes=512 << 10, cores=2)
+AVX512_2C = dataclasses.replace(AVX512, cores=2)
 # Tiled sums run in another order than XLA's library kernel. Operands are scaled by
 # 1 / sqrt(k) (``_operands``), so that sums are of order one and the absolute bound holds
 # for any k.
@@ -212,6 +213,15 @@ class KernelTest(parameterized.TestCase):
         x, y = np.zeros((m, k), np.float32), np.zeros((k, n), np.float32)
         self.assertNotIn("linalg.fill", _tiled(lambda a, b: a @ b, x, y, hw=AVX2_2C))
 
+    @parameterized.parameters((AVX2_2C, 1002, 768, 333), (AVX2_2C, 2000, 768, 333), (AVX2_2C, 1023, 9, 1031),
+                              (AVX512_2C, 2000, 100, 1031), (AVX512_2C, 1000, 100, 2049), (AVX512, 1000, 768, 517))
+    def test_peeled_k_tile_in_a_loop_of_row_blocks(self, hw, m, n, k):
+        # k tiles of a size no divisor of k has, in blocks of A's rows: the last k tile's
+        # slices of B are invariant in the block loop and leave it before B's panel is
+        # hoisted (else the tiling stage failed on these plain matmuls).
+        text = _tiled(lambda a, b: a @ b, np.zeros((m, k), np.float32), np.zeros((k, n), np.float32), hw=hw)
+        self.assertIn("vector.outerproduct", text)
+
     def test_edge_parts_read_the_fill(self):
         # The edge parts (the last row, the last 3 columns) start from the main part's result,
         # which holds the fill where they write.
@@ -236,6 +246,11 @@ _SHAPES = [(1, 1, 1), (7, 7, 7), (5, 16, 3), (24, 48, 17), (64, 64, 64), (197, 1
 class TiledMatmulTest(parameterized.TestCase):
     @parameterized.parameters(*_SHAPES)
     def test_matmul(self, m, n, k):
+        x, y = _operands(m + n + k, (m, k), (k, n))
+        support.check_against_xla(self, lambda a, b: a @ b, x, y, **ACCUMULATE)
+
+    @parameterized.parameters((1002, 768, 333), (2000, 100, 333), (1023, 9, 1031))
+    def test_matmul_with_a_peeled_k_tile_in_row_blocks(self, m, n, k):
         x, y = _operands(m + n + k, (m, k), (k, n))
         support.check_against_xla(self, lambda a, b: a @ b, x, y, **ACCUMULATE)
 

@@ -393,7 +393,10 @@ def _register_tiles(lines: list[str], name: str, handle: str, matmul: _Matmul,
               # one slice of each operand per register tile, of a value from outside the block
               # loop (what hoist_pad packs from)
               f"transform.apply_patterns to {name}m_loops#0 {{ "
-              f"transform.apply_patterns.tensor.merge_consecutive_insert_extract_slice }} : {_ANY}"]
+              f"transform.apply_patterns.tensor.merge_consecutive_insert_extract_slice }} : {_ANY}",
+              # and slices invariant in the block loop leave it (a peeled last k tile's slices
+              # of B stay inside otherwise, and hoist_pad fails)
+              f"transform.apply_licm to {name}m_loops#0 : {_ANY}"]
     if rows % mc == 0:
         _kernel(lines, f"{name}r", f"{name}m", matmul, tiles, kc, packing, in_block_loop=True, block_rows=mc)
         return
