@@ -27,7 +27,9 @@ ALL_SETTINGS: dict[str, pb.Options] = dict(_setting(off) for off in ([], *[[s] f
 
 # A float result may differ from XLA's by the rounding of its sums, which add their terms in
 # another order (tiles, vector lanes, threads): the error of a sum of n terms grows with n
-# (at most n ulps of its largest partial sum). Tolerances widen by n / EXACT_TERMS beyond it.
+# (at most n ulps of its largest partial sum). Tolerances widen by n / EXACT_TERMS beyond it,
+# and the absolute one scales with the result's largest magnitude, the partial sums' scale
+# (an element summing to 0.03 through partial sums of magnitude 10 is off by their ulps).
 EXACT_TERMS = 32
 # A sum rounded to a 16-bit float at every step (a reduction, scan or pooling of bf16 or f16; their
 # contractions accumulate in f32 on both sides) rounds at the partial sums' magnitude, which grows
@@ -72,6 +74,15 @@ def summed_terms(jaxpr: jax.extend.core.Jaxpr, rounded_to: np.dtype | None = Non
         for sub in jax.extend.core.jaxprs_in_params(eqn.params):
             most = max(most, summed_terms(sub, rounded_to))
     return most
+
+
+def _partial_sum_scale(result: np.ndarray) -> float:
+    """The largest finite magnitude of a float result, at least 1 (1 for other types)."""
+    result = np.asarray(result)
+    if not np.issubdtype(result.dtype, np.inexact):
+        return 1.0
+    finite = np.abs(result[np.isfinite(result)]).astype(np.float64)
+    return max(1.0, float(finite.max(initial=0.0)))
 
 
 def least_precise_float(jaxpr: jax.extend.core.Jaxpr) -> np.dtype | None:
@@ -121,6 +132,8 @@ def check(spec: dict, settings: dict[str, pb.Options] = SETTINGS) -> None:
             _ASSERT.assertEqual(len(actual), len(expected), name)
             for i, (a, e) in enumerate(zip(actual, expected)):
                 rtol, atol = tolerances(traced.jaxpr.jaxpr, e.dtype)
+                if summed_terms(traced.jaxpr.jaxpr) > 1:
+                    atol *= _partial_sum_scale(e)
                 support.assert_close(_ASSERT, [a], [e], rtol=rtol, atol=atol, msg=f"{name} output {i}")
         except Exception as e:  # noqa: BLE001 (a compile error is a finding too; report it)
             raise Mismatch(name, e) from e

@@ -62,11 +62,16 @@ PAIR_KINDS = ("pairwise", "unary", "binary", "cast")
 # 200 uint8 maxima of a (200, 24) difference differ from numpy's, which polyblocks gives)
 PAIR_DTYPES = ("float32", "float64", "int32")
 MATRIX_KINDS = ("dot", "conv", "unary", "binary", "cast", "reduce", "transpose")
+# no reductions: XLA's fused max of a large matrix drops NaN (programs._gen_pairwise)
+BLOCK_KINDS = ("dot", "unary", "binary", "transpose")
 FAMILIES = {"all": lambda: programs.programs(max_ops=8), "loops": loop_programs.loop_programs,
             "large": lambda: programs.programs(max_ops=5, shapes=programs.LARGE),
             # large contractions of narrow types: the matrix units' (AMX, VDPBF16PS) kernels
             "matrix": lambda: programs.programs(max_ops=4, shapes=programs.LARGE, kinds=MATRIX_KINDS,
                                                 dtypes=("bfloat16", "float16", "int8", "uint8", "float32")),
+            # contractions large enough for the cache tiles: blocks of rows, k tiles, B panels
+            "blocks": lambda: programs.programs(max_ops=3, shapes=programs.BLOCKS, kinds=BLOCK_KINDS, first="dot",
+                                                dtypes=("float32", "float64", "bfloat16", "int8")),
             "edge": lambda: programs.programs(kinds=EDGE_KINDS),
             # masks of positions on matrices split into a parallel loop over rows
             "masks": lambda: programs.programs(max_ops=3, shapes=programs.ROWS, kinds=MASK_KINDS, first="iota"),

@@ -50,6 +50,9 @@ SMALL = {"dim": st.integers(1, 5), "cap": 256}
 LARGE = {"dim": st.one_of(st.integers(1, 5), st.sampled_from((1, 7, 16, 17, 31, 33, 64, 97, 127, 128, 131,
                                                                256, 257, 300)), st.integers(33, 300)),
          "cap": 1 << 16}
+# Matrices of hundreds of rows and columns: a contraction's k tiles (one peeled where no divisor
+# of k fits) inside loops over blocks of A's rows, beside small dims (matrix-vector products).
+BLOCKS = {"dim": st.one_of(st.integers(1, 8), st.integers(250, 1100)), "cap": 1 << 20}
 # Matrices of a few hundred rows of odd widths: enough work for the parallel loop over rows,
 # and a remainder past the last full vector of each row (a mask hoisted out of that loop).
 ROWS = {"dim": st.sampled_from((131, 150, 197, 200, 257, 300)), "cap": 1 << 17}
@@ -202,7 +205,9 @@ def _gen_dot(p: Program, x: int) -> None:
     batch = [d for d, r in enumerate(roles) if r == "batch"]
     contract = [d for d, r in enumerate(roles) if r == "contract"]
     kept = math.prod(n for n, r in zip(shape, roles) if r != "contract")
-    free_y = p.shape(0, 2 if len(shape) - len(contract) < 3 else 1, within=kept)
+    # y (batch, contract and its free dims) and the result (batch and both free dims) within the cap
+    shared = math.prod(shape[d] for d in batch + contract)
+    free_y = p.shape(0, 2 if len(shape) - len(contract) < 3 else 1, within=max(kept, shared))
     nb, nc = len(batch), len(contract)
     canonical = [shape[d] for d in batch] + [shape[d] for d in contract] + free_y  # y's dims, canonically
     perm = list(p.draw(st.permutations(range(len(canonical)))))  # y's dim i is canonical dim perm[i]
