@@ -308,6 +308,14 @@ class MovedResultsTest(absltest.TestCase):
         generics = [o for o in walk(module.operation) if o.name == "linalg.generic"]
         self.assertEqual({str(o.results[0].type) for o in generics}, {"tensor<2x16xf32>"})  # the bias add in each
 
+    def test_slices_of_a_flip_each_compute_their_part(self):
+        # Each slice reads its mirrored box of x backwards: the flip is never written whole.
+        flip_halves = lambda x: (jnp.flip(x, 1)[:, :6] * 2, jnp.flip(x, (0, 1))[1:, 6:] + 1)  # noqa: E731
+        module = _after("fusion", flip_halves, np.ones((4, 16), np.float32))
+        self.assertNotIn("-> tensor<4x16xf32>", str(module))
+        x = np.random.default_rng(1).standard_normal((4, 16), np.float32)
+        support.check_against_xla(self, flip_halves, x)
+
     def test_transposed_product_is_computed_transposed(self):
         # A dense layer's weight gradient at batch 8, transposed into the weight's layout.
         module = _after("matrix-units", _transposed_gradient, *self._GRADIENT_ARGS)
