@@ -294,6 +294,28 @@ class ArenaTest(absltest.TestCase):
         self.assertEmpty([size for size in allocs if size >= x.nbytes // 4], allocs)
         support.check_against_xla(self, fn, x)
 
+    def test_elementwise_op_of_a_roll_is_built_in_its_result(self):
+        # jnp.roll concatenates two slices: the add computes each part from its slices of x
+        # (the flip's too) into the result; the concatenation was a buffer, copied whole, and
+        # a part computed in place copied its slice of the argument first.
+        x = np.random.default_rng(8).standard_normal((16, 24, 32), np.float32)
+
+        def fn(x):
+            return jnp.roll(x, 5, axis=1) + jnp.flip(x, 2)
+        self.assertEmpty(allocs_before_arena(fn, x))
+        support.check_against_xla(self, fn, x)
+
+    def test_elementwise_ops_of_concatenations(self):
+        # Rolls along each axis, two rolls apart (slices across parts), a broadcast operand,
+        # a concatenation read twice (left built), a flip and a transpose beside a roll.
+        rng = np.random.default_rng(9)
+        x, y = rng.standard_normal((6, 10, 16), np.float32), rng.standard_normal((16,), np.float32)
+        support.check_against_xla(self, lambda x, y: (
+            jnp.roll(x, 2, 0) * x, jnp.roll(x, -3, 1) - y, jnp.roll(x, 7, 2) + 1, jnp.roll(x, 1, 1) + jnp.roll(x, 4, 1),
+            jnp.concatenate([x, x * 2], 1) + jnp.flip(jnp.concatenate([x, x], 1), (1, 2)),
+            jnp.sin(jnp.concatenate([x[:3], -x[3:]])) * jnp.concatenate([x[:3], -x[3:]]).sum(),
+            jnp.roll(x, 3, 1) * jnp.swapaxes(x.reshape(6, 16, 10), 1, 2)), x, y)
+
     def test_packing_buffers_are_slots_allocated_before_their_parallel_loop(self):
         # The cores each pack B panels and A blocks (rows 4 KiB apart) of hundreds of KiB.
         x, y = np.ones((512, 1024), np.float32), np.ones((1024, 512), np.float32)

@@ -125,6 +125,18 @@ class ConvolutionTest(parameterized.TestCase):
             self.assertNotIn("linalg.generic {indexing_maps = [affine_map<(d0, d1, d2, d3, d4, d5, d6, d7) ->", text)
             support.check_against_xla(self, f, *args, rtol=2e-5, atol=2e-5)
 
+    def test_each_group_fills_its_own_slice(self):
+        # A ShuffleNet 1x1 layer of 8 groups: each group's accumulator a fill of its slice,
+        # in the loop, which the tiled nest loads while it is in cache (a fill of the whole
+        # result, written before the loop, was loaded back from memory).
+        fn, x, w = _conv((2, 6, 6, 48), (1, 1, 6, 48), edge=False, padding="SAME", feature_group_count=8,
+                         dimension_numbers=_2D)
+        with ir.Context() as context, ir.Location.unknown():
+            text = str(import_program(jax.jit(fn).trace(x, w).lower(lowering_platforms=("cpu",)), context).module)
+        self.assertRegex(text, r"linalg\.fill .*-> tensor<2x6x6x6xf32>")
+        self.assertNotRegex(text, r"linalg\.fill .*-> tensor<2x6x6x48xf32>")
+        support.check_against_xla(self, fn, x, w, rtol=1e-5, atol=1e-5)
+
     @parameterized.named_parameters(
         ("ndhwc", (1, 5, 4, 6, 2), (2, 3, 2, 2, 3),
          dict(window_strides=(1, 2, 2), padding="SAME", rhs_dilation=(2, 1, 1),

@@ -308,6 +308,14 @@ class MovedResultsTest(absltest.TestCase):
         generics = [o for o in walk(module.operation) if o.name == "linalg.generic"]
         self.assertEqual({str(o.results[0].type) for o in generics}, {"tensor<2x16xf32>"})  # the bias add in each
 
+    def test_slices_of_a_flip_each_compute_their_part(self):
+        # Each slice reads its mirrored box of x backwards: the flip is never written whole.
+        flip_halves = lambda x: (jnp.flip(x, 1)[:, :6] * 2, jnp.flip(x, (0, 1))[1:, 6:] + 1)  # noqa: E731
+        module = _after("fusion", flip_halves, np.ones((4, 16), np.float32))
+        self.assertNotIn("-> tensor<4x16xf32>", str(module))
+        x = np.random.default_rng(1).standard_normal((4, 16), np.float32)
+        support.check_against_xla(self, flip_halves, x)
+
     def test_transposed_product_is_computed_transposed(self):
         # A dense layer's weight gradient at batch 8, transposed into the weight's layout.
         module = _after("matrix-units", _transposed_gradient, *self._GRADIENT_ARGS)
@@ -609,18 +617,30 @@ class TileFusionTest(parameterized.TestCase):
 
     def test_sums_down_columns_take_wide_tiles_one_per_core(self):
         # A mean over the outer axes: each tile streams its columns through all 8192 rows.
-        # Tiles of one vector read one line a row (16 tiles: 0.51 ms on the Xeon); one tile a
-        # core of 8 vectors reads runs of 8 lines (0.23 ms).
+        # Tiles of one vector read one line a row (16 tiles: 0.51 ms on the Xeon); wide tiles
+        # read runs of lines, as wide as the vectorizer's row of accumulators (4 vectors), which
+        # then stay in registers down the columns (wider, they were loaded and stored a row).
         x = np.zeros((64, 128, 256), np.float32)
         module = _after("fusion", lambda a: a.mean((0, 1)), x)
         body = module.body.operations[0].regions[0].blocks[0]
-        for cores, tiles in ((2, (128,)), (4, (64,))):
+        for hw, tiles in ((dataclasses.replace(AVX512, cores=2), (64,)), (dataclasses.replace(AVX2, cores=4), (32,))):
             with module.context:
-                (group,) = tile_fusion.fusion_groups(body, dataclasses.replace(AVX512, cores=cores))
+                (group,) = tile_fusion.fusion_groups(body, hw)
             self.assertEqual(group.tiles, tiles)
             self.assertTrue(any(tile_fusion.nest_of(m).reductions for m in group.members))
         support.check_against_xla(self, lambda a: a.mean((0, 1)), np.random.default_rng(0).standard_normal(
             (64, 128, 256)).astype(np.float32), rtol=1e-5, atol=1e-6)
+
+    def test_column_tiles_of_a_logsumexp_hold_their_accumulators(self):
+        # jax.nn.logsumexp over rows: the max and the sum of exponentials of each tile's
+        # columns, accumulated in registers down all rows (no loop over the tile's columns
+        # inside a row, whose accumulators went through memory every row).
+        x = np.zeros((512, 256), np.float32)
+        text = support.module_after("vectorize", lambda a: jax.nn.logsumexp(a, axis=0), x, hardware=AVX2)
+        self.assertRegex(str(text), r"scf\.forall \(%\w+\) in \(8\)")
+        self.assertNotRegex(str(text), r"scf\.for %\w+ = %c0 to %c64 step %c32")
+        support.check_against_xla(self, lambda a: jax.nn.logsumexp(a, axis=0),
+                                  np.random.default_rng(2).standard_normal((512, 256)).astype(np.float32))
 
     def test_large_images_are_tiled_by_rows(self):
         x = np.zeros((2, 32, 32, 64), np.float32)

@@ -91,6 +91,15 @@ class CostModelTest(parameterized.TestCase):
         self.assertEqual(plan.split, (192, 192))
         self.assertEqual([p.tiles.register[:2] for p in plan.parts], [(6, 16), (6, 5), (5, 16), (5, 5)])
 
+    def test_edge_columns_in_whole_vectors_then_the_rest(self):
+        # 30 columns: a part of 16, then an edge of 14 vectorized as 8 and 6 (a vector of 14
+        # lanes is pieces inserted into registers); an edge under one vector, or of whole
+        # vectors, stays one tile.
+        self.assertEqual([p.tiles.whole_columns for p in plan_matmul(6272, 30, 30, 4, AVX2).parts], [0, 8, 0, 8])
+        self.assertEqual([p.tiles.whole_columns for p in plan_matmul(197, 197, 64, 4, AVX2).parts], [0] * 4)
+        self.assertEqual([p.tiles.whole_columns for p in plan_matmul(60, 56, 64, 4, AVX2).parts], [0, 0])
+        self.assertEqual(plan_matmul(64, 30, 64, 4, AVX512).parts[0].tiles.whole_columns, 16)
+
     def test_rows_in_few_blocks_tile_the_columns_instead(self):
         # 1022 rows on AVX-512: 73 blocks of 14, which split no way but 73 ways. Row tiles of
         # 14 rows would each pack all of B again; all rows by half the columns pack it once.
@@ -158,6 +167,13 @@ class KernelTest(parameterized.TestCase):
         self.assertIn("vector<6x16xf32>", text)  # the accumulators of the main part
         self.assertNotIn("vector.mask", text)
         self.assertNotIn("create_mask", text)
+
+    def test_edge_columns_run_on_whole_vectors(self):
+        x, y = np.zeros((96, 30), np.float32), np.zeros((30, 30), np.float32)
+        text = _tiled(lambda a, b: a @ b, x, y)
+        self.assertRegex(text, r"vector\.outerproduct .* vector<6xf32>, vector<8xf32>")
+        self.assertRegex(text, r"vector\.outerproduct .* vector<6xf32>, vector<6xf32>")
+        self.assertNotRegex(text, r"vector\.outerproduct .* vector<14xf32>")
 
     def test_packing_copies_b_into_register_panels(self):
         x, y = np.zeros((96, 256), np.float32), np.zeros((256, 64), np.float32)  # 16 register rows
@@ -240,7 +256,8 @@ _SHAPES = [(1, 1, 1), (7, 7, 7), (5, 16, 3), (24, 48, 17), (64, 64, 64), (197, 1
            (64, 64, 3000), (200, 96, 1500),  # k tiles, the first reading zeros for the fill
            (37, 50, 3001),  # four parts, the last k tile of each peeled
            (103, 128, 700),  # AVX-512: 5 x 4 vectors, then a 3-row edge part of 3 x 4
-           (1576, 192, 192), (1576, 192, 768)]  # ViT-Tiny's at batch 8: peeled blocks of rows
+           (1576, 192, 192), (1576, 192, 768),  # ViT-Tiny's at batch 8: peeled blocks of rows
+           (100, 30, 30), (50, 47, 20), (9, 61, 33)]  # edge columns in whole vectors, then the rest
 
 
 class TiledMatmulTest(parameterized.TestCase):

@@ -302,10 +302,13 @@ class StageTest(parameterized.TestCase):
         self.assertRegex(text, r"vector\.transfer_read .* vector<\d+xf32>")
         self.assertRegex(text, r"vector\.shuffle %\w+, %\w+ \[0, 2, 4, ")
 
-    def test_reversed_rows_stay_scalar(self):
-        # Reversed along the innermost dim: no vector reads it (that would need a shuffle).
+    def test_reversed_rows_run_on_vectors(self):
+        # Reversed along the innermost dim (jnp.flip(x, -1)): each vector read where the
+        # reversed one ends, its lanes reversed by a shuffle; no reversal left in a map.
         text = _staged(lambda x: jax.lax.rev(x, (1,)) + 1.0, np.zeros((3, 32), np.float32))
-        self.assertNotIn("vector.transfer_read", text)
+        self.assertRegex(text, r"vector\.transfer_read %arg0\[.*vector<\d+xf32>")
+        self.assertRegex(text, r"vector\.shuffle %(\w+), %\1 \[31, 30, 29, ")
+        self.assertNotIn("linalg.generic", text)
 
     def test_integer_matmul_runs_on_vectors(self):
         # No unit (the stage runs without one here): a register tile of i32 accumulators over
@@ -809,6 +812,21 @@ class ResultsTest(parameterized.TestCase):
                                   (jax.lax.rev(a, (1,)) * a).sum(-1), jax.lax.rev(a, (0,)) * a,
                                   jax.lax.rev(b, (0, 2)) - b, (jax.lax.rev(b, (1,)) * b).sum(-1),
                                   jnp.flip(b, 1)[:, 1:4]), x, y, **ACCUMULATE)
+
+    def test_reversed_rows(self):
+        # Reversed along the innermost dim, read as reversed vectors: with outer reversals,
+        # beside a transposed and a broadcast operand, int32 and bf16, rows of 20 (vectors
+        # of 4), 37 (left scalar), a flip alone, sliced, and inside a reduction's input.
+        rng = np.random.default_rng(9)
+        a = rng.standard_normal((2, 3, 16, 32), np.float32)
+        col = rng.standard_normal((2, 3, 16, 1), np.float32)
+        i, h = rng.integers(-99, 99, (5, 64)).astype(np.int32), rng.standard_normal((4, 48)).astype(jnp.bfloat16)
+        odd = rng.standard_normal((6, 20, 37), np.float32)
+        self._check(lambda a, col, i, h, odd: (
+            jnp.flip(a, 3), jax.lax.rev(a, (1, 3)) + a, jax.lax.rev(a[..., :16], (0, 2, 3)) * jnp.swapaxes(a[..., :16], 2, 3),
+            jnp.flip(a, 3) - col, jnp.flip(i, 1) * 3 + i, jnp.flip(h, 1) * h, jnp.flip(odd[:, :, :20], 2) + 1,
+            jnp.flip(odd, 2) * odd, jnp.flip(a, 3)[:, 1:, 2:9, 8:24], jnp.flip(a, 3).sum(2) * 2, jnp.flip(a, 3).max(3)),
+            a, col, i, h, odd)
 
     def test_gathers(self):
         # Rows (a vector read per row), elements along the innermost dim (vector.gather),

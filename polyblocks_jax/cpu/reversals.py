@@ -12,7 +12,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
-from polyblocks_jax.passes.transform import indexing_maps, move_body, reduction_loops, walk
+from polyblocks_jax.passes.transform import indexing_maps, move_body, reduction_loops, reversal, walk
 
 
 def unreverse_loops(module: ir.Module) -> None:
@@ -24,33 +24,21 @@ def unreverse_loops(module: ir.Module) -> None:
                 _into_forall(op, sorted(reversed_loops | _leading_loops(op, reversed_loops)))
 
 
-def _reversal(e: ir.AffineExpr) -> tuple[int, int] | None:
-    """(loop, c) of an index ``c - d_loop``, else None."""
-    if not isinstance(e, ir.AffineAddExpr):
-        return None
-    for scaled, constant in ((e.lhs, e.rhs), (e.rhs, e.lhs)):
-        if (isinstance(scaled, ir.AffineMulExpr) and isinstance(scaled.lhs, ir.AffineDimExpr)
-                and isinstance(scaled.rhs, ir.AffineConstantExpr) and scaled.rhs.value == -1
-                and isinstance(constant, ir.AffineConstantExpr)):
-            return scaled.lhs.position, constant.value
-    return None
-
-
 def _reversed_loops(op: ir.Operation) -> set[int]:
     """The loops ``op`` reads backwards, when the rewrite applies to all of them: each a
     parallel loop, no operand's innermost index, and every other index a plain loop or a
     constant; static tensors; no ``linalg.index`` of them in the body. Else the empty set."""
     maps = indexing_maps(op)
-    reversed_loops = {r[0] for m in maps for e in m.results if (r := _reversal(e)) is not None}
+    reversed_loops = {r[0] for m in maps for e in m.results if (r := reversal(e)) is not None}
     if not reversed_loops or reversed_loops & reduction_loops(op):
         return set()
     for m in maps[len(op.operands) - len(op.results):]:  # each result slice written once per index
-        if not reversed_loops <= {_loop(e) for e in m.results}:
+        if not reversed_loops <= {loop_of(e) for e in m.results}:
             return set()
     for m in maps:
-        if any(_loop(e) is None and not isinstance(e, ir.AffineConstantExpr) for e in m.results):
+        if any(loop_of(e) is None and not isinstance(e, ir.AffineConstantExpr) for e in m.results):
             return set()
-        if len(m.results) and _loop(m.results[len(m.results) - 1]) in reversed_loops:
+        if len(m.results) and loop_of(m.results[len(m.results) - 1]) in reversed_loops:
             return set()
     if not all(isinstance(v.type, ir.RankedTensorType) and v.type.has_static_shape for v in [*op.operands, *op.results]):
         return set()
@@ -69,10 +57,10 @@ def _leading_loops(op: ir.Operation, reversed_loops: set[int]) -> set[int]:
     if any(b.operation.name == "linalg.index" for b in op.regions[0].blocks[0].operations):
         return set()
     results = indexing_maps(op)[len(op.operands) - len(op.results):]
-    positions = [_loop(e) for e in results[0].results]
+    positions = [loop_of(e) for e in results[0].results]
     last = max(i for i, loop in enumerate(positions) if loop in reversed_loops)
     return {loop for loop in positions[:last] if loop is not None and loop not in reversed_loops
-            and all(loop in {_loop(e) for e in m.results} for m in results)}
+            and all(loop in {loop_of(e) for e in m.results} for m in results)}
 
 
 def _into_forall(op: ir.Operation, loops: list[int]) -> None:
@@ -86,7 +74,7 @@ def _into_forall(op: ir.Operation, loops: list[int]) -> None:
         loop = scf.ForallOp([0] * len(loops), extents, [1] * len(loops), inits)
         with ir.InsertionPoint(loop.body):
             index = dict(zip(loops, loop.induction_variables))
-            in_slices = [_slice(v, m, index).result if index.keys() & {_loop(e) for e in m.results} else v
+            in_slices = [_slice(v, m, index).result if index.keys() & {loop_of(e) for e in m.results} else v
                          for v, m in zip(inputs, maps)]
             out_slices = [_slice(v, m, index) for v, m in zip(loop.inner_iter_args, maps[len(inputs):])]
             inner = linalg.GenericOp([s.result.type for s in out_slices], in_slices,
@@ -103,9 +91,9 @@ def _into_forall(op: ir.Operation, loops: list[int]) -> None:
     op.erase()
 
 
-def _loop(e: ir.AffineExpr) -> int | None:
+def loop_of(e: ir.AffineExpr) -> int | None:
     """The loop an index ``d`` or ``c - d`` reads, else None."""
-    r = _reversal(e)
+    r = reversal(e)
     return r[0] if r is not None else e.position if isinstance(e, ir.AffineDimExpr) else None
 
 
@@ -114,7 +102,7 @@ def _extents(op: ir.Operation, maps: list[ir.AffineMap], loops: list[int]) -> li
     sizes = {}
     for value, m in zip(op.operands, maps):
         for e, size in zip(m.results, ir.RankedTensorType(value.type).shape):
-            sizes.setdefault(_loop(e), size)
+            sizes.setdefault(loop_of(e), size)
     return [sizes[loop] for loop in loops]
 
 
@@ -124,7 +112,7 @@ def _slice(value: ir.Value, m: ir.AffineMap, index: dict[int, ir.Value]) -> tens
     shape = ir.RankedTensorType(value.type).shape
     dynamic, offsets, sizes = [], [], []
     for e, size in zip(m.results, shape):
-        r, loop = _reversal(e), _loop(e)
+        r, loop = reversal(e), loop_of(e)
         if loop in index:
             dynamic.append(arith.subi(arith.constant(ir.IndexType.get(), r[1]), index[loop]) if r is not None
                            else index[loop])
@@ -140,5 +128,5 @@ def _slice(value: ir.Value, m: ir.AffineMap, index: dict[int, ir.Value]) -> tens
 
 def _plain(m: ir.AffineMap) -> ir.AffineMap:
     """``m`` with each ``c - d`` made ``d`` (the loop has one iteration in a slice)."""
-    results = [ir.AffineDimExpr.get(r[0]) if (r := _reversal(e)) is not None else e for e in m.results]
+    results = [ir.AffineDimExpr.get(r[0]) if (r := reversal(e)) is not None else e for e in m.results]
     return ir.AffineMap.get(m.n_dims, m.n_symbols, results)

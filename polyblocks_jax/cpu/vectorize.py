@@ -27,6 +27,7 @@ from mlir import ir
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.cpu import signed_zeros, vector_math
 from polyblocks_jax.cpu.collapsed_dims import merge_trailing_dims, merged_dims
+from polyblocks_jax.cpu.lane_reversals import read_lane_reversals, split_lane_reversals
 from polyblocks_jax.cpu.reversals import unreverse_loops
 from polyblocks_jax.cpu.transposed_broadcasts import fold_transposed_broadcasts
 from polyblocks_jax.cpu.unit_dims import drop_unit_dims_of_elementwise
@@ -128,6 +129,7 @@ def _with(tiles: list[int], dim: int, size: int | None) -> tuple[int, ...] | Non
 def vectorize_ops(module: ir.Module, options: Options, hw: Hardware, scales_by_exponent: bool = False) -> None:
     """Annotate each op a plan exists for with its tiles, then tile and vectorize them;
     ``scales_by_exponent``: the CPU's (``CpuTarget``) for the math functions' polynomials."""
+    split_lane_reversals(module, hw)
     unreverse_loops(module)
     _merge_narrow_dims(module, hw)
     _generalize_integer_matmuls(module)
@@ -153,6 +155,7 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware, scales_by_e
         fold_transposed_broadcasts(module)
         drop_unit_dims_of_elementwise(module)
         apply_script(module, _LOWERING)
+        read_lane_reversals(module)
         _flatten_interleaved_writes(module)
         _reassociate_reductions(module)
         _math_in_f32(module)

@@ -242,9 +242,11 @@ def _returned(value: ir.Value) -> bool:
 
 
 def _computed(value: ir.Value, fn: func.FuncOp) -> bool:
-    """Whether ``value`` is an op's result (through reshapes) other than a constant's, or a
-    loop's carried value (an argument of a loop body, not of the function)."""
-    while not isinstance(value.owner, ir.Block) and value.owner.name in RESHAPES:
+    """Whether ``value`` is an op's result (through reshapes and slices: a slice of an
+    argument is read-only too) other than a constant's, or a loop's carried value (an
+    argument of a loop body, not of the function)."""
+    while not isinstance(value.owner, ir.Block) and (value.owner.name in RESHAPES
+                                                     or value.owner.name == "tensor.extract_slice"):
         value = value.owner.operands[0]
     if isinstance(value.owner, ir.Block):
         return value.owner != fn.entry_block

@@ -15,16 +15,23 @@ into another tensor, so that one copy of the slice saves a copy of the whole. A
 concatenation inserted into another, read nowhere else, becomes the insertions of its
 parts: one concatenation, which the in-place stage builds in its destination (upstream's
 empty-tensor elimination stops at the nested one, whose destination comes later).
+
+An elementwise op whose only reader of a concatenation it is (``jnp.roll(x, 5) + y``: two
+slices of x concatenated) is first the concatenation of the op on each part's box, its
+other operands sliced to match: the slices of the concatenation then read from its parts,
+and each part's op writes its piece of the result in place, where the concatenation was a
+copy of the whole, read back by the op.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from mlir import ir
-from mlir.dialects import tensor
+from mlir.dialects import linalg, tensor
 
 from polyblocks_jax.options import Options
-from polyblocks_jax.passes.transform import walk
+from polyblocks_jax.passes.transform import indexing_maps, is_elementwise_generic, move_body, walk
 
 _STATIC = ("static_offsets", "static_sizes", "static_strides")
 
@@ -38,12 +45,15 @@ class _Part:
 
 
 def slice_concatenations(module: ir.Module, options: Options) -> bool:
-    """Rewrite every static slice of a concatenation into slices of its parts, then every
-    concatenation inserted into another into its parts' insertions (with ``options.fusion``);
-    whether any was."""
+    """Split every elementwise op of a concatenation into the op of each part, then rewrite
+    every static slice of a concatenation into slices of its parts, then every concatenation
+    inserted into another into its parts' insertions (with ``options.fusion``); whether any
+    was."""
     if not options.fusion:
         return False
     changed = False
+    for op in walk(module.operation):
+        changed = _compute_by_parts(op) or changed
     ops = walk(module.operation)
     pending = [op for op in ops if op.name == "tensor.extract_slice"]
     while pending:
@@ -55,7 +65,7 @@ def slice_concatenations(module: ir.Module, options: Options) -> bool:
         if new_slices is not None:
             pending += new_slices
             changed = True
-    # Nothing rewritten yet: the ops walked above are still the module's (no second walk).
+    # Nothing rewritten since: the ops walked above are still the module's (no second walk).
     inserts = [op for op in (walk(module.operation) if changed else ops) if op.name == "tensor.insert_slice"]
     for op in inserts:
         changed = _insert_parts(op) or changed
@@ -172,3 +182,68 @@ def _spanning_pays(concatenation: ir.Value) -> bool:
     others = [user for user in users if user.name != "tensor.extract_slice"]
     return len(others) == 1 and others[0].name == "tensor.insert_slice" \
         and others[0].operands[0] == concatenation
+
+
+def _compute_by_parts(op: ir.Operation) -> bool:
+    """Replace the elementwise ``op``, the only reader of a concatenation that covers it all,
+    by the concatenation of ``op`` on each part's box, where the concatenation and the
+    result are indexed by the loops in order; whether it was."""
+    if not is_elementwise_generic(op):
+        return False
+    maps = indexing_maps(op)
+    if not (all(isinstance(e, (ir.AffineDimExpr, ir.AffineConstantExpr)) for m in maps for e in m.results)
+            and maps[-1] == ir.AffineMap.get_identity(maps[-1].n_dims)):
+        return False
+    for value, m in zip(list(op.operands)[:-1], maps):
+        if m != maps[-1]:
+            continue
+        parts = _concatenated_parts(value)
+        if (parts is not None and all(use.owner == op for use in value.uses)
+                and sum(math.prod(p.sizes) for p in parts) == math.prod(ir.RankedTensorType(value.type).shape)):
+            _split_by_parts(op, maps, parts)
+            return True
+    return False
+
+
+def _split_by_parts(op: ir.Operation, maps: list[ir.AffineMap], parts: list[_Part]) -> None:
+    """``op`` as the concatenation of ``op`` on the loop box of each of ``parts``: each
+    operand sliced along the loops indexing it (whole along a constant index)."""
+    result_type = ir.RankedTensorType(op.results[0].type)
+    with ir.InsertionPoint(op), op.location:
+        result = tensor.EmptyOp(list(result_type.shape), result_type.element_type).result
+        # A body that reads no element of the init (elementwise ops: the init is the result's
+        # shape only, often the concatenation itself) writes each piece into an empty tensor.
+        reads_init = bool(list(op.regions[0].blocks[0].arguments[len(op.operands) - 1].uses))
+        for part in parts:
+            sliced = []
+            for value, m in zip(op.operands if reads_init else list(op.operands)[:-1], maps):
+                offsets, sizes = _box_of(m, part, ir.RankedTensorType(value.type).shape)
+                element = ir.RankedTensorType(value.type).element_type
+                sliced.append(tensor.ExtractSliceOp(ir.RankedTensorType.get(sizes, element), value, [], [], [],
+                                                    offsets, sizes, [1] * len(sizes)).result)
+            if not reads_init:
+                sliced.append(tensor.EmptyOp(list(part.sizes), result_type.element_type).result)
+            piece = linalg.GenericOp([sliced[-1].type], sliced[:-1], [sliced[-1]], op.attributes["indexing_maps"],
+                                     op.attributes["iterator_types"])
+            body = op.clone()  # its body moves into the piece
+            move_body(body, piece.operation)
+            body.erase()
+            result = tensor.InsertSliceOp(piece.result, result, [], [], [], list(part.offsets), list(part.sizes),
+                                          [1] * len(part.sizes)).result
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+
+
+def _box_of(m: ir.AffineMap, part: _Part, shape: list[int]) -> tuple[list[int], list[int]]:
+    """The offsets and sizes of the operand of ``shape`` indexed by ``m`` that the loops over
+    ``part``'s box read (loop d over the part's dim d); a dim at a constant index whole, the
+    sliced op reading it at that index still."""
+    offsets, sizes = [], []
+    for e, size in zip(m.results, shape):
+        if isinstance(e, ir.AffineDimExpr):
+            offsets.append(part.offsets[e.position])
+            sizes.append(part.sizes[e.position])
+        else:
+            offsets.append(0)
+            sizes.append(size)
+    return offsets, sizes

@@ -10,7 +10,8 @@ is written out whole, then read back moved. Here, before that fusion:
   product, a broadcast: the moved copy was the only data movement);
 - an elementwise generic whose every use is a slice of it, no element asked for twice,
   becomes one generic per slice, each on the matching slices of its inputs, which the
-  fusion then puts into the slice's consumers.
+  fusion then puts into the slice's consumers (an input read backwards, a flip, sliced at
+  the mirrored box and read backwards within it).
 
 Either way the ops stay in the producer's block: a use inside a loop would otherwise
 recompute the producer at every iteration.
@@ -20,9 +21,9 @@ from __future__ import annotations
 import math
 
 from mlir import ir
-from mlir.dialects import linalg, tensor
+from mlir.dialects import arith, linalg, tensor
 
-from polyblocks_jax.passes.transform import indexing_maps, is_elementwise_generic, move_body, walk
+from polyblocks_jax.passes.transform import indexing_maps, is_elementwise_generic, move_body, reversal, walk
 
 
 def compute_moved_results(module: ir.Module) -> None:
@@ -32,7 +33,7 @@ def compute_moved_results(module: ir.Module) -> None:
         source = _single_use_producer(op)
         if source is not None:
             _fold_transpose(op, source)
-    for op in reversed([op for op in walk(module.operation) if _plain_elementwise(op)]):
+    for op in reversed([op for op in walk(module.operation) if _plain_elementwise(op, reversed_ok=True)]):
         slices = [use.owner.operation for use in op.results[0].uses]
         if slices and all(_plain_slice(s, op) for s in slices) and \
                 sum(math.prod(_static(s, "static_sizes")) for s in slices) <= _elements(op):
@@ -40,14 +41,16 @@ def compute_moved_results(module: ir.Module) -> None:
                 _compute_slice(op, s)
 
 
-def _plain_elementwise(op: ir.Operation) -> bool:
+def _plain_elementwise(op: ir.Operation, reversed_ok: bool = False) -> bool:
     """An elementwise generic whose output is written in loop order, whose inputs are read
-    along loop dims (no constant index) and whose body does not ask for its indices."""
+    along loop dims (no constant index; backwards along them, ``c - d``, if ``reversed_ok``)
+    and whose body does not ask for its indices."""
     if not is_elementwise_generic(op) or len(op.regions[0].blocks[0].arguments) != len(op.operands):
         return False
     maps = indexing_maps(op)
     return maps[-1] == ir.AffineMap.get_identity(maps[-1].n_dims) and \
-        all(isinstance(e, ir.AffineDimExpr) for m in maps for e in m.results) and \
+        all(isinstance(e, ir.AffineDimExpr) or reversed_ok and reversal(e) is not None
+            for m in maps for e in m.results) and \
         not any(inner.name == "linalg.index" for inner in walk(op))
 
 
@@ -84,13 +87,31 @@ def _compute_slice(source: ir.Operation, slice_op: ir.Operation) -> None:
     sizes = _static(slice_op, "static_sizes")
     maps = indexing_maps(source)
     with ir.InsertionPoint(slice_op), slice_op.location:
-        inputs = []
+        inputs, input_maps = [], []
         for value, m in zip(list(source.operands)[:-1], maps[:-1]):
-            dims = [ir.AffineDimExpr(e).position for e in m.results]
-            inputs.append(_slice(value, [offsets[d] for d in dims], [sizes[d] for d in dims]) if dims else value)
+            starts, extents, results = [], [], []
+            for e in m.results:
+                r = reversal(e)
+                d = r[0] if r is not None else ir.AffineDimExpr(e).position
+                extents.append(sizes[d])
+                if r is None:
+                    starts.append(offsets[d])
+                    results.append(e)
+                else:  # loop i of the slice reads c - (offset + i): the slice's (size - 1) - i
+                    starts.append(_reversed_start(r[1] - sizes[d] + 1, offsets[d]))
+                    results.append(ir.AffineConstantExpr.get(sizes[d] - 1) - ir.AffineDimExpr.get(d))
+            inputs.append(_slice(value, starts, extents) if starts else value)
+            input_maps.append(ir.AffineMap.get(m.n_dims, 0, results))
         element = ir.RankedTensorType(source.results[0].type).element_type
         init = tensor.EmptyOp(sizes, element).result
-    _replace_with_generic(slice_op, source, inputs, init, maps[:-1])
+    _replace_with_generic(slice_op, source, inputs, init, input_maps)
+
+
+def _reversed_start(end: int, offset: int | ir.Value) -> int | ir.Value:
+    """``end - offset``: the first element a reversed read of a slice at ``offset`` reads."""
+    if isinstance(offset, int):
+        return end - offset
+    return arith.subi(arith.constant(ir.IndexType.get(), end), offset)
 
 
 def _replace_with_generic(old: ir.Operation, source: ir.Operation, inputs: list[ir.Value], init: ir.Value,

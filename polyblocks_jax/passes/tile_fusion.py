@@ -32,7 +32,7 @@ from polyblocks_jax.passes.isolated_functions import isolate
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.results import is_empty_tensor
 from polyblocks_jax.passes.templates import inline_call
-from polyblocks_jax.passes.tiling import Hardware
+from polyblocks_jax.passes.tiling import Hardware, register_tile
 from polyblocks_jax.passes.transform import apply_script, has_reversed_index, indexing_maps, reduction_loops, walk
 from polyblocks_jax.tensor_ir import builders
 
@@ -46,7 +46,6 @@ _CHAIN_OPS = ("linalg.generic", "linalg.reduce", "tensor.collapse_shape", "tenso
 _CHAIN_LENGTH = 64  # ops searched above a contraction for the chain
 _CONVS = ("linalg.conv_2d_nhwc_hwcf", "linalg.depthwise_conv_2d_nhwc_hwc")
 _MAX_ROWS = 8  # rows of the last tiled loop per tile: enough for a contraction's register tile
-_MAX_COLUMN_VECTORS = 8  # columns of a tile summing down them, in vectors: accumulators in flight
 _MIN_CONTRACTION_ROWS = 4  # rows of a contraction worth a register tile (the host's vectorize stage's) in a group
 _MIN_TILES = 16  # tiles per group: a few per thread to share out
 _MIN_TILE_BYTES = 8 << 10  # below, a tile's fixed costs (loop set-up, buffers) outweigh its work
@@ -176,8 +175,10 @@ def _row_group(root: ir.Operation, nest: Nest, taken: set[ir.Operation], hw: Har
     if unit > 1 and any(nest_of(op).reductions for op in [root, *members]):
         # Sums down columns (a mean over outer axes): each tile streams its columns through
         # every row, a few lines a row; a few wide tiles, one per core, read whole runs of
-        # lines.
-        most, least = _MAX_COLUMN_VECTORS * unit, hw.cores
+        # lines. At most the vectorizer's row of accumulators (its register tile of one
+        # row): a wider tile steps through its columns inside each row, its accumulators
+        # loaded and stored every row rather than held in registers down the column.
+        most, least = register_tile(1, 4, hw)[1], hw.cores
     limit = max(unit, min(most, hw.l1_bytes // 2 // max(1, row)) // unit * unit)
     rows = max([r for r in range(unit, limit + 1, unit) if inner % r == 0 and steps // r >= least]
                or [unit if inner % unit == 0 else inner])

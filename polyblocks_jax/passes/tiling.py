@@ -106,6 +106,11 @@ class MatmulTiles:
     cache: tuple[int, int]          # (mc, kc): A block of mc rows in L2, B panels of kc rows in L1
     register: tuple[int, int, int]  # (m, n, 1) accumulator tile held in vector registers
     pack_b: bool = True             # B's panels copied contiguous per k tile (else read in place)
+    # Columns of a register tile that no whole number of vectors makes (an edge part's: 14 of
+    # a 30-column product): the whole vectors (8), a register tile of their own beside the
+    # rest's (6); 0 where the vectors are whole. One vector of 14 lanes became vector pieces
+    # inserted into registers and spilled.
+    whole_columns: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +206,9 @@ def choose_matmul_tiles(m: int, n: int, k: int, register: tuple[int, int], elem_
     # A B panel read by few register rows is read in place where B stays in L2: there a copy
     # costs more than contiguity saves; streamed from further out, the copy loop reads it faster.
     pack_b = blocks >= _PACKED_B_READERS or k * n * elem_bytes > hw.l2_bytes
-    return MatmulTiles((m // pm, n // pn), (mc, kc), (mr, nr, 1), pack_b)
+    lanes = hw.lanes(elem_bytes)
+    whole = nr - nr % lanes if nr > lanes else 0
+    return MatmulTiles((m // pm, n // pn), (mc, kc), (mr, nr, 1), pack_b, whole if whole < nr else 0)
 
 
 def _k_tile_bound(register: tuple[int, int], elem_bytes: int, hw: Hardware) -> int:
@@ -454,6 +461,10 @@ def _kernel(lines: list[str], name: str, handle: str, matmul: _Matmul, tiles: Ma
                           f": ({_ANY}) -> {_ANY}"]
                 _copy_loop(lines, f"{name}{tag}", f"{name}panel{tag}", lead + tile, [1] * len(lead) + vector)
         kernel = f"{name}p"
+    if tiles.whole_columns:
+        lines.append(f"{name}w = transform.structured.split {kernel} after {tiles.whole_columns} "
+                     f"{{dimension = {len(lead) + 1}}} : {_ANY}")
+        kernel = f"{name}w"
     lines += [_tile_for(f"{name}v", kernel, matmul.sizes(0, 0, 1), 1),
               f"transform.structured.vectorize {name}v : {_ANY}",
               f"transform.loop.unroll {name}v_loops#0 {{factor = 4}} : {_ANY}"]

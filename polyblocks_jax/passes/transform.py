@@ -185,6 +185,18 @@ def constant_index(value: ir.Value) -> int | None:
     return None
 
 
+def reversal(e: ir.AffineExpr) -> tuple[int, int] | None:
+    """(loop, c) of an index ``c - d_loop``, else None."""
+    if not isinstance(e, ir.AffineAddExpr):
+        return None
+    for scaled, constant in ((e.lhs, e.rhs), (e.rhs, e.lhs)):
+        if (isinstance(scaled, ir.AffineMulExpr) and isinstance(scaled.lhs, ir.AffineDimExpr)
+                and isinstance(scaled.rhs, ir.AffineConstantExpr) and scaled.rhs.value == -1
+                and isinstance(constant, ir.AffineConstantExpr)):
+            return scaled.lhs.position, constant.value
+    return None
+
+
 def has_reversed_index(op: ir.Operation) -> bool:
     """Whether an indexing map scales a loop index by a non-positive constant (a reversal,
     n - 1 - d): upstream tiling asserts on it, aborting the process."""

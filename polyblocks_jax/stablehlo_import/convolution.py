@@ -244,6 +244,10 @@ def _by_groups(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op) -
     lhs_sizes = ([*lhs_shape[:-1], kernel_in] if win.groups > 1
                  else [out_shape[0], *lhs_shape[1:]])
     plain = dataclasses.replace(win, groups=1, batch_groups=1)
+    # Each group fills its own slice of the result just before its nest loads it (from
+    # cache): a fill of the whole result, written before the loop, was loaded back from
+    # memory a group at a time.
+    fill = init.owner if isinstance(init.owner, ir.OpView) and init.owner.operation.name == "linalg.fill" else None
 
     def group(g: ir.Value, carried: list[ir.Value]) -> list[ir.Value]:
         def at(size: int) -> ir.Value:
@@ -254,10 +258,16 @@ def _by_groups(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op) -
         rhs_g = slices.extract_slice(rhs, [*rhs_shape[:-1], features], [*zeros, at(features)])
         out_offsets = [*zeros, at(features)]
         init_g = slices.extract_slice(carried[0], [*out_shape[:-1], features], out_offsets)
+        if fill is not None:
+            init_g = builders.fill(fill.operands[0], init_g)
         part = _convolve(lhs_g, rhs_g, init_g, plain, op)
         return [slices.insert_slice(part, carried[0], out_offsets)]
     zero, one = builders.index_constant(0), builders.index_constant(1)
-    return builders.for_loop(zero, builders.index_constant(groups), one, [init], group)[0]
+    start = fill.operands[1] if fill is not None else init
+    result = builders.for_loop(zero, builders.index_constant(groups), one, [start], group)[0]
+    if fill is not None and not list(init.uses):
+        fill.operation.erase()
+    return result
 
 
 def _generic_conv(lhs: ir.Value, rhs: ir.Value, init: ir.Value, win: _Window, op) -> ir.Value:
