@@ -55,6 +55,15 @@ class PlannerTest(parameterized.TestCase):
         self.assertEqual(tiles[:2], (1, 1))
         self.assertEqual(768 % tiles[2], 0)
 
+    def test_unit_loops_after_the_row_do_not_hide_it(self):
+        # A matrix times a column (n, 1): fusion expands the product's loops by the reshapes'
+        # unit dims, (i, 1, k, 1); the row k is still read contiguously, in chunks.
+        nest = LoopNest((64, 1, 768, 1), frozenset({2, 3}), ((0, 1, 2, 3), (2, 3)), (0, 1))
+        tiles = choose_vector_tiles(nest, 4, AVX2)
+        self.assertEqual(tiles[:2], (1, 1))
+        self.assertEqual(768 % tiles[2], 0)
+        self.assertEqual(tiles[3], 1)
+
     def test_contraction_gets_the_matmul_register_tile(self):
         # (b, m, n, k): A (b, m, k), B (b, k, n) -> C (b, m, n); the matmul's 6 x 16 on AVX2
         nest = LoopNest((2, 12, 64, 32), frozenset({3}), ((0, 1, 3), (0, 3, 2)), (0, 1, 2))
@@ -165,6 +174,13 @@ def _staged(fn, *args, hw: Hardware = AVX2, scales_by_exponent: bool = False) ->
 
 
 class StageTest(parameterized.TestCase):
+    def test_matrix_times_a_column_runs_on_vectors(self):
+        a, x = np.ones((256, 512), np.float32), np.ones((512, 1), np.float32)
+        self.assertIn("vector.reduction <add>", _staged(lambda a, x: a @ x, a, x))
+        rng = np.random.default_rng(0)
+        support.check_against_xla(self, lambda a, x: a @ x, rng.standard_normal((256, 512), np.float32),
+                                  rng.standard_normal((512, 1), np.float32), **ACCUMULATE)
+
     def test_conv_is_decomposed_and_vectorized(self):
         x, w = np.zeros((1, 6, 16, 8), np.float32), np.zeros((3, 3, 8, 16), np.float32)
         text = _staged(_conv("SAME"), x, w)

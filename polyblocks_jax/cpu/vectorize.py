@@ -72,11 +72,19 @@ def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware) -> tuple[
     """Tile size per loop for one vectorized block, or None when the op should stay scalar."""
     lanes = hw.lanes(elem_bytes)
     tiles = [1] * len(nest.ranges)
-    inner = nest.result[-1] if nest.result and nest.result[-1] not in nest.reductions else None
+
+    def innermost(dims: tuple[int | None, ...]) -> int | None:
+        # Trailing loops of one step skipped: an operand of shape (n, 1) reads n contiguous
+        # elements (fusion expands a reduction's loops by the unit dims of reshapes around it).
+        while len(dims) > 1 and dims[-1] is not None and nest.ranges[dims[-1]] == 1:
+            dims = dims[:-1]
+        return dims[-1] if dims else None
+    inner = innermost(nest.result) if nest.result else None
+    inner = inner if inner not in nest.reductions else None
     # The innermost dims of the inputs that are reduced: an input constant along every
     # reduced loop (jnp.var's row mean, subtracted from each element) is read once a row.
     reduced_inputs = [dims for dims in nest.inputs if not nest.reductions or nest.reductions & set(dims)]
-    inner_in = [dims[-1] for dims in reduced_inputs if dims and dims[-1] is not None]
+    inner_in = [d for d in map(innermost, reduced_inputs) if d is not None]
     if inner is None or (inner not in inner_in and any(d in nest.reductions for d in inner_in)):
         # Reducing along contiguous memory: a chunk of the reduced loop per step.
         dim = next((d for d in inner_in if d in nest.reductions), None)
