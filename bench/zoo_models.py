@@ -237,6 +237,38 @@ class ConvNeXt(nn.Module):
         return nn.Dense(self.classes)(norm()(jnp.mean(x, axis=(1, 2))))
 
 
+class ResNeXtBlock(nn.Module):
+    """A bottleneck whose 3x3 convolution is grouped (``cardinality`` groups), batch-normed."""
+    width: int
+    cardinality: int = 32
+    strides: int = 1
+
+    @nn.compact
+    def __call__(self, x):
+        norm = lambda: nn.BatchNorm(use_running_average=True)
+        y = nn.relu(norm()(nn.Conv(self.width, (1, 1), use_bias=False)(x)))
+        y = nn.Conv(self.width, (3, 3), self.strides, feature_group_count=self.cardinality, use_bias=False)(y)
+        y = norm()(nn.Conv(2 * self.width, (1, 1), use_bias=False)(nn.relu(norm()(y))))
+        if x.shape[-1] != y.shape[-1] or self.strides > 1:
+            x = norm()(nn.Conv(y.shape[-1], (1, 1), self.strides, use_bias=False)(x))
+        return nn.relu(x + y)
+
+
+class ResNeXt(nn.Module):
+    """ResNeXt: a ResNet of grouped bottlenecks (32 groups), ``depths`` blocks per stage."""
+    widths: tuple[int, ...] = (128, 256, 512)
+    depths: tuple[int, ...] = (1, 1, 1)
+    classes: int = 100
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.BatchNorm(use_running_average=True)(nn.Conv(64, (3, 3), 2, use_bias=False)(x)))
+        for stage, (width, depth) in enumerate(zip(self.widths, self.depths)):
+            for block in range(depth):
+                x = ResNeXtBlock(width, strides=2 if stage and not block else 1)(x)
+        return nn.Dense(self.classes)(jnp.mean(x, axis=(1, 2)))
+
+
 class Generator(nn.Module):
     """DCGAN generator: a latent vector to a 4x4 map, then 4x4 transposed convolutions of
     stride 2 (batch norm, relu) doubling the image up to ``image`` pixels, tanh."""

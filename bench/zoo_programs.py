@@ -71,6 +71,11 @@ def _quantize(x):
     return q, q.astype(jnp.float32) * scale
 
 
+def _grouped_conv(groups: int) -> Callable:
+    return lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                                 feature_group_count=groups)
+
+
 def _layernorm(x, scale, bias):
     mean = x.mean(-1, keepdims=True)
     return (x - mean) * lax.rsqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-5) * scale + bias
@@ -123,6 +128,15 @@ PROGRAMS = [
                                        (normal(b, 128, 128, 16),))),
     _program("layernorm", lambda b: (_layernorm, (normal(b, 512, 768), 1 + normal(768, seed=1, scale=0.1),
                                                   normal(768, seed=2, scale=0.1)))),
+    _program("grouped_conv", lambda b: (_grouped_conv(4), (normal(b, 32, 32, 64), normal(3, 3, 16, 64, seed=1, scale=0.1))),
+             note="3x3, 4 groups of 16 channels"),
+    _program("grouped_conv_1x1", lambda b: (_grouped_conv(8), (normal(b, 28, 28, 240), normal(1, 1, 30, 240, seed=1, scale=0.1))),
+             note="ShuffleNet's 1x1, 8 groups of 30 channels"),
+    _program("matvec", lambda b: (lambda a, x: a @ x, (normal(2048, 2048), normal(2048, b, seed=1))),
+             note="a (2048, 2048) matrix times b vectors"),
+    _program("matmul_odd", lambda b: (lambda a, w: jax.nn.relu(a @ w), (normal(125 * b, 333), normal(333, 777, seed=1, scale=0.05))),
+             note="(125b, 333) @ (333, 777): no dim a multiple of a vector"),
+    _program("roll_flip", lambda b: (lambda x: jnp.roll(x, 5, axis=1) + jnp.flip(x, 2), (normal(b, 64, 64, 64),))),
     _program("random_normal", lambda b: (lambda k: jax.random.normal(k, (65536 * b,)),
                                          (np.array([0, 42], np.uint32),)), note="threefry bits, then erf_inv"),
 ]

@@ -193,6 +193,10 @@ MODELS = [
     _flax("resnet50", lambda b, full: (
         flax_models.ResNet(flax_models.ResNetConfig(_I112(full), (3, 4, 6, 3), bottleneck=True)),
         _image(b, _I112(full))), "ResNet-50 at 112x112 (224 with --full)"),
+    _flax("resnext", lambda b, full: (
+        zoo_models.ResNeXt((128, 256, 512, 1024), (3, 4, 6, 3), 1000) if full else zoo_models.ResNeXt(),
+        _image(b, _I64(full))), "64x64, 32-group bottlenecks of widths 128-512, 1 per stage "
+                                "(ResNeXt-50 32x4d at 224 with --full)"),
     _flax("vit", lambda b, full: (
         flax_models.ViT(flax_models.ViTConfig() if full else flax_models.ViTConfig(image=64, patch=8, depth=4)),
         _image(b, _I64(full))), "ViT-Tiny widths, 64x64 in patches of 8, 4 layers (ViT-Tiny at 224 with --full)"),
