@@ -9,7 +9,10 @@ matrices are well conditioned.
 """
 from __future__ import annotations
 
+import glob
 import itertools
+import os
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -360,6 +363,32 @@ class SolversTest(absltest.TestCase):
         a = rng.standard_normal((3, 150, 150)).astype(np.float32) + 10 * np.eye(150, dtype=np.float32)
         _check(self, lambda a, b: (jnp.linalg.solve(a, b), jnp.linalg.inv(a[0])), a,
                rng.standard_normal((3, 150, 4)).astype(np.float32))
+
+    def test_batched_lu_of_small_matrices(self):
+        # Many small matrices, one panel each (the column steps do all the work) and two
+        # panels per matrix under solve; infinities in a pivot row and beside a pivot stay
+        # where getrf leaves them (the elimination adds +0 where it must not write, no 0 x inf).
+        rng = np.random.default_rng(13)
+        many = rng.standard_normal((64, 32, 32)).astype(np.float32)
+        _check(self, lax.linalg.lu, many, rtol=1e-4, atol=1e-4)
+        _check(self, jnp.linalg.det, many, rtol=1e-3)  # a product of 32 rounded pivots
+        a = _spd(rng, (16, 64, 64))
+        _check(self, jnp.linalg.solve, a, rng.standard_normal((16, 64, 4)).astype(np.float32))
+        infinite = rng.standard_normal((2, 6, 6)).astype(np.float32)
+        infinite[0, 0, 0], infinite[0, 0, 4], infinite[1, 2, 5] = 10.0, np.inf, -np.inf
+        _check(self, lax.linalg.lu, infinite, rtol=1e-5, atol=1e-5)
+
+    def test_lu_column_steps_use_neither_masked_stores_nor_index_vectors(self):
+        # A column step's update, written as select(mask, updated, old) in place, became
+        # vmaskmovps (slow on Zen 3), its masks i64 index compares packed to bytes and back,
+        # all of it slower than the multiply, mask and subtract it is now.
+        a = np.zeros((64, 32, 32), np.float32)
+        with tempfile.TemporaryDirectory() as dump:
+            pb.compile(jax.jit(lax.linalg.lu).trace(a).lower(lowering_platforms=("cpu",)),
+                       pb.Options(dump_dir=dump, object_cache=False))
+            assembly = "".join(open(f).read() for f in glob.glob(os.path.join(dump, "*", "llvm", "*.s")))
+        for instruction in ("vmaskmov", "vpcmpgtq", "vpunpckhbw"):
+            self.assertNotIn(instruction, assembly)
 
     def test_unsupported_dtype_names_op(self):
         # "Unsupported dtype", as XLA and JAX's CPU rules word it (JAX's testQrInvalidDtype)
