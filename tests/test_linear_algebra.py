@@ -220,6 +220,20 @@ class EighTest(absltest.TestCase):
         a[np.tril_indices(9, -1)] = np.nan
         _check_vectors(self, lambda a: lax.linalg.eigh(a, lower=False, symmetrize_input=False)[::-1], a)
 
+    def test_unsorted_values_stay_in_their_diagonal_block(self):
+        # JAX's QDWH pads its sub-problems with zero rows and columns and reads the first
+        # values unsorted: the sweeps' rounds (from 32 rows) swap indices, and must leave
+        # each where it was (odd and even sizes, odd and even numbers of sweeps).
+        rng = np.random.default_rng(21)
+        for n, k in ((7, 5), (33, 20), (40, 31), (64, 50)):
+            block = _symmetric(rng, (k, k))
+            a = np.zeros((n, n), np.float32)
+            a[:k, :k] = block
+            (values,) = run_pb(lambda a: lax.linalg.eigh(a, sort_eigenvalues=False)[1], a)
+            np.testing.assert_allclose(np.sort(values[:k]), np.linalg.eigvalsh(block.astype(np.float64)),
+                                       rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(values[k:], np.zeros(n - k, np.float32))
+
     def test_as_accurate_as_lapack(self):
         # residual |A v - v w| in units of eps |A|: f32 rotations left 200-400, LAPACK's 8
         a = _symmetric(np.random.default_rng(18), (200, 200))

@@ -163,6 +163,7 @@ def _pivot_row(column: Value, j: ir.Value) -> ir.Value:
     (row,) = field.generic([column, largest], [builders.filled(none, batch)],
                            [ir.AffineMap.get_identity(nb + 2), per_matrix, per_matrix], iterators, first)
     # a NaN largest matches no row: row j then
+    index = ir.IndexType.get()
     return builders.parallel_generic(
-        [row], tensor.EmptyOp(batch, ir.IndexType.get()).result, [ir.AffineMap.get_identity(nb)],
-        lambda r, _: arith.select(arith.cmpi(arith.CmpIPredicate.eq, r, none), j, arith.index_cast(ir.IndexType.get(), r)))
+        [row], tensor.EmptyOp(batch, index).result, [ir.AffineMap.get_identity(nb)],
+        lambda r, _: arith.select(arith.cmpi(arith.CmpIPredicate.eq, r, none), j, arith.index_cast(index, r)))
