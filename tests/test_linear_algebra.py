@@ -9,7 +9,10 @@ matrices are well conditioned.
 """
 from __future__ import annotations
 
+import glob
 import itertools
+import os
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -217,6 +220,20 @@ class EighTest(absltest.TestCase):
         a[np.tril_indices(9, -1)] = np.nan
         _check_vectors(self, lambda a: lax.linalg.eigh(a, lower=False, symmetrize_input=False)[::-1], a)
 
+    def test_unsorted_values_stay_in_their_diagonal_block(self):
+        # JAX's QDWH pads its sub-problems with zero rows and columns and reads the first
+        # values unsorted: the sweeps' rounds (from 32 rows) swap indices, and must leave
+        # each where it was (odd and even sizes, odd and even numbers of sweeps).
+        rng = np.random.default_rng(21)
+        for n, k in ((7, 5), (33, 20), (40, 31), (64, 50)):
+            block = _symmetric(rng, (k, k))
+            a = np.zeros((n, n), np.float32)
+            a[:k, :k] = block
+            (values,) = run_pb(lambda a: lax.linalg.eigh(a, sort_eigenvalues=False)[1], a)
+            np.testing.assert_allclose(np.sort(values[:k]), np.linalg.eigvalsh(block.astype(np.float64)),
+                                       rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(values[k:], np.zeros(n - k, np.float32))
+
     def test_as_accurate_as_lapack(self):
         # residual |A v - v w| in units of eps |A|: f32 rotations left 200-400, LAPACK's 8
         a = _symmetric(np.random.default_rng(18), (200, 200))
@@ -360,6 +377,32 @@ class SolversTest(absltest.TestCase):
         a = rng.standard_normal((3, 150, 150)).astype(np.float32) + 10 * np.eye(150, dtype=np.float32)
         _check(self, lambda a, b: (jnp.linalg.solve(a, b), jnp.linalg.inv(a[0])), a,
                rng.standard_normal((3, 150, 4)).astype(np.float32))
+
+    def test_batched_lu_of_small_matrices(self):
+        # Many small matrices, one panel each (the column steps do all the work) and two
+        # panels per matrix under solve; infinities in a pivot row and beside a pivot stay
+        # where getrf leaves them (the elimination adds +0 where it must not write, no 0 x inf).
+        rng = np.random.default_rng(13)
+        many = rng.standard_normal((64, 32, 32)).astype(np.float32)
+        _check(self, lax.linalg.lu, many, rtol=1e-4, atol=1e-4)
+        _check(self, jnp.linalg.det, many, rtol=1e-3)  # a product of 32 rounded pivots
+        a = _spd(rng, (16, 64, 64))
+        _check(self, jnp.linalg.solve, a, rng.standard_normal((16, 64, 4)).astype(np.float32))
+        infinite = rng.standard_normal((2, 6, 6)).astype(np.float32)
+        infinite[0, 0, 0], infinite[0, 0, 4], infinite[1, 2, 5] = 10.0, np.inf, -np.inf
+        _check(self, lax.linalg.lu, infinite, rtol=1e-5, atol=1e-5)
+
+    def test_lu_column_steps_use_neither_masked_stores_nor_index_vectors(self):
+        # A column step's update, written as select(mask, updated, old) in place, became
+        # vmaskmovps (slow on Zen 3), its masks i64 index compares packed to bytes and back,
+        # all of it slower than the multiply, mask and subtract it is now.
+        a = np.zeros((64, 32, 32), np.float32)
+        with tempfile.TemporaryDirectory() as dump:
+            pb.compile(jax.jit(lax.linalg.lu).trace(a).lower(lowering_platforms=("cpu",)),
+                       pb.Options(dump_dir=dump, object_cache=False))
+            assembly = "".join(open(f).read() for f in glob.glob(os.path.join(dump, "*", "llvm", "*.s")))
+        for instruction in ("vmaskmov", "vpcmpgtq", "vpunpckhbw"):
+            self.assertNotIn(instruction, assembly)
 
     def test_unsupported_dtype_names_op(self):
         # "Unsupported dtype", as XLA and JAX's CPU rules word it (JAX's testQrInvalidDtype)

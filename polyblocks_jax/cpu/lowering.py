@@ -24,6 +24,7 @@ from polyblocks_jax.passes.bool_buffers import widen_bool_buffers
 from polyblocks_jax.cpu.iteration_buffers import hoist_iteration_buffers
 from polyblocks_jax.cpu.packed_entry import add_packed_entry
 from polyblocks_jax.cpu.parallel import parallelize_loops
+from polyblocks_jax.cpu.parallel_constants import clone_vectors_into_parallel_loops
 from polyblocks_jax.cpu.parallel_if import guard_parallel_regions, region_works
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.cpu.vector_reads import lower_vector_reads
@@ -68,6 +69,9 @@ def cpu_stages(options: Options, small: bool = False) -> list[Stage]:
         Stage("arena", plan_arena),
         # An intermediate that can never be allocated: an error now, not a NULL store later.
         Stage("heap-limit", check_heap_buffers),
+        # Vectors a parallel loop reads, made of constants and scalars, cloned into it: the
+        # kernel and OpenMP outlining would pass them through memory, where they no longer fold.
+        Stage("parallel-constants", clone_vectors_into_parallel_loops),
         *outlines,
         # A gather from a strided view (a column) reads a contiguous span: LLVM's gather needs
         # unit stride. A vector read of one element (a broadcast map) is one load: the

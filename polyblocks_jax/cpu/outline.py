@@ -23,6 +23,7 @@ from typing import Iterator
 from mlir import ir
 from mlir.dialects import arith, func, memref
 
+from polyblocks_jax.cpu.parallel_constants import computed_from_constants
 from polyblocks_jax.options import Options
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.shared_layers import PREFIX as LAYER_PREFIX
@@ -143,7 +144,8 @@ def _pass_only_roots(call: ir.Operation, kernel: func.FuncOp) -> None:
     def value_in_callee(value: ir.Value) -> ir.Value:
         if value not in inside:
             owner = value.owner
-            if isinstance(owner, ir.OpView) and owner.operation.name in _RECOMPUTED:
+            if isinstance(owner, ir.OpView) and (owner.operation.name in _RECOMPUTED
+                                                 or computed_from_constants(owner.operation)):
                 operands = [value_in_callee(v) for v in owner.operation.operands]
                 clone = owner.operation.clone(body_start)
                 for index, operand in enumerate(operands):

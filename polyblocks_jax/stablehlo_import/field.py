@@ -134,10 +134,11 @@ def extract_slice(x: Value, sizes: Sequence[int], offsets: Sequence[slices.Offse
     return map_parts(lambda p: slices.extract_slice(p, sizes, offsets, strides, shape), x)
 
 
-def insert_slice(x: Value, dest: Value, offsets: Sequence[slices.Offset], sizes: Sequence[int] | None = None) -> Value:
+def insert_slice(x: Value, dest: Value, offsets: Sequence[slices.Offset], sizes: Sequence[int] | None = None,
+                 strides: Sequence[int] | None = None) -> Value:
     if isinstance(x, Pair):
-        return Pair(*(slices.insert_slice(p, d, offsets, sizes=sizes) for p, d in zip(x, dest)))
-    return slices.insert_slice(x, dest, offsets, sizes=sizes)
+        return Pair(*(slices.insert_slice(p, d, offsets, strides, sizes) for p, d in zip(x, dest)))
+    return slices.insert_slice(x, dest, offsets, strides, sizes)
 
 
 def reshape(x: Value, shape: Sequence[int]) -> Value:

@@ -108,14 +108,22 @@ def _panel_lu(a: Value) -> list[Value]:
         row = field.extract_slice(swapped, [*batch, 1, n], [0] * nb + [j, 0])
         pivot = field.extract_slice(swapped, [*batch, 1, 1], [0] * nb + [j, j])
 
-        def eliminated(x: Value, below: Value, right: Value, d: Value, _: Value) -> Value:
-            i, c = linalg.IndexOp(nb).result, linalg.IndexOp(nb + 1).result
-            multiplier = field.select(field.is_zero(d), below, field.div(below, d))  # getf2 leaves it unscaled
-            updated = field.select(cmp("eq", c, j), multiplier, field.sub(x, field.mul(multiplier, right)))
-            return field.select(arith.andi(cmp("ugt", i, j), cmp("uge", c, j)), updated, x)
+        multipliers = field.parallel_generic(
+            [column, pivot], field.empty_like(column),
+            [ir.AffineMap.get_identity(nb + 2), affine_map(e, [*e[:nb], origin(), origin()])],
+            lambda below, d, _: field.select(
+                cmp("ugt", linalg.IndexOp(nb).result, j), field.select(field.is_zero(d), below, field.div(below, d)),
+                below))
+
+        def eliminated(x: Value, left: Value, right: Value, _: Value) -> Value:
+            i32 = ir.IntegerType.get_signless(32)
+            i, c, jj = (arith.index_cast(i32, v) for v in (linalg.IndexOp(nb).result, linalg.IndexOp(nb + 1).result, j))
+            update = field.select(cmp("sgt", arith.minsi(i, c), jj), field.mul(left, right), field.constant(0.0, x))
+            return field.sub(x, update)
         maps = [ir.AffineMap.get_identity(nb + 2), affine_map(e, [*e[:nb + 1], origin()]),
-                affine_map(e, [*e[:nb], origin(), e[nb + 1]]), affine_map(e, [*e[:nb], origin(), origin()])]
-        lu = field.parallel_generic([swapped, column, row, pivot], field.empty_like(swapped), maps, eliminated)
+                affine_map(e, [*e[:nb], origin(), e[nb + 1]])]
+        lu = field.parallel_generic([swapped, multipliers, row], field.empty_like(swapped), maps, eliminated)
+        lu = field.insert_slice(multipliers, lu, [0] * nb + [0, j])
         number = arith.index_cast(i32, arith.addi(j, builders.index_constant(1)))
         pivots = field.insert_slice(builders.parallel_generic(
             [pivot_row], tensor.EmptyOp([*batch, 1], i32).result, [affine_map(e[:nb + 1], e[:nb])],
@@ -145,11 +153,17 @@ def _pivot_row(column: Value, j: ir.Value) -> ir.Value:
                                [ir.AffineMap.get_identity(nb + 2), per_matrix], iterators,
                                lambda v, acc: [arith.maximumf(acc, magnitude(v))])
 
+    # the row as i32, where an index accumulator kept the reduction scalar
+    i32 = ir.IntegerType.get_signless(32)
+    none = builders.splat(m, i32)
+
     def first(v: Value, top: ir.Value, acc: ir.Value) -> list[ir.Value]:
         here = arith.cmpf(arith.CmpFPredicate.OEQ, magnitude(v), top)
-        return [arith.minsi(acc, arith.select(here, linalg.IndexOp(nb).result, builders.index_constant(m)))]
-    (row,) = field.generic([column, largest], [builders.filled(builders.index_constant(m), batch)],
+        return [arith.minsi(acc, arith.select(here, arith.index_cast(i32, linalg.IndexOp(nb).result), none))]
+    (row,) = field.generic([column, largest], [builders.filled(none, batch)],
                            [ir.AffineMap.get_identity(nb + 2), per_matrix, per_matrix], iterators, first)
     # a NaN largest matches no row: row j then
-    return builders.parallel_generic([row], builders.empty_like(row), [ir.AffineMap.get_identity(nb)],
-                                     lambda r, _: arith.select(cmp("eq", r, builders.index_constant(m)), j, r))
+    index = ir.IndexType.get()
+    return builders.parallel_generic(
+        [row], tensor.EmptyOp(batch, index).result, [ir.AffineMap.get_identity(nb)],
+        lambda r, _: arith.select(arith.cmpi(arith.CmpIPredicate.eq, r, none), j, arith.index_cast(index, r)))

@@ -1,4 +1,4 @@
-"""XLA's "Eigh" custom call: the Hermitian eigendecomposition by cyclic Jacobi rotations.
+"""XLA's "Eigh" custom call: the Hermitian eigendecomposition by Jacobi rotations.
 
 JAX's eigh on a platform without LAPACK is its QDWH spectral divide and conquer (our
 lowering rule for "polyblocks" picks it, as TPUs do: pjrt/lowering_rules.py), built from
@@ -7,10 +7,11 @@ in this custom call, as does jnp.linalg.svd through eigh. Backend config:
 "lower,sort,max_sweeps,tolerance".
 
 Each matrix is made symmetric (Hermitian, its diagonal real) from the named triangle, then
-swept: every pair p < q in row order is rotated by the angle zeroing a[p, q] (a' = J^H a J,
-v' = v J: two columns and two rows of a, two columns of v, each rotation an elementwise op
-on them; a complex a[p, q] = |a[p, q]| u rotates as the real |a[p, q]| would, its phase u
-in J's off-diagonal elements), until the off-diagonal norm is at most the tolerance times
+swept: every pair p < q is rotated by the angle zeroing a[p, q] (a' = J^H a J, v' = v J;
+a complex a[p, q] = |a[p, q]| u rotates as the real |a[p, q]| would, its phase u in J's
+off-diagonal elements), one pair at a time in row order in small matrices, disjoint pairs
+at once in the rounds of jacobi_rounds.py in larger ones (each index back in its place
+after a sweep), until the off-diagonal norm is at most the tolerance times
 the whole norm (checked before each sweep) or the sweeps run out. f32 matrices are swept
 in f64 to f32's epsilon; f64 ones to n units in the last place (rounding leaves about that
 much off the diagonal however long the sweeps go on; the configured tolerance, TPUs' 1e-6,
@@ -26,11 +27,11 @@ from jaxlib.mlir import ir as jir
 from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
-from polyblocks_jax.stablehlo_import import field
+from polyblocks_jax.stablehlo_import import field, jacobi_rounds
 from polyblocks_jax.tensor_ir import builders
 from polyblocks_jax.stablehlo_import.complex_values import Value, flatten, map_parts
 from polyblocks_jax.stablehlo_import.jacobi_rotations import gathered, rotate_pair, rotation, sorting_sources
-from polyblocks_jax.stablehlo_import.linear_algebra import check_dtype, diagonal, hermitian, identity_like
+from polyblocks_jax.stablehlo_import.linear_algebra import adjoint, check_dtype, diagonal, hermitian, identity_like
 
 
 def eigh_call(op) -> list[Value]:
@@ -88,9 +89,16 @@ def _config(op) -> tuple[bool, bool, int]:
         raise op.unsupported(f"Eigh backend_config {text!r} (expected lower,sort,max_sweeps,tolerance)") from None
 
 
+# Rows from which eigh sweeps by jacobi_rounds.py's rounds: a round is a few passes over the
+# whole matrix, of which a smaller one pays mostly their fixed costs; its pairs are rotated
+# one at a time.
+_ROUNDS_FROM = 32
+
+
 def _jacobi(a: Value, max_sweeps: int, tolerance: float) -> tuple[Value, Value]:
     """(a rotated to diagonal, the product of the rotations)."""
     n = field.shape_of(a)[0]
+    by_rounds = n >= _ROUNDS_FROM
 
     def sweep(_: list[ir.Value], carried: list[Value]) -> list[Value]:
         done = _converged(carried[0], tolerance)
@@ -99,14 +107,18 @@ def _jacobi(a: Value, max_sweeps: int, tolerance: float) -> tuple[Value, Value]:
         with ir.InsertionPoint(branch.then_block):
             scf.YieldOp(flat)
         with ir.InsertionPoint(branch.else_block):
-            scf.YieldOp(flatten(_sweep(carried, n)))
+            scf.YieldOp(flatten(jacobi_rounds.sweep(*carried) if by_rounds else _sweep(carried, n)))
         return field.regroup(list(branch.results), carried)
-    d, v = field.loop_nest([max_sweeps], [a, identity_like(a)], sweep)
-    return d, v
+    if not by_rounds:
+        d, v = field.loop_nest([max_sweeps], [a, identity_like(a)], sweep)
+        return d, v
+    # w = v^H: v J is J^H w, rows rotated as a's are
+    d, w = field.loop_nest([max_sweeps], [jacobi_rounds.to_halves(a, [0, 1]), identity_like(a)], sweep)
+    return jacobi_rounds.from_halves(d, [0, 1]), adjoint(jacobi_rounds.from_halves(w, [0, 1]))
 
 
 def _sweep(carried: Sequence[Value], n: int) -> list[Value]:
-    """One rotation for every pair p < q, row by row."""
+    """One rotation for every pair p < q, one pair at a time, row by row."""
     def row(p: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
         first = arith.addi(p, builders.index_constant(1))
         return builders.for_loop(first, builders.index_constant(n), builders.index_constant(1), values,
