@@ -162,6 +162,19 @@ class CumulativeTest(parameterized.TestCase):
         self.assertNotIn("scf.for", text)
         self.assertIn("tensor.empty() : tensor<0x4xi8>", text)
 
+    @parameterized.named_parameters(("bf16", ml_dtypes.bfloat16, 2 ** -8), ("f16", np.float16, 2 ** -11))
+    def test_half_precision_sums_round_once(self, dtype, eps):
+        # A 16-bit float prefix sum (jnp.cumsum keeps the dtype) or lax.reduce sum runs in f32,
+        # each output rounded once: within one rounding of the exact sum, where a sum rounded
+        # at every step of a row of 512 drifted by 4-10 of them (2-5 times XLA's error).
+        x = (np.random.default_rng(5).standard_normal((16, 512)) + 0.5).astype(dtype)
+        exact = x.astype(np.float64)
+        for fn, expected in ((lambda v: jnp.cumsum(v, axis=1), np.cumsum(exact, 1)),
+                             (lambda v: lax.reduce(v, dtype(0), lax.add, (1,)), exact.sum(1))):
+            ours = support.polyblocks(fn, x)[0].astype(np.float64)
+            self.assertLessEqual(np.max(np.abs(ours - expected) / np.maximum(np.abs(expected), 1)), 1.01 * eps)
+            support.check_against_xla(self, fn, x, rtol=16 * eps, atol=16 * eps)
+
     def test_long_scan(self):
         x = np.random.default_rng(0).random((2, 3000)).astype(np.float32)
         support.check_against_xla(self, lambda v: jnp.cumsum(v, axis=1), x, rtol=1e-5)

@@ -29,10 +29,11 @@ from jaxlib.mlir import ir as jir
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
-from polyblocks_jax.dtypes import TensorSpec
+from polyblocks_jax.dtypes import DTYPES, TensorSpec
 from polyblocks_jax.stablehlo_import import reader
 from polyblocks_jax.tensor_ir import builders, layout, slices
 from polyblocks_jax.stablehlo_import.complex_values import flat_specs, flatten, unflatten
+from polyblocks_jax.stablehlo_import.convert import convert_value
 from polyblocks_jax.stablehlo_import.registry import converts, converts_complex
 
 _POOLING_BODIES = {"stablehlo.maximum": "max", "stablehlo.minimum": "min", "stablehlo.add": "sum"}
@@ -83,6 +84,14 @@ def reduce_window(cx, op):
     def fold(accs: Sequence[ir.Value], elems: Sequence[ir.Value]) -> list[ir.Value]:
         return flatten(cx.import_block(body, unflatten(accs, specs) + unflatten(elems, specs), scalar=True))
     axis = _cumulative_axis(win, spec)
+    if axis is not None and half_precision_sum(body, specs):
+        # A 16-bit float prefix sum runs in f32, each output rounded once: rounded at every
+        # step it drifts by as many roundings as terms (jnp.cumsum of bf16 probabilities).
+        wide = TensorSpec(spec.shape, DTYPES["f32"])
+        sums = _cumulative_along_rows(lambda accs, elems: [arith.addf(accs[0], elems[0])],
+                                      [convert_value(xs[0], spec.dtype, wide.dtype)],
+                                      [convert_value(inits[0], spec.dtype, wide.dtype)], [wide], *axis)
+        return [convert_value(sums[0], wide.dtype, spec.dtype)]
     if axis is not None:
         return unflatten(_cumulative_along_rows(fold, xs, inits, flat_specs(specs), *axis), op.result_specs)
     padded = [_pad(x, init, win) for x, init in zip(xs, inits)]
@@ -128,6 +137,12 @@ def _single_op(body: jir.Block) -> str | None:
     if len(ops) != 2 or len(body.arguments) != 2 or set(ops[0].operands) != set(body.arguments):
         return None
     return ops[0].name if list(ops[1].operands) == list(ops[0].results) else None
+
+
+def half_precision_sum(body: jir.Block, specs: Sequence[TensorSpec]) -> bool:
+    """Whether a reduction ``body`` over one operand of ``specs`` adds 16-bit floats."""
+    return (len(specs) == 1 and specs[0].dtype.is_float and specs[0].dtype.bits == 16
+            and _single_op(body) == "stablehlo.add")
 
 
 def _pooling_op(body: jir.Block, win: _Window, spec: TensorSpec) -> tuple[Callable, list[int]] | None:
