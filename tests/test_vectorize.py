@@ -4,6 +4,7 @@ the planners' choices, the IR the stage leaves, and results against XLA with it 
 Convolutions and contractions accumulate in another order than XLA (register tiles,
 reassociated horizontal sums), hence rtol/atol 1e-5 there, as for tiled matmuls.
 """
+import dataclasses
 import functools
 import math
 import re
@@ -23,7 +24,8 @@ from polyblocks_jax.cpu import vector_math
 from polyblocks_jax.cpu.collapsed_dims import merged_dims
 from polyblocks_jax.passes.conv_tiling import choose_conv_tiles
 from polyblocks_jax.passes.tiling import Hardware, register_tile
-from polyblocks_jax.cpu.vectorize import LoopNest, choose_vector_tiles, partial_sum_loops, peeled_loops
+from polyblocks_jax.cpu.vectorize import (LoopNest, choose_vector_tiles, partial_sum_loops, peeled_loops,
+                                          reduction_parts)
 from polyblocks_jax.passes.transform import walk
 from polyblocks_jax.cpu.transposed_broadcasts import fold_transposed_broadcasts
 from polyblocks_jax.stablehlo_import import elementwise, import_program
@@ -51,6 +53,18 @@ class PlannerTest(parameterized.TestCase):
         # The rows a block takes divide the result's (a remainder would leave the parallel loop).
         self.assertEqual(choose_vector_tiles(LoopNest((6, 768), frozenset({1}), ((0, 1),), (0,)), 4, AVX2), (3, 16))
         self.assertEqual(choose_vector_tiles(LoopNest((7, 768), frozenset({1}), ((0, 1),), (0,)), 4, AVX2), (1, 16))
+
+    def test_whole_array_reduction_splits_into_parts_for_the_cores(self):
+        two_cores = dataclasses.replace(AVX2, cores=2)
+        whole = LoopNest((1 << 24,), frozenset({0}), ((0,),), ())
+        self.assertEqual(reduction_parts(whole, two_cores), 8)  # 4 a core, to balance them
+        self.assertEqual(reduction_parts(whole, AVX2), 1)  # one core
+        self.assertEqual(reduction_parts(LoopNest((1000,), frozenset({0}), ((0,),), ()), two_cores), 1)  # small
+        self.assertEqual(reduction_parts(LoopNest((8, 1 << 20), frozenset({1}), ((0, 1),), (0,)), two_cores), 1)
+        # Blocks of the parts' rows, one a core at least.
+        parts = LoopNest((8, 1 << 21), frozenset({1}), ((0, 1),), (0,))
+        self.assertEqual(choose_vector_tiles(parts, 4, two_cores), (4, 16))
+        self.assertEqual(choose_vector_tiles(dataclasses.replace(parts, ranges=(4, 1 << 21)), 4, two_cores), (2, 16))
 
     def test_short_row_reduction_takes_the_row_in_one_chunk(self):
         nest = LoopNest((8, 64), frozenset({1}), ((0, 1),), (0,))
@@ -460,6 +474,18 @@ class RowReductionTest(parameterized.TestCase):
         self.assertRegex(text, rf"scf\.for .* -> \(vector<{rows}x(1x)?16xf32>\)")
         # The vector's chunk is read once for the block's rows.
         self.assertRegex(text, rf"vector\.broadcast %\w+ : vector<16xf32> to vector<{rows}x16xf32>")
+
+    def test_whole_array_sum_runs_in_parts_on_the_cores(self):
+        text = _staged(lambda x: (x.sum(), x.max()), np.zeros((1 << 18,), np.float32),
+                       hw=dataclasses.replace(AVX2, cores=2))
+        self.assertEqual(len(re.findall(r"scf\.forall \(%\w+\) in \(2\)", text)), 2)  # 2 blocks of 4 parts
+        self.assertEqual(_horizontal_ops_in_loops(text), [])
+
+    @parameterized.parameters(np.float32, np.int32, jnp.bfloat16)
+    def test_whole_array_reductions_match_xla(self, dtype):
+        x = support.random_array(np.random.default_rng(3), (1 << 18,), dtype, edge=False)
+        support.check_against_xla(self, lambda x: (x.sum(), x.max(), x.min(), jnp.abs(x).sum(), jnp.argmax(x)), x,
+                                  **ACCUMULATE)
 
     @parameterized.named_parameters(
         ("max", lambda x: x.max(-1), np.float32), ("min", lambda x: x.min(-1), np.float32),

@@ -30,6 +30,7 @@ from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.cpu import signed_zeros, vector_math
 from polyblocks_jax.cpu.collapsed_dims import merge_trailing_dims, merged_dims
 from polyblocks_jax.cpu.lane_reversals import read_lane_reversals, split_lane_reversals
+from polyblocks_jax.cpu.parallel import CHUNKS_PER_THREAD, MIN_PARALLEL_WORK
 from polyblocks_jax.cpu.reversals import unreverse_loops
 from polyblocks_jax.cpu.transposed_broadcasts import fold_transposed_broadcasts
 from polyblocks_jax.cpu.unit_dims import drop_unit_dims_of_elementwise
@@ -51,6 +52,7 @@ _BOOL_COMBINERS = {"arith.andi", "arith.ori", "arith.xori"}
 _CONTRACTIBLE = ("arith.mulf", "arith.addf", "arith.subf")
 _INTEGER_MATMULS = ("linalg.matmul", "linalg.batch_matmul")
 _GENERALIZE_ATTR = "polyblocks.generalize"
+_SPLIT_ATTR = "polyblocks.split_reduction"  # the parts a reduction of a whole array splits into
 _TRANSPOSE_LOOPS = "polyblocks.transpose_loops"  # the loops of a vectorized transpose (its choice)
 _MAX_CHUNK_VECTORS = 16  # an inner-reduction chunk: at most this many vectors in flight
 _LINE_BYTES = 64  # a cache line: what a row reduction reads of each row a step
@@ -129,15 +131,17 @@ def _row_block(nest: LoopNest, tiles: list[int], dim: int, elem_bytes: int, hw: 
     the rows (a matrix-vector product's vector) once for all of them. The block has as many
     accumulators as keep the adders busy (latency times issue rate), within half the registers
     (the other half for operands and the body's temporaries); the rows are the most that
-    divide the result's row (a remainder would leave the parallel loop)."""
+    divide the result's row (a remainder would leave the parallel loop) and leave a block
+    for each core (the parts of a split reduction)."""
     vectors = max(1, _LINE_BYTES * 8 // hw.vector_bits)
     accumulators = min(FMA_LATENCY * FMA_PER_CYCLE, hw.vector_registers // 2)
     tiles[dim] = _vector_block(nest.ranges[dim], elem_bytes, hw, vectors)
     row = next((d for d in reversed(nest.result) if d is not None and d not in nest.reductions
                 and nest.ranges[d] > 1), None)
     if row is not None:
+        rows = nest.ranges[row]
         most = max(1, accumulators // (tiles[dim] // hw.lanes(elem_bytes)))
-        tiles[row] = max(r for r in range(1, most + 1) if nest.ranges[row] % r == 0)
+        tiles[row] = max(r for r in range(1, most + 1) if rows % r == 0 and rows // r >= min(rows, hw.cores))
     return tuple(tiles)
 
 
@@ -169,6 +173,8 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware, scales_by_e
     unreverse_loops(module)
     _merge_narrow_dims(module, hw)
     _generalize_integer_matmuls(module)
+    if options.parallel:
+        _split_whole_reductions(module, hw)
     choices: dict[tuple[str, *Plan, bool], int] = {}
     planned = []
     for op in walk(module.operation):
@@ -206,6 +212,55 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware, scales_by_e
         signed_zeros.extrema_as_trees(module)
         signed_zeros.merge_zero_signs(module)  # after CSE, which lets it see the forms already there
         _private_inits(module)
+
+
+def reduction_parts(nest: LoopNest, hw: Hardware) -> int:
+    """Parts, each a contiguous piece of whole vectors, to split a reduction of a whole array
+    into (1: none): it has no parallel loop to share out over the cores, so each takes a few
+    parts (the parts reduced in turn after them). Only a reduction along one contiguous loop
+    with the work of a parallel loop."""
+    parts = hw.cores * CHUNKS_PER_THREAD
+    if (hw.cores < 2 or len(nest.reductions) != 1 or any(r > 1 for d, r in enumerate(nest.ranges)
+                                                         if d not in nest.reductions)):
+        return 1
+    (dim,) = nest.reductions
+    extent = nest.ranges[dim]
+    if extent < MIN_PARALLEL_WORK or extent % (parts * hw.lanes(4)) or any(
+            dims and dims[-1] != dim for dims in nest.inputs):
+        return 1
+    return parts
+
+
+def _split_whole_reductions(module: ir.Module, hw: Hardware) -> None:
+    """Split each reduction of a whole array into parts (``reduction_parts``) reduced by a
+    parallel loop, then a reduction of the parts (``transform.structured.split_reduction``)."""
+    factors = set()
+    for op in walk(module.operation):
+        nest = (loop_nest(op) if op.name == "linalg.generic" and len(op.results) == 1 and not _in_forall(op)
+                and _vectorizable(op) and not _reads_indices(op) else None)
+        parts = reduction_parts(nest, hw) if nest is not None and nest.ranges else 1
+        if parts > 1:
+            signed_zeros.plain_combiners(op)  # a combiner that upstream recognizes
+            op.attributes[_SPLIT_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), parts)
+            factors.add(parts)
+    for parts in factors:
+        apply_script(module, f"""
+module attributes {{transform.with_named_sequence}} {{
+  transform.named_sequence @main(%root: !transform.any_op {{transform.readonly}}) {{
+    %ops = transform.structured.match ops{{["linalg.generic"]}} attributes{{{_SPLIT_ATTR} = {parts} : i64}}
+      in %root : (!transform.any_op) -> !transform.any_op
+    %init, %fill, %split, %merge = transform.structured.split_reduction %ops {{split_factor = {parts},
+      insert_split_dimension = 0}} : (!transform.any_op) -> (!transform.any_op, !transform.any_op,
+      !transform.any_op, !transform.any_op)
+    transform.yield
+  }}
+}}""")
+
+
+def _reads_indices(op: ir.Operation) -> bool:
+    """Whether ``op``'s body reads a loop index: upstream's partial and split reductions leave
+    it relative to the piece (an argmax's candidate indices)."""
+    return any(b.operation.name == "linalg.index" for b in op.regions[0].blocks[0].operations)
 
 
 def _generalize_integer_matmuls(module: ir.Module) -> None:
@@ -319,9 +374,7 @@ def _plan(op: ir.Operation, hw: Hardware) -> Plan | None:
             or has_reversed_index(op)):
         return None
     nest = loop_nest(op)
-    # Upstream's partial reduction leaves a loop index read in the body relative to the chunk
-    # (an argmax's candidate indices): such a body reduces a chunk a step into its result.
-    reads_indices = any(b.operation.name == "linalg.index" for b in op.regions[0].blocks[0].operations)
+    reads_indices = _reads_indices(op)  # then a chunk a step is reduced into the result
     tiles = choose_vector_tiles(nest, 4, hw, not reads_indices) if nest is not None and nest.ranges else None
     if tiles is None:
         return None
