@@ -4,6 +4,7 @@ the planners' choices, the IR the stage leaves, and results against XLA with it 
 Convolutions and contractions accumulate in another order than XLA (register tiles,
 reassociated horizontal sums), hence rtol/atol 1e-5 there, as for tiled matmuls.
 """
+import dataclasses
 import functools
 import math
 import re
@@ -23,7 +24,8 @@ from polyblocks_jax.cpu import vector_math
 from polyblocks_jax.cpu.collapsed_dims import merged_dims
 from polyblocks_jax.passes.conv_tiling import choose_conv_tiles
 from polyblocks_jax.passes.tiling import Hardware, register_tile
-from polyblocks_jax.cpu.vectorize import LoopNest, choose_vector_tiles, peeled_loops
+from polyblocks_jax.cpu.vectorize import (LoopNest, choose_vector_tiles, partial_sum_loops, peeled_loops,
+                                          reduction_parts)
 from polyblocks_jax.passes.transform import walk
 from polyblocks_jax.cpu.transposed_broadcasts import fold_transposed_broadcasts
 from polyblocks_jax.stablehlo_import import elementwise, import_program
@@ -40,20 +42,40 @@ class PlannerTest(parameterized.TestCase):
         self.assertEqual(choose_vector_tiles(nest, 4, AVX2), (1, 32))
         self.assertEqual(choose_vector_tiles(nest, 4, AVX512), (1, 64))
 
-    def test_row_reduction_takes_chunks_of_the_row(self):
+    def test_long_row_reduction_takes_a_block_of_rows_by_a_cache_line(self):
+        # Rows longer than a chunk: 8 accumulators (an add's latency times its issue rate), a
+        # cache line of each row a step: 4 rows of 2 vectors on AVX2, 8 rows of 1 on AVX-512,
+        # carried as partial sums across the row.
         nest = LoopNest((8, 768), frozenset({1}), ((0, 1),), (0,))
-        tiles = choose_vector_tiles(nest, 4, AVX2)
-        self.assertEqual(tiles[0], 1)
-        self.assertEqual(768 % tiles[1], 0)
-        self.assertEqual(tiles[1] % 8, 0)
+        self.assertEqual(choose_vector_tiles(nest, 4, AVX2), (4, 16))
+        self.assertEqual(choose_vector_tiles(nest, 4, AVX512), (8, 16))
+        self.assertEqual(partial_sum_loops(nest, (4, 16)), {1})
+        # The rows a block takes divide the result's (a remainder would leave the parallel loop).
+        self.assertEqual(choose_vector_tiles(LoopNest((6, 768), frozenset({1}), ((0, 1),), (0,)), 4, AVX2), (3, 16))
+        self.assertEqual(choose_vector_tiles(LoopNest((7, 768), frozenset({1}), ((0, 1),), (0,)), 4, AVX2), (1, 16))
 
-    def test_row_reduction_with_a_row_broadcast_input_takes_chunks_of_the_row(self):
+    def test_whole_array_reduction_splits_into_parts_for_the_cores(self):
+        two_cores = dataclasses.replace(AVX2, cores=2)
+        whole = LoopNest((1 << 24,), frozenset({0}), ((0,),), ())
+        self.assertEqual(reduction_parts(whole, two_cores), 8)  # 4 a core, to balance them
+        self.assertEqual(reduction_parts(whole, AVX2), 1)  # one core
+        self.assertEqual(reduction_parts(LoopNest((1000,), frozenset({0}), ((0,),), ()), two_cores), 1)  # small
+        self.assertEqual(reduction_parts(LoopNest((8, 1 << 20), frozenset({1}), ((0, 1),), (0,)), two_cores), 1)
+        # Blocks of the parts' rows, one a core at least.
+        parts = LoopNest((8, 1 << 21), frozenset({1}), ((0, 1),), (0,))
+        self.assertEqual(choose_vector_tiles(parts, 4, two_cores), (4, 16))
+        self.assertEqual(choose_vector_tiles(dataclasses.replace(parts, ranges=(4, 1 << 21)), 4, two_cores), (2, 16))
+
+    def test_short_row_reduction_takes_the_row_in_one_chunk(self):
+        nest = LoopNest((8, 64), frozenset({1}), ((0, 1),), (0,))
+        self.assertEqual(choose_vector_tiles(nest, 4, AVX2), (1, 64))
+        self.assertEqual(partial_sum_loops(nest, (1, 64)), frozenset())
+
+    def test_row_reduction_with_a_row_broadcast_input_takes_blocks_of_rows(self):
         # jnp.var: sum((x - mean)^2) over the row, mean read once a row (constant along the
         # reduced loop): it does not make the reduction a contraction along the result.
         nest = LoopNest((1, 8, 768), frozenset({2}), ((0, 1, 2), (0, 1)), (0, 1))
-        tiles = choose_vector_tiles(nest, 4, AVX512)
-        self.assertEqual(tiles[:2], (1, 1))
-        self.assertEqual(768 % tiles[2], 0)
+        self.assertEqual(choose_vector_tiles(nest, 4, AVX512), (1, 8, 16))
 
     def test_unit_loops_after_the_row_do_not_hide_it(self):
         # A matrix times a column (n, 1): fusion expands the product's loops by the reshapes'
@@ -76,7 +98,8 @@ class PlannerTest(parameterized.TestCase):
         self.assertEqual(choose_vector_tiles(elementwise, 4, AVX2), (1, 32))
         self.assertEqual(peeled_loops(elementwise, (1, 32)), {1})
         row_sum = LoopNest((8, 197), frozenset({1}), ((0, 1),), (0,))
-        self.assertEqual(choose_vector_tiles(row_sum, 4, AVX2), (1, 96))
+        self.assertEqual(choose_vector_tiles(row_sum, 4, AVX2), (4, 16))
+        self.assertEqual(peeled_loops(row_sum, (4, 16)), {1})
         # (b, m, n, k): rows and columns both 197, each with a remainder
         contraction = LoopNest((1, 197, 197, 64), frozenset({3}), ((0, 1, 3), (0, 3, 2)), (0, 1, 2))
         tiles = choose_vector_tiles(contraction, 4, AVX2)
@@ -383,9 +406,11 @@ class StageTest(parameterized.TestCase):
         text = _staged(lambda x: jax.nn.softmax(x, axis=-1), np.zeros((4, 197), np.float32))
         self.assertNotIn("linalg.generic", text)
         self.assertIn("vector.reduction <add>", text)
-        self.assertIn("vector.reduction <maximumf>", text)
         self.assertRegex(text, r"math\.floor %\w+ : vector<32xf32>")
         self.assertRegex(text, r"vector\.transfer_read .* vector<5xf32>")
+        # The remainder joins the first lanes of the partial sums; both reduce after the loops.
+        self.assertEqual(_horizontal_ops_in_loops(text), [])
+        self.assertRegex(text, r"arith\.addf %\w+, %\w+ (fastmath<contract> )?: vector<5xf32>")
 
     def test_pairwise_reduction_over_short_rows_runs_on_vectors(self):
         # Intersections of boxes: a product over 2 coordinates per pair, vectors along the
@@ -442,6 +467,83 @@ class StageTest(parameterized.TestCase):
 
 def _max_pool_3x3_2(x):
     return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))
+
+
+def _horizontal_ops_in_loops(text: str) -> list[str]:
+    """The horizontal reductions (whole or by halves) inside scf.for loops of module ``text``."""
+    horizontal = ("vector.reduction", "vector.multi_reduction", "vector.extract_strided_slice")
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        return [inner.name for loop in walk(module.operation) if loop.name == "scf.for"
+                for inner in walk(loop) if inner.name in horizontal]
+
+
+class RowReductionTest(parameterized.TestCase):
+    """Reductions along rows longer than a chunk: blocks of rows, partial sums of a cache line of
+    each row carried across the row in registers, each row reduced horizontally once."""
+
+    @parameterized.parameters((AVX2, 4), (AVX512, 8))
+    def test_matrix_vector_product_takes_blocks_of_rows(self, hw, rows):
+        a, x = np.zeros((64, 512), np.float32), np.zeros((512,), np.float32)
+        text = _staged(lambda a, x: a @ x, a, x, hw=hw)
+        self.assertEqual(_horizontal_ops_in_loops(text), [])
+        self.assertRegex(text, rf"scf\.for .* -> \(vector<{rows}x(1x)?16xf32>\)")
+        # The vector's chunk is read once for the block's rows.
+        self.assertRegex(text, rf"vector\.broadcast %\w+ : vector<16xf32> to vector<{rows}x16xf32>")
+
+    def test_whole_array_sum_runs_in_parts_on_the_cores(self):
+        text = _staged(lambda x: (x.sum(), x.max()), np.zeros((1 << 18,), np.float32),
+                       hw=dataclasses.replace(AVX2, cores=2))
+        self.assertEqual(len(re.findall(r"scf\.forall \(%\w+\) in \(2\)", text)), 2)  # 2 blocks of 4 parts
+        self.assertEqual(_horizontal_ops_in_loops(text), [])
+
+    @parameterized.parameters(np.float32, np.int32, jnp.bfloat16)
+    def test_whole_array_reductions_match_xla(self, dtype):
+        x = support.random_array(np.random.default_rng(3), (1 << 18,), dtype, edge=False)
+        support.check_against_xla(self, lambda x: (x.sum(), x.max(), x.min(), jnp.abs(x).sum(), jnp.argmax(x)), x,
+                                  **ACCUMULATE)
+
+    @parameterized.named_parameters(
+        ("max", lambda x: x.max(-1), np.float32), ("min", lambda x: x.min(-1), np.float32),
+        ("norm", lambda x: jnp.linalg.norm(x, axis=-1), np.float32),
+        ("int_sum", lambda x: x.sum(-1), np.int32), ("int_max", lambda x: x.max(-1), np.int32),
+        ("bf16_sum", lambda x: x.sum(-1), jnp.bfloat16), ("bf16_max", lambda x: x.max(-1), jnp.bfloat16),
+        ("any", lambda x: x.any(-1), np.bool_), ("all", lambda x: x.all(-1), np.bool_))
+    def test_no_horizontal_reduction_inside_the_row_loop(self, fn, dtype):
+        self.assertEqual(_horizontal_ops_in_loops(_staged(fn, np.zeros((8, 512), dtype))), [])
+
+    @parameterized.product(
+        fn=[lambda x: x.sum(-1), lambda x: x.max(-1), lambda x: x.min(-1), lambda x: jnp.exp(x).sum(-1),
+            lambda x: jnp.linalg.norm(x, axis=-1), lambda x: jax.nn.softmax(x, axis=-1),
+            lambda x: jax.nn.logsumexp(x, axis=-1), _standardize, lambda x: (x * x).mean(-1) - x.mean(-1) ** 2],
+        shape=[(8, 512), (6, 520), (7, 197), (3, 5, 300)])
+    def test_float_rows_match_xla(self, fn, shape):
+        x = support.random_array(np.random.default_rng(0), shape, np.float32, edge=False)
+        support.check_against_xla(self, fn, x, **ACCUMULATE)
+
+    @parameterized.product(dtype=[np.float32, np.int32, jnp.bfloat16, np.bool_, np.uint8, np.int16],
+                           shape=[(8, 512), (7, 197)])
+    def test_rows_with_special_values_match_xla(self, dtype, shape):
+        # Infinities, zeros of both signs and integer limits among the values: extrema exact,
+        # integer sums wrap. No NaN: XLA's own max of a row drops one in some lanes.
+        x = support.random_array(np.random.default_rng(1), shape, dtype)
+        if x.dtype.kind == "f" or x.dtype == jnp.bfloat16:
+            x[np.isnan(x.astype(np.float32))] = -0.0
+        if dtype == np.bool_:
+            support.check_against_xla(self, lambda x: (x.any(-1), x.all(-1)), x)
+            return
+        support.check_against_xla(self, lambda x: (x.max(-1), x.min(-1)), x, rtol=0, atol=0)
+        if dtype != np.uint8:
+            support.check_against_xla(self, lambda x: x.sum(-1), x, **ACCUMULATE)
+
+    @parameterized.parameters((64, 512), (6, 1000), (1024, 1024), (13, 197))
+    def test_matrix_vector_products_match_xla(self, rows, cols):
+        rng = np.random.default_rng(2)
+        a, x = rng.standard_normal((rows, cols), np.float32), rng.standard_normal((cols,), np.float32)
+        b = rng.standard_normal((rows,), np.float32)
+        # Summed in another order than XLA: the error grows with the number of terms.
+        support.check_against_xla(self, lambda a, x, b: (a @ x, jnp.tanh(a) @ x + b, (a * a) @ x), a, x, b,
+                                  rtol=1e-5, atol=1e-6 * cols)
 
 
 class PrivateInitsTest(absltest.TestCase):

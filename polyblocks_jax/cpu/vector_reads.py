@@ -135,11 +135,10 @@ def _reads_one_element(read: vector.TransferReadOp) -> bool:
         return False
     shape = ir.VectorType(read.result.type).shape
     results = ir.AffineMapAttr(read.permutation_map).value.results
-    # Each source dim maps to a vector dim of size 1 (read at one position) or is
+    # Each vector dim (a result of the map) reads a source dim at one position (size 1) or is
     # broadcast (the constant 0 of the map): no vector dim steps through the source.
     return any(isinstance(e, ir.AffineConstantExpr) for e in results) and all(
-        isinstance(e, ir.AffineConstantExpr) or shape[ir.AffineDimExpr(e).position] == 1
-        for e in results)
+        isinstance(e, ir.AffineConstantExpr) or size == 1 for e, size in zip(results, shape))
 
 
 def _load_and_broadcast(op: ir.Operation) -> None:

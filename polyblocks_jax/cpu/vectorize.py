@@ -12,7 +12,9 @@ Plans, by the loop that carries the vector:
   contractions): one vector block along it, a few rows of the next result dim when the op
   reduces (a register tile of accumulators), every other loop stepping by one;
 - the innermost dim of the input when it is reduced (row sums, row norms): a chunk of it,
-  reduced with a reassociating horizontal add.
+  reduced with a reassociating horizontal add; rows longer than a chunk take a block of rows
+  by a cache line of each, vectors of partial results carried across the row
+  (``transform.structured.tile_reduction_using_for``) and reduced horizontally once.
 A loop that no whole number of vectors divides (197 tokens of a ViT) is peeled
 (``transform.loop.peel``): a main loop of whole blocks, then one remainder iteration,
 narrower than a vector, whose static shape vectorizes as is (no masks, which AVX2 lacks
@@ -28,12 +30,13 @@ from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.cpu import signed_zeros, vector_math
 from polyblocks_jax.cpu.collapsed_dims import merge_trailing_dims, merged_dims
 from polyblocks_jax.cpu.lane_reversals import read_lane_reversals, split_lane_reversals
+from polyblocks_jax.cpu.parallel import CHUNKS_PER_THREAD, MIN_PARALLEL_WORK
 from polyblocks_jax.cpu.reversals import unreverse_loops
 from polyblocks_jax.cpu.transposed_broadcasts import fold_transposed_broadcasts
 from polyblocks_jax.cpu.unit_dims import drop_unit_dims_of_elementwise
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import conv_tiling, signed_extrema, templates
-from polyblocks_jax.passes.tiling import Hardware, TILE_ATTR, register_tile
+from polyblocks_jax.passes.tiling import FMA_LATENCY, FMA_PER_CYCLE, Hardware, TILE_ATTR, register_tile
 from polyblocks_jax.passes.transform import (FLOAT_EXTREMA, apply_script, constant_index, has_reversed_index, indexing_maps,
                                              is_elementwise_generic, lower_vectors_and_hoist, reduction_loops, walk)
 from polyblocks_jax.passes.zero_start import NEST_ATTR, WHOLE_NEST_ATTR, start_accumulators_at_zero
@@ -49,12 +52,16 @@ _BOOL_COMBINERS = {"arith.andi", "arith.ori", "arith.xori"}
 _CONTRACTIBLE = ("arith.mulf", "arith.addf", "arith.subf")
 _INTEGER_MATMULS = ("linalg.matmul", "linalg.batch_matmul")
 _GENERALIZE_ATTR = "polyblocks.generalize"
+_SPLIT_ATTR = "polyblocks.split_reduction"  # the parts a reduction of a whole array splits into
 _TRANSPOSE_LOOPS = "polyblocks.transpose_loops"  # the loops of a vectorized transpose (its choice)
 _MAX_CHUNK_VECTORS = 16  # an inner-reduction chunk: at most this many vectors in flight
+_LINE_BYTES = 64  # a cache line: what a row reduction reads of each row a step
 _ELEMENTWISE_VECTORS = 4  # vectors per step of an elementwise op
 # A convolution's loops over tiles of its result (which its tiles divide): marked for
 # zero_start, as loops writing all of the accumulator they take.
 _CONV_NEST = (NEST_ATTR, WHOLE_NEST_ATTR)
+# An op's plan: tile sizes, then its reduction, peeled, serial and partial-sum loops (Choice).
+Plan = tuple[tuple[int, ...], frozenset[int], frozenset[int], frozenset[int], frozenset[int]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +75,10 @@ class LoopNest:
     result: tuple[int | None, ...]
 
 
-def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware) -> tuple[int, ...] | None:
-    """Tile size per loop for one vectorized block, or None when the op should stay scalar."""
+def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware,
+                        partial_sums: bool = True) -> tuple[int, ...] | None:
+    """Tile size per loop for one vectorized block, or None when the op should stay scalar;
+    without ``partial_sums``, a long row is reduced a chunk a step into its result."""
     lanes = hw.lanes(elem_bytes)
     tiles = [1] * len(nest.ranges)
 
@@ -86,9 +95,12 @@ def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware) -> tuple[
     reduced_inputs = [dims for dims in nest.inputs if not nest.reductions or nest.reductions & set(dims)]
     inner_in = [d for d in map(innermost, reduced_inputs) if d is not None]
     if inner is None or (inner not in inner_in and any(d in nest.reductions for d in inner_in)):
-        # Reducing along contiguous memory: a chunk of the reduced loop per step.
+        # Reducing along contiguous memory: a chunk of the reduced loop per step, or for rows
+        # longer than a chunk, a block of rows carrying partial sums.
         dim = next((d for d in inner_in if d in nest.reductions), None)
         chunk = _vector_block(nest.ranges[dim], elem_bytes, hw, _MAX_CHUNK_VECTORS) if dim is not None else None
+        if partial_sums and chunk is not None and chunk < nest.ranges[dim]:
+            return _row_block(nest, tiles, dim, elem_bytes, hw)
         if chunk is not None or inner is None:
             return _with(tiles, dim, chunk) if dim is not None else None
         # A reduced row narrower than any vector (a box's 2 coordinates): accumulators along
@@ -108,9 +120,37 @@ def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware) -> tuple[
     return _with(tiles, inner, _vector_block(nest.ranges[inner], elem_bytes, hw, columns // lanes))
 
 
+def partial_sum_loops(nest: LoopNest, tiles: tuple[int, ...]) -> frozenset[int]:
+    """The reduced loops that step by chunks of vectors (a row reduced along contiguous
+    memory): each lane of the chunk keeps a partial result across the loop, reduced
+    horizontally once after it, rather than once a step into a scalar carried by the loop."""
+    return frozenset(d for d in nest.reductions if 1 < tiles[d] < nest.ranges[d])
+
+
 def peeled_loops(nest: LoopNest, tiles: tuple[int, ...]) -> frozenset[int]:
     """The loops ``tiles`` do not divide: each gets a remainder iteration of its own."""
     return frozenset(d for d, t in enumerate(tiles) if nest.ranges[d] % t)
+
+
+def _row_block(nest: LoopNest, tiles: list[int], dim: int, elem_bytes: int, hw: Hardware) -> tuple[int, ...]:
+    """Tiles of a reduction along rows longer than one chunk: a block of rows by a cache line
+    of each, their partial sums held in registers across the row (``partial_sum_loops``).
+    Several rows a step read several streams of memory at once and load an operand shared by
+    the rows (a matrix-vector product's vector) once for all of them. The block has as many
+    accumulators as keep the adders busy (latency times issue rate), within half the registers
+    (the other half for operands and the body's temporaries); the rows are the most that
+    divide the result's row (a remainder would leave the parallel loop) and leave a block
+    for each core (the parts of a split reduction)."""
+    vectors = max(1, _LINE_BYTES * 8 // hw.vector_bits)
+    accumulators = min(FMA_LATENCY * FMA_PER_CYCLE, hw.vector_registers // 2)
+    tiles[dim] = _vector_block(nest.ranges[dim], elem_bytes, hw, vectors)
+    row = next((d for d in reversed(nest.result) if d is not None and d not in nest.reductions
+                and nest.ranges[d] > 1), None)
+    if row is not None:
+        rows = nest.ranges[row]
+        most = max(1, accumulators // (tiles[dim] // hw.lanes(elem_bytes)))
+        tiles[row] = max(r for r in range(1, most + 1) if rows % r == 0 and rows // r >= min(rows, hw.cores))
+    return tuple(tiles)
 
 
 def _vector_block(extent: int, elem_bytes: int, hw: Hardware, max_vectors: int) -> int | None:
@@ -141,11 +181,14 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware, scales_by_e
     unreverse_loops(module)
     _merge_narrow_dims(module, hw)
     _generalize_integer_matmuls(module)
-    choices: dict[tuple[str, tuple[int, ...], frozenset[int], frozenset[int], frozenset[int], bool], int] = {}
+    if options.parallel:
+        _split_whole_reductions(module, hw)
+    choices: dict[tuple[str, *Plan, bool], int] = {}
     planned = []
     for op in walk(module.operation):
         conv = conv_tiling.loop_tiles(op, hw)
-        plan = (*conv, frozenset(), frozenset()) if conv is not None else _plan(op, hw) or _transpose_plan(op, hw)
+        plan: Plan | None = (*conv, frozenset(), frozenset(), frozenset()) if conv is not None else None
+        plan = plan or _plan(op, hw) or _transpose_plan(op, hw)
         if plan is not None:
             # an op that tile fusion put in an scf.forall already runs on all cores
             parallel = options.parallel and not _in_forall(op)
@@ -156,8 +199,9 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware, scales_by_e
         if op.name in _VECTORIZED_OPS:
             signed_zeros.plain_combiners(op)
     if choices:
-        apply_script(module, script([Choice(ident, name, tiles, reductions, parallel, peeled, serial)
-                                     for (name, tiles, reductions, peeled, serial, parallel), ident in choices.items()]))
+        apply_script(module, script([Choice(ident, name, tiles, reductions, parallel, peeled, serial, partial)
+                                     for (name, tiles, reductions, peeled, serial, partial, parallel), ident
+                                     in choices.items()]))
         # Unit dims leave the elementwise ops before any fold can see a shape cast of a
         # broadcast; a contraction operand's broadcast loses its transpose first.
         fold_transposed_broadcasts(module)
@@ -176,6 +220,55 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware, scales_by_e
         signed_zeros.extrema_as_trees(module)
         signed_zeros.merge_zero_signs(module)  # after CSE, which lets it see the forms already there
         _private_inits(module)
+
+
+def reduction_parts(nest: LoopNest, hw: Hardware) -> int:
+    """Parts, each a contiguous piece of whole vectors, to split a reduction of a whole array
+    into (1: none): it has no parallel loop to share out over the cores, so each takes a few
+    parts (the parts reduced in turn after them). Only a reduction along one contiguous loop
+    with the work of a parallel loop."""
+    parts = hw.cores * CHUNKS_PER_THREAD
+    if (hw.cores < 2 or len(nest.reductions) != 1 or any(r > 1 for d, r in enumerate(nest.ranges)
+                                                         if d not in nest.reductions)):
+        return 1
+    (dim,) = nest.reductions
+    extent = nest.ranges[dim]
+    if extent < MIN_PARALLEL_WORK or extent % (parts * hw.lanes(4)) or any(
+            dims and dims[-1] != dim for dims in nest.inputs):
+        return 1
+    return parts
+
+
+def _split_whole_reductions(module: ir.Module, hw: Hardware) -> None:
+    """Split each reduction of a whole array into parts (``reduction_parts``) reduced by a
+    parallel loop, then a reduction of the parts (``transform.structured.split_reduction``)."""
+    factors = set()
+    for op in walk(module.operation):
+        nest = (loop_nest(op) if op.name == "linalg.generic" and len(op.results) == 1 and not _in_forall(op)
+                and _vectorizable(op) and not _reads_indices(op) else None)
+        parts = reduction_parts(nest, hw) if nest is not None and nest.ranges else 1
+        if parts > 1:
+            signed_zeros.plain_combiners(op)  # a combiner that upstream recognizes
+            op.attributes[_SPLIT_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), parts)
+            factors.add(parts)
+    for parts in factors:
+        apply_script(module, f"""
+module attributes {{transform.with_named_sequence}} {{
+  transform.named_sequence @main(%root: !transform.any_op {{transform.readonly}}) {{
+    %ops = transform.structured.match ops{{["linalg.generic"]}} attributes{{{_SPLIT_ATTR} = {parts} : i64}}
+      in %root : (!transform.any_op) -> !transform.any_op
+    %init, %fill, %split, %merge = transform.structured.split_reduction %ops {{split_factor = {parts},
+      insert_split_dimension = 0}} : (!transform.any_op) -> (!transform.any_op, !transform.any_op,
+      !transform.any_op, !transform.any_op)
+    transform.yield
+  }}
+}}""")
+
+
+def _reads_indices(op: ir.Operation) -> bool:
+    """Whether ``op``'s body reads a loop index: upstream's partial and split reductions leave
+    it relative to the piece (an argmax's candidate indices)."""
+    return any(b.operation.name == "linalg.index" for b in op.regions[0].blocks[0].operations)
 
 
 def _generalize_integer_matmuls(module: ir.Module) -> None:
@@ -282,20 +375,22 @@ def _in_forall(op: ir.Operation) -> bool:
     return False
 
 
-def _plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int], frozenset[int],
-                                                   frozenset[int]] | None:
-    """Tile sizes, reduction loops, peeled loops and serial loops (none) of a generic or
-    reduce op, or None."""
+def _plan(op: ir.Operation, hw: Hardware) -> Plan | None:
+    """Tile sizes, reduction loops, peeled loops, serial loops (none) and partial-sum loops
+    of a generic or reduce op, or None."""
     if (op.name not in _VECTORIZED_OPS or TILE_ATTR in op.attributes or not _vectorizable(op)
             or has_reversed_index(op)):
         return None
     nest = loop_nest(op)
-    tiles = choose_vector_tiles(nest, 4, hw) if nest is not None and nest.ranges else None
-    return (tiles, nest.reductions, peeled_loops(nest, tiles), frozenset()) if tiles is not None else None
+    reads_indices = _reads_indices(op)  # then a chunk a step is reduced into the result
+    tiles = choose_vector_tiles(nest, 4, hw, not reads_indices) if nest is not None and nest.ranges else None
+    if tiles is None:
+        return None
+    partial = frozenset() if reads_indices else partial_sum_loops(nest, tiles)
+    return tiles, nest.reductions, peeled_loops(nest, tiles), frozenset(), partial
 
 
-def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], frozenset[int], frozenset[int],
-                                                              frozenset[int]] | None:
+def _transpose_plan(op: ir.Operation, hw: Hardware) -> Plan | None:
     """Tiles of a transpose that moves its innermost dim: for 32-bit elements, blocks of lanes
     x lanes, each read as whole vectors along the input's rows and written as whole vectors
     along the result's (transposed in registers by shuffles); for a result row of a few
@@ -337,7 +432,7 @@ def _transpose_plan(op: ir.Operation, hw: Hardware) -> tuple[tuple[int, ...], fr
         peeled = frozenset(d for d, b in ((rows, block[0]), (rank - 1, block[1])) if result.shape[d] % b)
     tiles = [1] * rank
     tiles[rows], tiles[-1] = block
-    return tuple(tiles), frozenset(), peeled, serial
+    return tuple(tiles), frozenset(), peeled, serial, frozenset()
 
 
 def _vectorizable(op: ir.Operation) -> bool:
@@ -436,6 +531,7 @@ class Choice:
     parallel: bool                        # the parallel loops form an scf.forall for the cores
     peeled: frozenset[int] = frozenset()  # loops that get a remainder iteration
     serial: frozenset[int] = frozenset()  # parallel loops left out of the scf.forall
+    partial: frozenset[int] = frozenset()  # reduced loops carrying vectors of partial sums
 
 
 def script(choices: list[Choice]) -> str:
@@ -485,7 +581,10 @@ module attributes {{transform.with_named_sequence}} {{
 
 
 def _match(c: Choice, handle: str) -> str:
-    return (f"    {handle} = transform.structured.match ops{{[\"{c.op_name}\"]}} "
+    """Match the ops marked for ``c`` (with a partial sum's fill and final reduce)."""
+    names = [c.op_name, "linalg.fill", "linalg.reduce"] if c.partial else [c.op_name]
+    quoted = ", ".join(f'"{name}"' for name in names)
+    return (f"    {handle} = transform.structured.match ops{{[{quoted}]}} "
             f"attributes{{{VECTOR_ATTR} = {c.ident} : i64}} in %root : (!transform.any_op) -> !transform.any_op\n")
 
 
@@ -528,7 +627,7 @@ def _forall_tiles(c: Choice) -> tuple[list[int], list[int]]:
     outer = [0 if d in c.reductions | c.peeled | c.serial else t for d, t in enumerate(c.tiles)]
     if not c.parallel or not any(outer):  # a full reduction has no parallel loop to spread
         outer = [0] * len(c.tiles)
-    inner = [0 if o else t for o, t in zip(outer, c.tiles)]
+    inner = [0 if o or d in c.partial else t for d, (o, t) in enumerate(zip(outer, c.tiles))]
     return outer, inner
 
 
@@ -555,9 +654,27 @@ def _tiling(c: Choice) -> str:
                   f"[{', '.join(map(str, inner))}] : ({any_op}) -> ({any_op}, {handles})\n")
         lines += "".join(f'    transform.annotate %loops{i}#{_for_handle(inner, d)} "{attr}" : {any_op}\n'
                          for d in nest for attr in _CONV_NEST)
+        target = f"%t{i}"
+    if c.partial:
+        lines += _partial_sums(c, target)
     if c.op_name == "linalg.transpose":  # before peeling, which copies the mark to the remainder
         lines += (f"    %tp{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n"
                   f'    transform.annotate {_outer_loop(c)} "{_TRANSPOSE_LOOPS}" = %tp{i} : {any_op}, !transform.param<i64>\n')
+    return lines
+
+
+def _partial_sums(c: Choice, target: str) -> str:
+    """Transform ops tiling the partial-sum loop of ``c``'s ops (``target``, the tiled ops):
+    an accumulator a chunk wide, filled with the combiner's neutral element, combined
+    elementwise a chunk a step, then reduced into the result by a ``linalg.reduce``. The fill
+    and the reduce are marked with ``c``'s mark, to be vectorized with the op."""
+    i, any_op = c.ident, "!transform.any_op"
+    sizes = ", ".join(str(t if d in c.partial else 0) for d, t in enumerate(c.tiles))
+    lines = (f"    %fill{i}, %split{i}, %merge{i}, %red{i} = transform.structured.tile_reduction_using_for {target}"
+             f" by tile_sizes = [{sizes}] : ({any_op}) -> ({any_op}, {any_op}, {any_op}, {any_op})\n"
+             f"    %pi{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n")
+    lines += "".join(f'    transform.annotate %{h}{i} "{VECTOR_ATTR}" = %pi{i} : {any_op}, !transform.param<i64>\n'
+                     for h in ("fill", "split", "merge"))
     return lines
 
 
@@ -576,7 +693,8 @@ def _peeling(c: Choice) -> str:
     _, inner = _forall_tiles(c)
     i, lines = c.ident, ""
     for d in sorted(c.peeled, reverse=True):
-        lines += (f"    %for{i}_{d} = transform.cast %loops{i}#{_for_handle(inner, d)} : !transform.any_op"
+        loop = f"%red{i}" if d in c.partial else f"%loops{i}#{_for_handle(inner, d)}"
+        lines += (f"    %for{i}_{d} = transform.cast {loop} : !transform.any_op"
                   " to !transform.op<\"scf.for\">\n"
                   f"    %main{i}_{d}, %rest{i}_{d} = transform.loop.peel %for{i}_{d}"
                   " : (!transform.op<\"scf.for\">) -> (!transform.any_op, !transform.any_op)\n")
