@@ -197,6 +197,15 @@ def _staged(fn, *args, hw: Hardware = AVX2, scales_by_exponent: bool = False) ->
 
 
 class StageTest(parameterized.TestCase):
+    def test_long_rows_of_several_results_reduce(self):
+        # A complex row sum is one reduction of two results (its parts): it takes a chunk a
+        # step, not partial sums (upstream's tile_reduction_using_for takes one result; a
+        # complex Cholesky failed to compile).
+        rng = np.random.default_rng(2)
+        z = (rng.standard_normal((16, 1024)) + 1j * rng.standard_normal((16, 1024))).astype(np.complex64)
+        support.check_against_xla(self, lambda z: (jnp.sum(z * z, axis=-1), jnp.sum(jnp.abs(z), axis=-1)), z,
+                                  **ACCUMULATE)
+
     def test_matrix_times_a_column_runs_on_vectors(self):
         a, x = np.ones((256, 512), np.float32), np.ones((512, 1), np.float32)
         self.assertIn("vector.reduction <add>", _staged(lambda a, x: a @ x, a, x))

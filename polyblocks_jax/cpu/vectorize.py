@@ -382,11 +382,13 @@ def _plan(op: ir.Operation, hw: Hardware) -> Plan | None:
             or has_reversed_index(op)):
         return None
     nest = loop_nest(op)
-    reads_indices = _reads_indices(op)  # then a chunk a step is reduced into the result
-    tiles = choose_vector_tiles(nest, 4, hw, not reads_indices) if nest is not None and nest.ranges else None
+    # A body reading loop indices, or several results (a complex sum's two parts: upstream's
+    # tile_reduction_using_for takes one), reduces a chunk a step into the result.
+    partial_sums = not _reads_indices(op) and len(op.results) == 1
+    tiles = choose_vector_tiles(nest, 4, hw, partial_sums) if nest is not None and nest.ranges else None
     if tiles is None:
         return None
-    partial = frozenset() if reads_indices else partial_sum_loops(nest, tiles)
+    partial = partial_sum_loops(nest, tiles) if partial_sums else frozenset()
     return tiles, nest.reductions, peeled_loops(nest, tiles), frozenset(), partial
 
 
