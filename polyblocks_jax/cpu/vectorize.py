@@ -375,6 +375,17 @@ def _in_forall(op: ir.Operation) -> bool:
     return False
 
 
+def _in_tile_loop(op: ir.Operation) -> bool:
+    """Whether ``op`` is in a loop of tiles that an earlier stage made (not the program's own
+    loops and branches)."""
+    parent = op.parent
+    while parent is not None and parent.name not in ("func.func", "scf.while", "scf.if"):
+        if parent.name in ("scf.for", "scf.forall"):
+            return True
+        parent = parent.parent
+    return False
+
+
 def _plan(op: ir.Operation, hw: Hardware) -> Plan | None:
     """Tile sizes, reduction loops, peeled loops, serial loops (none) and partial-sum loops
     of a generic or reduce op, or None."""
@@ -383,8 +394,10 @@ def _plan(op: ir.Operation, hw: Hardware) -> Plan | None:
         return None
     nest = loop_nest(op)
     # A body reading loop indices, or several results (a complex sum's two parts: upstream's
-    # tile_reduction_using_for takes one), reduces a chunk a step into the result.
-    partial_sums = not _reads_indices(op) and len(op.results) == 1
+    # tile_reduction_using_for takes one), reduces a chunk a step into the result; so does a
+    # reduction in a fused group's loop of tiles (a layernorm's passes over a tile of rows,
+    # which the prefetch stage finds in that form).
+    partial_sums = not _reads_indices(op) and len(op.results) == 1 and not _in_tile_loop(op)
     tiles = choose_vector_tiles(nest, 4, hw, partial_sums) if nest is not None and nest.ranges else None
     if tiles is None:
         return None
