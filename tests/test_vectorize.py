@@ -24,7 +24,7 @@ from polyblocks_jax.cpu import vector_math
 from polyblocks_jax.cpu.collapsed_dims import merged_dims
 from polyblocks_jax.passes.conv_tiling import choose_conv_tiles
 from polyblocks_jax.passes.tiling import Hardware, register_tile
-from polyblocks_jax.cpu.vectorize import (LoopNest, choose_vector_tiles, partial_sum_loops, peeled_loops,
+from polyblocks_jax.cpu.vectorize import (LoopNest, choose_vector_tiles, column_blocks, partial_sum_loops, peeled_loops,
                                           reduction_parts)
 from polyblocks_jax.passes.transform import walk
 from polyblocks_jax.cpu.transposed_broadcasts import fold_transposed_broadcasts
@@ -501,7 +501,9 @@ class RowReductionTest(parameterized.TestCase):
     def test_whole_array_sum_runs_in_parts_on_the_cores(self):
         text = _staged(lambda x: (x.sum(), x.max()), np.zeros((1 << 18,), np.float32),
                        hw=dataclasses.replace(AVX2, cores=2))
-        self.assertEqual(len(re.findall(r"scf\.forall \(%\w+\) in \(2\)", text)), 2)  # 2 blocks of 4 parts
+        # The sum in 2 blocks of 4 parts; the max, whose steps hold 4 registers, in 4 blocks of 2.
+        self.assertEqual(len(re.findall(r"scf\.forall \(%\w+\) in \(2\)", text)), 1)
+        self.assertEqual(len(re.findall(r"scf\.forall \(%\w+\) in \(4\)", text)), 1)
         self.assertEqual(_horizontal_ops_in_loops(text), [])
 
     @parameterized.parameters(np.float32, np.int32, jnp.bfloat16)
@@ -551,6 +553,50 @@ class RowReductionTest(parameterized.TestCase):
         # Summed in another order than XLA: the error grows with the number of terms.
         support.check_against_xla(self, lambda a, x, b: (a @ x, jnp.tanh(a) @ x + b, (a * a) @ x), a, x, b,
                                   rtol=1e-5, atol=1e-6 * cols)
+
+
+class ColumnBlockTest(parameterized.TestCase):
+    """Reductions over outer dims (column sums and maxima): a core's block of columns swept a
+    few rows at a time, every register tile over those rows before the next."""
+
+    def test_planner_blocks_large_column_reductions(self):
+        two_cores = dataclasses.replace(AVX2, cores=2)
+        columns = LoopNest((4096, 1024), frozenset({0}), ((0, 1),), (1,))
+        tiles = choose_vector_tiles(columns, 4, two_cores)
+        self.assertEqual(tiles, (1, 32))
+        self.assertEqual(column_blocks(columns, tiles, two_cores), (8, 512))  # half the columns a core
+        self.assertEqual(column_blocks(columns, tiles, AVX2), (8, 1024))
+        # One register tile across the row (its rows are runs already), few rows, a row reduction:
+        # none.
+        self.assertEqual(column_blocks(LoopNest((65536, 64), frozenset({0}), ((0, 1),), (1,)), (1, 32), two_cores), ())
+        self.assertEqual(column_blocks(LoopNest((8, 1024), frozenset({0}), ((0, 1),), (1,)), (1, 32), two_cores), ())
+        self.assertEqual(column_blocks(LoopNest((1024, 4096), frozenset({1}), ((0, 1),), (0,)), (4, 16), AVX2), ())
+        # BatchNorm's statistics over (n, h, w) of 256 channels: blocks of w.
+        stats = LoopNest((8, 56, 56, 256), frozenset({0, 1, 2}), ((0, 1, 2, 3),), (3,))
+        self.assertEqual(column_blocks(stats, (1, 1, 1, 32), two_cores), (1, 1, 8, 128))
+
+    def test_rows_of_a_block_inside_its_register_tiles(self):
+        text = _staged(lambda x: x.sum(0), np.zeros((1024, 512), np.float32), hw=dataclasses.replace(AVX2, cores=2))
+        self.assertRegex(text, r"scf\.for %\w+ = %c0 to %c1024 step %c8 .*\n.*\n\s*%\w+ = scf\.for %\w+ = %c0 to "
+                               r"%c256 step %c32 ")
+
+    @parameterized.parameters((1024, 512), (4096, 1024), (96, 768), (40, 320))
+    def test_column_reductions_match_xla(self, rows, cols):
+        rng = np.random.default_rng(rows)
+        x = rng.standard_normal((rows, cols)).astype(np.float32)
+        x[3, :7], x[:, 9], x[7, 12] = -0.0, -0.0, np.inf
+        x[:, 13] = -np.abs(x[:, 13])
+        x[17, 13] = 0.0
+        extrema = lambda x: (x.max(0), x.min(0))
+        for a, e in zip(support.polyblocks(extrema, x), support.xla_cpu(extrema, x)):
+            np.testing.assert_array_equal(a, e)
+            np.testing.assert_array_equal(np.signbit(a), np.signbit(e))
+        # Summed in another order than XLA: the error grows with the number of terms.
+        support.check_against_xla(self, lambda x: (x.sum(0), (x * x).mean(0)), x, rtol=1e-5, atol=1e-6 * rows)
+        # A NaN propagates (as numpy's; XLA CPU's column max of this shape drops it).
+        x[5, 11] = np.nan
+        for a, e in zip(support.polyblocks(extrema, x), (np.max(x, 0), np.min(x, 0))):
+            np.testing.assert_array_equal(a, e)
 
 
 class PrivateInitsTest(absltest.TestCase):
@@ -862,6 +908,56 @@ class SignedZeroTest(parameterized.TestCase):
             np.testing.assert_array_equal(actual, expected)
             numbers = ~np.isnan(expected)
             np.testing.assert_array_equal(np.signbit(actual[numbers]), np.signbit(expected[numbers]))
+
+
+class X86ExtremaTest(absltest.TestCase):
+    """Float max and min as MAXPS/MINPS selects (signed_zeros.extrema_as_x86_selects): the
+    values of XLA's, NaN and the signs of zero included, with no maximumf/minimumf left for
+    arith-expand's seven-instruction form."""
+    BOUNDS = (0.0, -0.0, 0.5, -0.5)
+
+    def _kernel(self) -> str:
+        lines = ["func.func @extrema(%a: memref<16xf32>, %b: memref<16xf32>, %out: memref<10x16xf32>) {",
+                 "  %c0 = arith.constant 0 : index",
+                 "  %x = vector.load %a[%c0] : memref<16xf32>, vector<16xf32>",
+                 "  %y = vector.load %b[%c0] : memref<16xf32>, vector<16xf32>",
+                 # The importer's signed-zero-aware max, and a bare min.
+                 "  %xb = arith.bitcast %x : vector<16xf32> to vector<16xi32>",
+                 "  %yb = arith.bitcast %y : vector<16xf32> to vector<16xi32>",
+                 "  %and = arith.andi %xb, %yb : vector<16xi32>",
+                 "  %merged = arith.bitcast %and : vector<16xi32> to vector<16xf32>",
+                 "  %eq = arith.cmpf oeq, %x, %y : vector<16xf32>",
+                 "  %m = arith.maximumf %x, %y : vector<16xf32>",
+                 "  %r0 = arith.select %eq, %merged, %m : vector<16xi1>, vector<16xf32>",
+                 "  %r1 = arith.minimumf %x, %y : vector<16xf32>"]
+        for i, bound in enumerate(self.BOUNDS):
+            lines += [f"  %k{i} = arith.constant dense<{bound!r}> : vector<16xf32>",
+                      f"  %r{2 + 2 * i} = arith.maximumf %x, %k{i} : vector<16xf32>",
+                      f"  %r{3 + 2 * i} = arith.minimumf %k{i}, %x : vector<16xf32>"]
+        for row in range(10):
+            lines += [f"  %i{row} = arith.constant {row} : index",
+                      f"  vector.store %r{row}, %out[%i{row}, %c0] : memref<10x16xf32>, vector<16xf32>"]
+        return "\n".join(lines + ["  return", "}"])
+
+    def test_extrema_equal_xla(self):
+        from polyblocks_jax.cpu.signed_zeros import extrema_as_x86_selects
+        a = np.array([0.0, -0.0, 0.0, -0.0, np.nan, 1.0, np.nan, -np.inf, np.inf, 0.5, -0.5, 2.0, -2.0, 1e-3, -0.0, 3.0],
+                     np.float32)
+        b = np.array([-0.0, 0.0, 0.0, -0.0, 1.0, np.nan, np.nan, 3.0, -1.0, 0.5, 0.5, -2.0, np.inf, -1e-3, 0.0, 3.0],
+                     np.float32)
+        out = np.zeros((10, 16), np.float32)
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(self._kernel())
+            self.assertTrue(extrema_as_x86_selects(module, pb.Options()))
+            self.assertNotRegex(str(module), r"arith\.(maximumf|minimumf)")
+            support.run_kernel(module, "extrema", a, b, out)
+
+        def reference(x, y):
+            return (jnp.maximum(x, y), jnp.minimum(x, y),
+                    *[f(x, c) for c in self.BOUNDS for f in (jnp.maximum, lambda x, c: jnp.minimum(c, x))])
+        expected = np.stack(support.xla_cpu(reference, a, b))
+        np.testing.assert_array_equal(out, expected)
+        np.testing.assert_array_equal(np.signbit(out[~np.isnan(expected)]), np.signbit(expected[~np.isnan(expected)]))
 
 
 class ResultsTest(parameterized.TestCase):

@@ -15,6 +15,7 @@ from polyblocks_jax.cpu.host_callbacks import define_host_callbacks
 from polyblocks_jax.cpu.matrix_units import lower_matrix_units
 from polyblocks_jax.cpu.outline import OUTLINED, bare_pointer, outline_kernels, outline_layer_kernels
 from polyblocks_jax.cpu.prefetch import prefetch_next_tiles
+from polyblocks_jax.cpu.signed_zeros import extrema_as_x86_selects
 from polyblocks_jax.cpu.target import host
 from polyblocks_jax.cpu.vector_copies import vectorize_copies
 from polyblocks_jax.options import Options
@@ -82,6 +83,8 @@ def cpu_stages(options: Options, small: bool = False) -> list[Stage]:
         # let a product reach an add unrounded).
         Stage("bf16-arithmetic", emulate_bf16_arithmetic),
         *roundings,
+        # Float max and min as single MAXPS/MINPS selects (see cpu/signed_zeros.py).
+        Stage("x86-extrema", extrema_as_x86_selects),
         # Denormals are zero while main runs (as on XLA CPU; arithmetic on them is slow).
         Stage("flush-denormals", flush_denormals),
         # Conversions that work function by function are nested in func.func: MLIR runs them

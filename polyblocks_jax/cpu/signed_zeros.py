@@ -9,13 +9,18 @@ vectorization, and ``merge_zero_signs`` wraps every bare float max/min left afte
 the importer's form again. ``extrema_as_trees`` first turns each horizontal max/min of a
 vector into a tree of elementwise minima over its halves, each exact in three
 instructions (LLVM's ``vector.reduce.fmaximum`` orders zeros correctly, but x86 computes
-its last 16 lanes one scalar at a time).
+its last 16 lanes one scalar at a time). ``extrema_as_x86_selects`` finally writes every
+f32/f64 max and min, in that form or bare, as selects that x86 makes single MAXPS/MINPS
+instructions (``select(a > b, a, b)`` is MAXPS: its second operand for a NaN or equal zeros).
 """
 from __future__ import annotations
+
+import math
 
 from mlir import ir
 from mlir.dialects import arith, vector
 
+from polyblocks_jax.options import Options
 from polyblocks_jax.passes.signed_extrema import MERGES, signed_zero_combiner
 from polyblocks_jax.passes.transform import float_constant, walk
 
@@ -77,12 +82,103 @@ def _minimum(a: ir.Value, b: ir.Value) -> ir.Value:
     | (b < a ? b : a): each select is one x86 MINPS, which returns its second operand for a
     NaN or equal zeros, so the OR holds the NaN of either operand, and -0 for +-0. Three
     instructions, where arith-expand's maximumf and the zero signs' wrap take seven."""
-    vtype = ir.VectorType(a.type)
-    itype = ir.VectorType.get(vtype.shape, ir.IntegerType.get_signless(ir.FloatType(vtype.element_type).width))
+    itype = _bits_type(a.type)
     less = arith.CmpFPredicate.OLT
     first = arith.select(arith.cmpf(less, a, b), a, b)
     second = arith.select(arith.cmpf(less, b, a), b, a)
-    return arith.bitcast(vtype, arith.ori(arith.bitcast(itype, first), arith.bitcast(itype, second)))
+    return arith.bitcast(a.type, arith.ori(arith.bitcast(itype, first), arith.bitcast(itype, second)))
+
+
+def extrema_as_x86_selects(module: ir.Module, options: Options) -> bool:
+    """Each f32/f64 max and min (the signed-zero-aware form or a bare maximumf/minimumf) as
+    MAXPS/MINPS selects, the same values: arith-expand's maximumf and the zero signs' wrap
+    take seven instructions a max. With a constant bound (ReLU, clip) one or two; a min
+    three (``_minimum``); a max six: (a > b ? a : b) & (b > a ? b : a), AND giving +0 for
+    +-0, OR'd with the unordered mask for a NaN of either. Whether one was rewritten."""
+    forms = [(match, op) for op in walk(module.operation) if op.name == "arith.select"
+             for match in [signed_zero_combiner(op.results[0])] if match is not None and _rewritable(match[0])]
+    replaced: list[ir.Operation] = []
+    for (extremum, parts), select in forms:
+        _replace(select, extremum)
+        replaced += [op for op in parts if op not in replaced]  # forms may share ops (CSE)
+    bare = [op for op in walk(module.operation) if op.name in MERGES and _rewritable(op) and op not in replaced]
+    for op in bare:
+        _replace(op, op)
+    dead = replaced + bare
+    erased = True
+    while erased:  # the forms' ops, users before what they use
+        erased = False
+        for i, op in enumerate(dead):
+            if op is not None and all(not list(r.uses) for r in op.results):
+                op.erase()
+                dead[i], erased = None, True
+    return bool(replaced or bare)
+
+
+def _rewritable(extremum: ir.Operation) -> bool:
+    elem = extremum.results[0].type
+    elem = ir.VectorType(elem).element_type if isinstance(elem, ir.VectorType) else elem
+    return isinstance(elem, (ir.F32Type, ir.F64Type))
+
+
+def _replace(op: ir.Operation, extremum: ir.Operation) -> None:
+    """Replace ``op``'s result with ``extremum``'s max or min as selects."""
+    a, b = extremum.operands
+    with ir.InsertionPoint(op), op.location:
+        value = (_x86_maximum if extremum.name == "arith.maximumf" else _x86_minimum)(a, b)
+    op.results[0].replace_all_uses_with(value)
+
+
+def _bound(a: ir.Value, b: ir.Value) -> tuple[ir.Value, float, ir.Value] | None:
+    """(the constant, its value, the other operand) when one operand is a constant (not NaN)."""
+    for constant, other in ((b, a), (a, b)):
+        value = float_constant(constant)
+        if value is not None and value == value:
+            return constant, value, other
+    return None
+
+
+def _x86_maximum(a: ir.Value, b: ir.Value) -> ir.Value:
+    bound = _bound(a, b)
+    if bound is not None:
+        # MAXPS(c, x): x for a NaN x or equal zeros; + 0.0 turns -0 (x = -0, c = +0) into +0.
+        c, value, x = bound
+        top = arith.select(arith.cmpf(arith.CmpFPredicate.OGT, c, x), c, x)
+        return arith.addf(top, c) if value == 0.0 and not math.copysign(1.0, value) < 0 else top
+    greater = arith.CmpFPredicate.OGT
+    first = arith.select(arith.cmpf(greater, a, b), a, b)
+    second = arith.select(arith.cmpf(greater, b, a), b, a)
+    itype = _bits_type(a.type)
+    # The unordered mask shifted right one bit: a NaN of all ones but the sign (the sign of
+    # both operands' AND, positive for a positive NaN, as XLA returns it).
+    unordered = arith.shrui(arith.extsi(itype, arith.cmpf(arith.CmpFPredicate.UNO, a, b)),
+                            arith.constant(itype, _splat_attr(itype, 1)))
+    both = arith.andi(arith.bitcast(itype, first), arith.bitcast(itype, second))
+    return arith.bitcast(a.type, arith.ori(both, unordered))
+
+
+def _splat_attr(itype: ir.Type, value: int) -> ir.Attribute:
+    if isinstance(itype, ir.VectorType):
+        elem = ir.VectorType(itype).element_type
+        return ir.DenseElementsAttr.get_splat(itype, ir.IntegerAttr.get(elem, value))
+    return ir.IntegerAttr.get(itype, value)
+
+
+def _x86_minimum(a: ir.Value, b: ir.Value) -> ir.Value:
+    bound = _bound(a, b)
+    if bound is not None and not (bound[1] == 0.0 and math.copysign(1.0, bound[1]) < 0):
+        # MINPS(c, x): x for a NaN x or equal zeros (for c = +0, x's sign is the minimum's).
+        c, _, x = bound
+        return arith.select(arith.cmpf(arith.CmpFPredicate.OLT, c, x), c, x)
+    return _minimum(a, b)
+
+
+def _bits_type(float_type: ir.Type) -> ir.Type:
+    """The integer type of ``float_type``'s width, of the same shape."""
+    if isinstance(float_type, ir.VectorType):
+        vtype = ir.VectorType(float_type)
+        return ir.VectorType.get(vtype.shape, ir.IntegerType.get_signless(ir.FloatType(vtype.element_type).width))
+    return ir.IntegerType.get_signless(ir.FloatType(float_type).width)
 
 
 def merge_zero_signs(module: ir.Module) -> None:

@@ -57,11 +57,14 @@ _TRANSPOSE_LOOPS = "polyblocks.transpose_loops"  # the loops of a vectorized tra
 _MAX_CHUNK_VECTORS = 16  # an inner-reduction chunk: at most this many vectors in flight
 _LINE_BYTES = 64  # a cache line: what a row reduction reads of each row a step
 _ELEMENTWISE_VECTORS = 4  # vectors per step of an elementwise op
+_BLOCK_ROWS = 8  # rows a column reduction's block sweeps at a time (column_blocks)
+_BLOCK_COLUMNS = 1024  # at most this many columns in a core's block of a column reduction
 # A convolution's loops over tiles of its result (which its tiles divide): marked for
 # zero_start, as loops writing all of the accumulator they take.
 _CONV_NEST = (NEST_ATTR, WHOLE_NEST_ATTR)
-# An op's plan: tile sizes, then its reduction, peeled, serial and partial-sum loops (Choice).
-Plan = tuple[tuple[int, ...], frozenset[int], frozenset[int], frozenset[int], frozenset[int]]
+# An op's plan: tile sizes, then its reduction, peeled, serial and partial-sum loops, and its
+# cache blocks (Choice).
+Plan = tuple[tuple[int, ...], frozenset[int], frozenset[int], frozenset[int], frozenset[int], tuple[int, ...]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +76,9 @@ class LoopNest:
     reductions: frozenset[int]
     inputs: tuple[tuple[int | None, ...], ...]
     result: tuple[int | None, ...]
+    # Vector registers one accumulator's step holds: itself and its operand; an exact float
+    # max or min (cpu/signed_zeros.py) three temporaries beside the accumulator.
+    step_registers: int = 2
 
 
 def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware,
@@ -142,7 +148,7 @@ def _row_block(nest: LoopNest, tiles: list[int], dim: int, elem_bytes: int, hw: 
     divide the result's row (a remainder would leave the parallel loop) and leave a block
     for each core (the parts of a split reduction)."""
     vectors = max(1, _LINE_BYTES * 8 // hw.vector_bits)
-    accumulators = min(FMA_LATENCY * FMA_PER_CYCLE, hw.vector_registers // 2)
+    accumulators = min(FMA_LATENCY * FMA_PER_CYCLE, hw.vector_registers // nest.step_registers)
     tiles[dim] = _vector_block(nest.ranges[dim], elem_bytes, hw, vectors)
     row = next((d for d in reversed(nest.result) if d is not None and d not in nest.reductions
                 and nest.ranges[d] > 1), None)
@@ -151,6 +157,39 @@ def _row_block(nest: LoopNest, tiles: list[int], dim: int, elem_bytes: int, hw: 
         most = max(1, accumulators // (tiles[dim] // hw.lanes(elem_bytes)))
         tiles[row] = max(r for r in range(1, most + 1) if rows % r == 0 and rows // r >= min(rows, hw.cores))
     return tuple(tiles)
+
+
+def column_blocks(nest: LoopNest, tiles: tuple[int, ...], hw: Hardware) -> tuple[int, ...]:
+    """Cache blocks of a reduction over outer dims whose vectors run along the rows (a column
+    sum or max, BatchNorm's statistics, a bias gradient), () when it has none. Register tiles
+    stepping down whole columns read a line or two from each row, a row apart: over a large
+    array every step is a TLB miss and a new stream for the prefetcher. Blocked, a core takes
+    a block of columns, as wide as leaves one for each core, and sweeps it a few rows at a
+    time (``_BLOCK_ROWS``), every register tile of the block over those rows before the next:
+    the rows' memory is read in runs, each register tile's accumulators reloaded once a block
+    of rows. Every other reduced loop steps by one outside, every other parallel loop by its
+    register tile."""
+    inner = next((d for d in reversed(nest.result) if d is not None and tiles[d] > 1), None)
+    if inner is None or not nest.reductions or tiles[inner] >= nest.ranges[inner] or any(
+            set(dims) & nest.reductions and (not dims or dims[-1] != inner) for dims in nest.inputs):
+        return ()
+    order = next(dims for dims in nest.inputs if set(dims) & nest.reductions)
+    rows = [d for d in order if d in nest.reductions][-1]  # the reduced loop nearest the rows
+    block_rows = max((b for b in range(1, _BLOCK_ROWS + 1) if nest.ranges[rows] % b == 0), default=1)
+    if nest.ranges[rows] < 2 * _BLOCK_ROWS or block_rows < _BLOCK_ROWS // 2:
+        return ()
+    others = 1
+    for d, t in enumerate(tiles):
+        if d not in nest.reductions and d != inner:
+            others *= nest.ranges[d] // t
+    columns = tiles[inner]
+    for size in range(tiles[inner], min(nest.ranges[inner], _BLOCK_COLUMNS) + 1, tiles[inner]):
+        if nest.ranges[inner] % size == 0 and others * (nest.ranges[inner] // size) >= hw.cores:
+            columns = size
+    if columns == tiles[inner]:  # one register tile a block: its rows are read in runs already
+        return ()
+    return tuple(block_rows if d == rows else 1 if d in nest.reductions else columns if d == inner else t
+                 for d, t in enumerate(tiles))
 
 
 def _vector_block(extent: int, elem_bytes: int, hw: Hardware, max_vectors: int) -> int | None:
@@ -187,7 +226,7 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware, scales_by_e
     planned = []
     for op in walk(module.operation):
         conv = conv_tiling.loop_tiles(op, hw)
-        plan: Plan | None = (*conv, frozenset(), frozenset(), frozenset()) if conv is not None else None
+        plan: Plan | None = (*conv, frozenset(), frozenset(), frozenset(), ()) if conv is not None else None
         plan = plan or _plan(op, hw) or _transpose_plan(op, hw)
         if plan is not None:
             # an op that tile fusion put in an scf.forall already runs on all cores
@@ -199,8 +238,8 @@ def vectorize_ops(module: ir.Module, options: Options, hw: Hardware, scales_by_e
         if op.name in _VECTORIZED_OPS:
             signed_zeros.plain_combiners(op)
     if choices:
-        apply_script(module, script([Choice(ident, name, tiles, reductions, parallel, peeled, serial, partial)
-                                     for (name, tiles, reductions, peeled, serial, partial, parallel), ident
+        apply_script(module, script([Choice(ident, name, tiles, reductions, parallel, peeled, serial, partial, blocks)
+                                     for (name, tiles, reductions, peeled, serial, partial, blocks, parallel), ident
                                      in choices.items()]))
         # Unit dims leave the elementwise ops before any fold can see a shape cast of a
         # broadcast; a contraction operand's broadcast loses its transpose first.
@@ -402,7 +441,9 @@ def _plan(op: ir.Operation, hw: Hardware) -> Plan | None:
     if tiles is None:
         return None
     partial = partial_sum_loops(nest, tiles) if partial_sums else frozenset()
-    return tiles, nest.reductions, peeled_loops(nest, tiles), frozenset(), partial
+    peeled = peeled_loops(nest, tiles)
+    blocks = column_blocks(nest, tiles, hw) if partial_sums and not peeled and not partial else ()
+    return tiles, nest.reductions, peeled, frozenset(), partial, blocks
 
 
 def _transpose_plan(op: ir.Operation, hw: Hardware) -> Plan | None:
@@ -447,7 +488,7 @@ def _transpose_plan(op: ir.Operation, hw: Hardware) -> Plan | None:
         peeled = frozenset(d for d, b in ((rows, block[0]), (rank - 1, block[1])) if result.shape[d] % b)
     tiles = [1] * rank
     tiles[rows], tiles[-1] = block
-    return tuple(tiles), frozenset(), peeled, serial, frozenset()
+    return tuple(tiles), frozenset(), peeled, serial, frozenset(), ()
 
 
 def _vectorizable(op: ir.Operation) -> bool:
@@ -533,7 +574,8 @@ def loop_nest(op: ir.Operation) -> LoopNest | None:
     if any(r is None or r < 0 for r in ranges):
         return None
     n_inputs = len(op.operands) - len(op.results)
-    return LoopNest(tuple(ranges), reduced, tuple(dims[:n_inputs]), dims[n_inputs])
+    extrema = reduced and any(o.name in FLOAT_EXTREMA for o in op.regions[0].blocks[0].operations)
+    return LoopNest(tuple(ranges), reduced, tuple(dims[:n_inputs]), dims[n_inputs], 4 if extrema else 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -547,6 +589,7 @@ class Choice:
     peeled: frozenset[int] = frozenset()  # loops that get a remainder iteration
     serial: frozenset[int] = frozenset()  # parallel loops left out of the scf.forall
     partial: frozenset[int] = frozenset()  # reduced loops carrying vectors of partial sums
+    blocks: tuple[int, ...] = ()          # cache blocks per loop (column_blocks), () for none
 
 
 def script(choices: list[Choice]) -> str:
@@ -638,11 +681,13 @@ def _outer_loop(c: Choice) -> str:
 
 def _forall_tiles(c: Choice) -> tuple[list[int], list[int]]:
     """Tile sizes of the scf.forall and of the scf.for loops: the forall takes the parallel
-    loops when ``c.parallel``, except peeled ones (only an scf.for peels) and serial ones."""
-    outer = [0 if d in c.reductions | c.peeled | c.serial else t for d, t in enumerate(c.tiles)]
+    loops when ``c.parallel`` (by their cache blocks where ``c`` has them), except peeled ones
+    (only an scf.for peels) and serial ones."""
+    blocks = c.blocks or c.tiles
+    outer = [0 if d in c.reductions | c.peeled | c.serial else b for d, b in enumerate(blocks)]
     if not c.parallel or not any(outer):  # a full reduction has no parallel loop to spread
         outer = [0] * len(c.tiles)
-    inner = [0 if o or d in c.partial else t for d, (o, t) in enumerate(zip(outer, c.tiles))]
+    inner = [0 if o == t or d in c.partial else t for d, (o, t) in enumerate(zip(outer, c.tiles))]
     return outer, inner
 
 
@@ -662,11 +707,20 @@ def _tiling(c: Choice) -> str:
         target = f"%t0_{i}"
         if conv:
             lines += "".join(f'    transform.annotate %forall{i} "{attr}" : {any_op}\n' for attr in _CONV_NEST)
+    interchange = ""
+    if c.blocks:  # the blocks of rows, then the register tiles with the reduced loops innermost
+        rows = [b if d in c.reductions else 0 for d, b in enumerate(c.blocks)]
+        count = sum(1 for s in rows if s)
+        lines += (f"    %b{i}, %bl{i}:{count} = transform.structured.tile_using_for {target} tile_sizes "
+                  f"[{', '.join(map(str, rows))}] : ({any_op}) -> ({any_op}, {', '.join([any_op] * count)})\n")
+        target = f"%b{i}"
+        order = [d for d in range(len(c.tiles)) if d not in c.reductions] + sorted(c.reductions)
+        interchange = f" interchange = [{', '.join(map(str, order))}]"
     if any(inner):
         count = sum(1 for s in inner if s)
         handles = ", ".join([any_op] * count)
         lines += (f"    %t{i}, %loops{i}:{count} = transform.structured.tile_using_for {target} tile_sizes "
-                  f"[{', '.join(map(str, inner))}] : ({any_op}) -> ({any_op}, {handles})\n")
+                  f"[{', '.join(map(str, inner))}]{interchange} : ({any_op}) -> ({any_op}, {handles})\n")
         lines += "".join(f'    transform.annotate %loops{i}#{_for_handle(inner, d)} "{attr}" : {any_op}\n'
                          for d in nest for attr in _CONV_NEST)
         target = f"%t{i}"
