@@ -616,20 +616,35 @@ class TileFusionTest(parameterized.TestCase):
         self.assertEqual((group.tiles, group.row_loop), ((0, 16), None))
 
     def test_sums_down_columns_take_wide_tiles_one_per_core(self):
-        # A mean over the outer axes: each tile streams its columns through all 8192 rows.
-        # Tiles of one vector read one line a row (16 tiles: 0.51 ms on the Xeon); wide tiles
-        # read runs of lines, as wide as the vectorizer's row of accumulators (4 vectors), which
-        # then stay in registers down the columns (wider, they were loaded and stored a row).
+        # A logsumexp over the outer axes (its max and its sums of exponentials read the
+        # input while in cache): each tile streams its columns through all 8192 rows.
+        # Tiles of one vector read one line a row (16 tiles: 0.51 ms on the Xeon); wide tiles,
+        # one a core, read runs of lines, which the vectorizer sweeps 8 rows at a time, each
+        # register tile's accumulators held over those rows (cpu/vectorize.py column_blocks).
         x = np.zeros((64, 128, 256), np.float32)
-        module = _after("fusion", lambda a: a.mean((0, 1)), x)
+        logsumexp = lambda a: jax.nn.logsumexp(a, axis=(0, 1))
+        module = _after("fusion", logsumexp, x)
         body = module.body.operations[0].regions[0].blocks[0]
-        for hw, tiles in ((dataclasses.replace(AVX512, cores=2), (64,)), (dataclasses.replace(AVX2, cores=4), (32,))):
+        for hw, tiles in ((dataclasses.replace(AVX512, cores=2), (128,)), (dataclasses.replace(AVX2, cores=4), (64,))):
             with module.context:
                 (group,) = tile_fusion.fusion_groups(body, hw)
             self.assertEqual(group.tiles, tiles)
             self.assertTrue(any(tile_fusion.nest_of(m).reductions for m in group.members))
-        support.check_against_xla(self, lambda a: a.mean((0, 1)), np.random.default_rng(0).standard_normal(
+        support.check_against_xla(self, logsumexp, np.random.default_rng(0).standard_normal(
             (64, 128, 256)).astype(np.float32), rtol=1e-5, atol=1e-6)
+
+    def test_reduction_read_only_by_a_small_consumer_stays_unfused(self):
+        # jnp.mean: the sums, then a division of the 256 sums. A group would keep nothing in
+        # cache but the sums, and its reduction would lose the vectorizer's plans for
+        # reductions of their own (partial sums along rows, column blocks).
+        for fn, shape in ((lambda a: a.mean((0, 1)), (64, 128, 256)), (lambda a: a.mean(-1), (512, 1024)),
+                          (lambda a: jnp.linalg.norm(a, axis=-1), (512, 1024))):
+            module = _after("fusion", fn, np.zeros(shape, np.float32))
+            body = module.body.operations[0].regions[0].blocks[0]
+            with module.context:
+                self.assertEqual(tile_fusion.fusion_groups(body, dataclasses.replace(AVX2, cores=2)), [])
+            support.check_against_xla(self, fn, np.random.default_rng(1).standard_normal(shape).astype(np.float32),
+                                      rtol=1e-5, atol=1e-5)
 
     def test_column_tiles_of_a_logsumexp_hold_their_accumulators(self):
         # jax.nn.logsumexp over rows: the max and the sum of exponentials of each tile's

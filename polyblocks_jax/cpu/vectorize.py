@@ -442,7 +442,10 @@ def _plan(op: ir.Operation, hw: Hardware) -> Plan | None:
         return None
     partial = partial_sum_loops(nest, tiles) if partial_sums else frozenset()
     peeled = peeled_loops(nest, tiles)
-    blocks = column_blocks(nest, tiles, hw) if partial_sums and not peeled and not partial else ()
+    blocks = ()
+    if not peeled and not partial and not _reads_indices(op) and len(op.results) == 1:
+        # In a group's loop of tiles, the tile is one core's block already.
+        blocks = column_blocks(nest, tiles, dataclasses.replace(hw, cores=1) if _in_forall(op) else hw)
     return tiles, nest.reductions, peeled, frozenset(), partial, blocks
 
 

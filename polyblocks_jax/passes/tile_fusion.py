@@ -32,7 +32,7 @@ from polyblocks_jax.passes.isolated_functions import isolate
 from polyblocks_jax.contexts import pass_manager
 from polyblocks_jax.passes.results import is_empty_tensor
 from polyblocks_jax.passes.templates import inline_call
-from polyblocks_jax.passes.tiling import Hardware, register_tile
+from polyblocks_jax.passes.tiling import Hardware
 from polyblocks_jax.passes.transform import apply_script, has_reversed_index, indexing_maps, reduction_loops, walk
 from polyblocks_jax.tensor_ir import builders
 
@@ -50,6 +50,8 @@ _MIN_CONTRACTION_ROWS = 4  # rows of a contraction worth a register tile (the ho
 _MIN_TILES = 16  # tiles per group: a few per thread to share out
 _MIN_TILE_BYTES = 8 << 10  # below, a tile's fixed costs (loop set-up, buffers) outweigh its work
 _MIN_COARSE_TILES = 4  # tiles enough to share out when stepping back to coarser ones
+_COLUMN_RUN_BYTES = 4096  # of each row, the widest tile of a group that sums down columns
+_SMALL_RESULT_SHARE = 16  # an intermediate this many times smaller than a group's input saves little
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,10 +121,31 @@ def fusion_groups(func_body: ir.Block, hw: Hardware) -> list[Group]:
         if root in taken or root.name not in ("linalg.generic", *_CONVS) or len(root.results) != 1:
             continue
         group = _grow(root, taken, hw)
-        if group is not None:
+        if group is not None and _saves_traffic(group):
             taken.update([root, *group.members])
             groups.append(group)
     return groups
+
+
+def _saves_traffic(group: Group) -> bool:
+    """Whether ``group`` keeps data in cache that would otherwise go through memory: an
+    intermediate at least ``1 / _SMALL_RESULT_SHARE`` the size of its largest input (a
+    convolution's output under its epilogue, a softmax's exponentials), or an input that two
+    of its ops read (a layernorm's rows, read by the mean, the variance and the
+    normalization). A reduction whose consumer reads only its small result (jnp.mean: the
+    sums, then a division) saves neither, and in the group's loop of tiles it would reduce a
+    chunk a step rather than carry partial sums (cpu/vectorize.py)."""
+    ops = [group.root, *[m for m in group.members if m.name != "linalg.fill"]]
+    inside = {op.results[0] for op in [group.root, *group.members]}
+    readers: dict[ir.Value, int] = {}
+    for op in ops:
+        for value in set(op.operands[:len(op.operands) - len(op.results)]):
+            if isinstance(value.type, ir.RankedTensorType) and value not in inside:
+                readers[value] = readers.get(value, 0) + 1
+    if not readers or any(count > 1 for count in readers.values()):
+        return True
+    largest_input = max(_tensor_bytes(ir.RankedTensorType(v.type)) for v in readers)
+    return max(_result_bytes(op) for op in ops[1:]) * _SMALL_RESULT_SHARE >= largest_input
 
 
 def _grow(root: ir.Operation, taken: set[ir.Operation], hw: Hardware) -> Group | None:
@@ -174,11 +197,10 @@ def _row_group(root: ir.Operation, nest: Nest, taken: set[ir.Operation], hw: Har
     most, least = _MAX_ROWS, _MIN_TILES
     if unit > 1 and any(nest_of(op).reductions for op in [root, *members]):
         # Sums down columns (a mean over outer axes): each tile streams its columns through
-        # every row, a few lines a row; a few wide tiles, one per core, read whole runs of
-        # lines. At most the vectorizer's row of accumulators (its register tile of one
-        # row): a wider tile steps through its columns inside each row, its accumulators
-        # loaded and stored every row rather than held in registers down the column.
-        most, least = register_tile(1, 4, hw)[1], hw.cores
+        # every row; a few wide tiles, one per core, read whole runs of each row (a page at
+        # most), which the host's vectorizer sweeps a few rows at a time, each register tile
+        # of accumulators held over those rows (cpu/vectorize.py column_blocks).
+        most, least = _COLUMN_RUN_BYTES // 4, hw.cores
     limit = max(unit, min(most, hw.l1_bytes // 2 // max(1, row)) // unit * unit)
     rows = max([r for r in range(unit, limit + 1, unit) if inner % r == 0 and steps // r >= least]
                or [unit if inner % unit == 0 else inner])
@@ -198,7 +220,7 @@ def _row_group(root: ir.Operation, nest: Nest, taken: set[ir.Operation], hw: Har
 
 def _channel_group(root: ir.Operation, nest: Nest, taken: set[ir.Operation], hw: Hardware) -> Group | None:
     """The group under ``root`` tiled along its contiguous dim alone (a convolution's output
-    channels), whole vectors of it per tile, every image and pixel inside: a tile then reads
+    channels, the group holding one), whole vectors of it per tile, every image and pixel inside: a tile then reads
     its slice of the weights once, where tiles by rows each read all of them (ResNet's last
     stage: 9.4 MB of weights for 4 x 4 pixels an image). The most channels a tile whose
     largest slice fits in half of L2, with enough tiles to share out; None if none does."""
@@ -207,7 +229,11 @@ def _channel_group(root: ir.Operation, nest: Nest, taken: set[ir.Operation], hw:
     if channel is None or channel in nest.reductions or nest.ranges[channel] % lanes:
         return None
     members = _members(root, nest, frozenset({channel}), taken)
-    if not any(m.name != "linalg.fill" for m in members):
+    # Without a convolution's weights to read once, a tile of channels only streams its
+    # columns through every row again (x / norm(x, axis=0): 4096 runs of one line, each a
+    # TLB miss, twice); unfused, the sums down the columns and the elementwise pass each
+    # read whole rows.
+    if not any(m.name in _CONVS for m in [root, *members]):
         return None
     extent, largest = nest.ranges[channel], max(_result_bytes(op) for op in [root, *members])
     fits = [r for r in range(lanes, extent + 1, lanes) if extent % r == 0 and extent // r >= _MIN_TILES

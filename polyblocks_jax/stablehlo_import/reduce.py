@@ -12,7 +12,7 @@ reach us as composites through PJRT (pjrt/lowering_rules.py), and as JAX's varia
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from jaxlib.mlir import ir as jir
@@ -22,7 +22,7 @@ from mlir.dialects import arith, linalg
 from polyblocks_jax.dtypes import DTYPES, DType, TensorSpec
 from polyblocks_jax.stablehlo_import import reader
 from polyblocks_jax.stablehlo_import.convert import convert_value
-from polyblocks_jax.stablehlo_import.windows import half_precision_sum
+from polyblocks_jax.stablehlo_import.reducers import half_precision_combiner
 from polyblocks_jax.tensor_ir import builders, layout
 from polyblocks_jax.stablehlo_import.complex_values import flat_specs, flatten, map_parts, unflatten
 from polyblocks_jax.stablehlo_import.registry import computes_composite, converts, converts_complex
@@ -47,9 +47,9 @@ def reduce(cx, op):
         # the values' result is unused: only its sign of zero could differ from the reducer's
         return [builders.empty(op.result_specs[0]),
                 *_first_extremum_index(op.operands[0], dims[0], largest, spec, index_spec)]
-    if half_precision_sum(op.op.regions[0].blocks[0], op.operand_specs[:n]):
-        return [_sum_in_f32(op.operands[0], builders.to_scalar(op.operands[1]), dims, op.operand_specs[0].dtype,
-                            op.result_specs[0])]
+    if (combine := half_precision_combiner(op.op.regions[0].blocks[0], op.operand_specs[:n])) is not None:
+        return [_in_f32(combine, op.operands[0], builders.to_scalar(op.operands[1]), dims, op.operand_specs[0].dtype,
+                        op.result_specs[0])]
     # A complex operand is reduced as its two parts, side by side (complex_values.py).
     accs = [builders.fill(builders.to_scalar(init), builders.empty(spec))
             for init, spec in zip(flatten(inits), flat_specs(op.result_specs))]
@@ -68,15 +68,16 @@ def reduce(cx, op):
     return unflatten(list(reduce_op.results), op.result_specs)
 
 
-def _sum_in_f32(x: ir.Value, init: ir.Value, dims: list[int], dtype: DType, result: TensorSpec) -> ir.Value:
-    """A sum of 16-bit floats accumulated in f32 and rounded once, as jnp.sum computes it:
-    rounded at every step, the partial sums drift by as many roundings as terms."""
+def _in_f32(combine: Callable[[ir.Value, ir.Value], ir.Value], x: ir.Value, init: ir.Value, dims: list[int],
+            dtype: DType, result: TensorSpec) -> ir.Value:
+    """A reduction of 16-bit floats by ``combine`` computed in f32, rounded once
+    (reducers.half_precision_combiner)."""
     f32 = DTYPES["f32"]
     acc = builders.fill(convert_value(init, dtype, f32), builders.empty(TensorSpec(result.shape, f32)))
     reduce_op = linalg.ReduceOp([acc.type], [convert_value(x, dtype, f32)], [acc], dims)
     body = reduce_op.regions[0].blocks.append(element_type(f32), element_type(f32))
     with ir.InsertionPoint(body):
-        linalg.YieldOp([arith.addf(body.arguments[1], body.arguments[0])])
+        linalg.YieldOp([combine(body.arguments[1], body.arguments[0])])
     return convert_value(reduce_op.results[0], f32, dtype)
 
 

@@ -34,6 +34,7 @@ from polyblocks_jax.stablehlo_import import reader
 from polyblocks_jax.tensor_ir import builders, layout, slices
 from polyblocks_jax.stablehlo_import.complex_values import flat_specs, flatten, unflatten
 from polyblocks_jax.stablehlo_import.convert import convert_value
+from polyblocks_jax.stablehlo_import.reducers import half_precision_combiner, single_op
 from polyblocks_jax.stablehlo_import.registry import converts, converts_complex
 
 _POOLING_BODIES = {"stablehlo.maximum": "max", "stablehlo.minimum": "min", "stablehlo.add": "sum"}
@@ -83,29 +84,39 @@ def reduce_window(cx, op):
 
     def fold(accs: Sequence[ir.Value], elems: Sequence[ir.Value]) -> list[ir.Value]:
         return flatten(cx.import_block(body, unflatten(accs, specs) + unflatten(elems, specs), scalar=True))
+    combine = half_precision_combiner(body, specs)
+    if combine is None:
+        return unflatten(_reduce_windows(fold, xs, inits, flat_specs(specs), op, win), op.result_specs)
+    # A 16-bit float sum, max or min in f32, each output rounded once (a prefix sum of bf16
+    # probabilities, jnp.cumsum, drifts by as many roundings as terms rounded at every step).
+    f32 = DTYPES["f32"]
+    wide = _reduce_windows(lambda accs, elems: [combine(accs[0], elems[0])],
+                           [convert_value(xs[0], spec.dtype, f32)], [convert_value(inits[0], spec.dtype, f32)],
+                           [TensorSpec(spec.shape, f32)], op, win)
+    return [convert_value(wide[0], f32, spec.dtype)]
+
+
+def _reduce_windows(fold: Fold, xs: list[ir.Value], inits: list[ir.Value], specs: list[TensorSpec], op,
+                    win: _Window) -> list[ir.Value]:
+    """reduce_window of ``op``'s windows over ``xs`` (flattened, of ``specs``) from ``inits``
+    by ``fold``, flattened."""
+    n = len(op.operands) // 2
+    spec, body = op.operand_specs[0], op.op.regions[0].blocks[0]
     axis = _cumulative_axis(win, spec)
-    if axis is not None and half_precision_sum(body, specs):
-        # A 16-bit float prefix sum runs in f32, each output rounded once: rounded at every
-        # step it drifts by as many roundings as terms (jnp.cumsum of bf16 probabilities).
-        wide = TensorSpec(spec.shape, DTYPES["f32"])
-        sums = _cumulative_along_rows(lambda accs, elems: [arith.addf(accs[0], elems[0])],
-                                      [convert_value(xs[0], spec.dtype, wide.dtype)],
-                                      [convert_value(inits[0], spec.dtype, wide.dtype)], [wide], *axis)
-        return [convert_value(sums[0], wide.dtype, spec.dtype)]
     if axis is not None:
-        return unflatten(_cumulative_along_rows(fold, xs, inits, flat_specs(specs), *axis), op.result_specs)
+        return _cumulative_along_rows(fold, xs, inits, specs, *axis)
     padded = [_pad(x, init, win) for x, init in zip(xs, inits)]
     outs = [builders.filled(init, s.shape) for init, s in zip(inits, flat_specs(op.result_specs))]
-    if win.pads() and not _is_identity(op.op.operands[n], _single_op(body), spec):
+    if win.pads() and not _is_identity(op.op.operands[n], single_op(body), spec):
         # XLA folds only the operand's elements, never padding: mask the padding out.
-        return unflatten(_window_generic(fold, padded, outs, win, _mask(spec.shape, win)), op.result_specs)
-    pooling = _pooling_op(body, win, op.result_specs[0])
+        return _window_generic(fold, padded, outs, win, _mask(spec.shape, win))
+    pooling = _pooling_op(body, win, specs[0])  # (the result's type is the operand's)
     if pooling is not None:
         named, spatial = pooling
         return [named(padded[0], _window_tensor([win.dims[d] for d in spatial]), outs=outs,
                       strides=[win.strides[d] for d in spatial],
                       dilations=[win.window_dilations[d] for d in spatial])]
-    return unflatten(_window_generic(fold, padded, outs, win), op.result_specs)
+    return _window_generic(fold, padded, outs, win)
 
 
 def _window_generic(fold: Fold, padded: list[ir.Value], outs: list[ir.Value],
@@ -131,23 +142,9 @@ def _window_generic(fold: Fold, padded: list[ir.Value], outs: list[ir.Value],
                             ["parallel"] * rank + ["reduction"] * rank, body)
 
 
-def _single_op(body: jir.Block) -> str | None:
-    """The name of the one op that ``body`` applies to its two arguments, if that is all it does."""
-    ops = [o.operation for o in body.operations]
-    if len(ops) != 2 or len(body.arguments) != 2 or set(ops[0].operands) != set(body.arguments):
-        return None
-    return ops[0].name if list(ops[1].operands) == list(ops[0].results) else None
-
-
-def half_precision_sum(body: jir.Block, specs: Sequence[TensorSpec]) -> bool:
-    """Whether a reduction ``body`` over one operand of ``specs`` adds 16-bit floats."""
-    return (len(specs) == 1 and specs[0].dtype.is_float and specs[0].dtype.bits == 16
-            and _single_op(body) == "stablehlo.add")
-
-
 def _pooling_op(body: jir.Block, win: _Window, spec: TensorSpec) -> tuple[Callable, list[int]] | None:
     """The linalg pooling named op for a single max/min/add body and a pooling layout, if any."""
-    name = _single_op(body)
+    name = single_op(body)
     if name not in _POOLING_BODIES or spec.dtype.is_bool or spec.dtype.is_narrow or spec.dtype.is_complex:  # op by op
         return None
     kind = _POOLING_BODIES[name]
