@@ -1,9 +1,11 @@
 """stablehlo.fft (FFT, IFFT, RFFT, IRFFT; 1 to 3 axes) against XLA CPU.
 
 Lengths cover each way a length is computed: dense DFT matrices (small and prime
-lengths), Cooley-Tukey steps (composite lengths, recursively), Bluestein's algorithm
-(primes above the dense limit) and the real transforms of even lengths through a complex
-one of half the length (514: half a prime). FFT results carry sums of n terms of magnitude ~1: the
+lengths), Stockham radix passes (lengths of small prime factors: 100 and 1000 with radix
+5, 196 with radix 7, 384 with radix 3, powers of two with radices 4 and 2), Cooley-Tukey
+steps (composite lengths, recursively), Bluestein's algorithm (primes above the dense
+limit) and the real transforms of even lengths through a complex one of half the length
+(514: half a prime). FFT results carry sums of n terms of magnitude ~1: the
 tolerance is an absolute one scaled by sqrt(n) over the part type's rounding, plus a
 relative one.
 """
@@ -14,7 +16,7 @@ from absl.testing import absltest, parameterized
 
 import support
 
-LENGTHS = (1, 2, 7, 16, 31, 33, 64, 97, 100, 128, 196, 257, 514, 1000, 1024, 1031, 4096)
+LENGTHS = (1, 2, 7, 16, 31, 33, 64, 97, 100, 128, 196, 257, 384, 514, 1000, 1024, 1031, 4096)
 TOLERANCE = {np.complex64: (2e-5, 2e-6), np.complex128: (1e-11, 1e-13)}  # rtol, atol per sqrt(n)
 
 
@@ -52,6 +54,30 @@ class FftTest(parameterized.TestCase):
             return (jnp.fft.fftn(x, axes=axes), jnp.fft.ifftn(x, axes=axes), jnp.fft.rfftn(r, axes=axes),
                     jnp.fft.irfftn(h, s=(6, 35, 9), axes=axes), jnp.fft.fft2(x), jnp.fft.irfft2(h))
         _check(self, transforms, (x, r, h), dtype, 6 * 35 * 9)
+
+    @parameterized.product(n=(10, 16, 100, 1024))
+    def test_one_vector(self, n):
+        # A batch of one: blocks of one row, where a block's slices are all unit dims but one.
+        rng = np.random.default_rng(n)
+        x, r = _random(rng, (n,), np.complex64), _random(rng, (n,), np.float32)
+
+        def every_kind(x, r):
+            return jnp.fft.fft(x), jnp.fft.ifft(x), jnp.fft.rfft(r), jnp.fft.irfft(jnp.fft.rfft(r), n=n)
+        _check(self, every_kind, (x, r), np.complex64, n)
+
+    @parameterized.product(dtype=(np.complex64, np.complex128))
+    def test_passes_along_inner_axes(self, dtype):
+        # Stockham passes along an axis before the last (128, 100), in blocks of the trailing
+        # batch: a full vector's width (16), part of one (5, 65: rfft2's half spectrum), and
+        # along the last axis in blocks of rows (3 rows, 2 x 100).
+        rng = np.random.default_rng(5)
+        real = np.float32 if dtype == np.complex64 else np.float64
+        x, y, r = _random(rng, (3, 128, 16), dtype), _random(rng, (2, 100, 5), dtype), _random(rng, (3, 100, 128), real)
+
+        def transforms(x, y, r):
+            return (jnp.fft.fft(x, axis=1), jnp.fft.ifft(y, axis=1), jnp.fft.fft2(x), jnp.fft.ifft2(y, axes=(0, 1)),
+                    jnp.fft.rfft2(r), jnp.fft.irfft2(jnp.fft.rfft2(r), s=(100, 128)))
+        _check(self, transforms, (x, y, r), dtype, 128 * 100)
 
     def test_convolution_and_two_axes_through_half_length_transforms(self):
         rng = np.random.default_rng(4)

@@ -14,6 +14,7 @@ from polyblocks_jax.passes.conv_tiling import convs_to_matmuls
 from polyblocks_jax.passes.copies import strided_copies_to_linalg
 from polyblocks_jax.passes.empty_loops import fold_empty_loops
 from polyblocks_jax.passes.fusion import fuse_elementwise
+from polyblocks_jax.passes.forwarded_copies import forward_copies
 from polyblocks_jax.passes.in_place import compute_carried_in_place, compute_in_place
 from polyblocks_jax.passes.matrix_forms import inline_matrix_units, map_matrix_units, select_units
 from polyblocks_jax.passes.pipeline import Stage, run_stages
@@ -110,6 +111,9 @@ def shared_stages(options: Options, hardware: Hardware, small: bool = False, til
               # canonicalize: a tiled loop's result folds to the buffer it writes, which then
               # becomes the out-parameter (no copy of the whole result).
               "canonicalize"),
+        # Temporaries copied whole into a view (the tiles of a loop's results concatenated):
+        # written there directly.
+        Stage("forwarded-copies", forward_copies),
         # A result living in its donated argument's buffer needs no out-parameter.
         Stage("aliased-results", drop_aliased_results),
         # Results become caller-allocated out-parameters: no allocation crosses the ABI.

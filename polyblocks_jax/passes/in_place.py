@@ -22,7 +22,7 @@ costly on a model, hence only where a concatenation is.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import func, tensor
+from mlir.dialects import arith, func, tensor
 
 from polyblocks_jax.options import Options
 from polyblocks_jax.contexts import pass_manager
@@ -30,6 +30,11 @@ from polyblocks_jax.passes.results import forall_into, generic_into, is_empty_te
 from polyblocks_jax.passes.transform import RESHAPES, indexing_maps, rebuild_generic, use_through_reshapes
 
 _STATIC = ("static_offsets", "static_sizes", "static_strides")
+_DYNAMIC = ir.ShapedType.get_dynamic_size()
+# The ops by which a parallel loop's body reads a tile of a shared output and writes it back,
+# and the position of their first offset operand.
+_TILE_USES = {("tensor.extract_slice", 0), ("tensor.parallel_insert_slice", 1)}
+_FIRST_OFFSET = {"tensor.extract_slice": 1, "tensor.parallel_insert_slice": 2}
 _RESULT_USERS = ("func.return", "bufferization.materialize_in_destination", "bufferization.alloc_tensor")
 # Loops whose bodies are searched too, by the index of their first body region (scf.while's
 # "before" region only tests the condition), and conditionals' branches (a Jacobi rotation
@@ -51,6 +56,8 @@ def compute_in_place(module: ir.Module, options: Options) -> None:
         if not isinstance(fn, func.FuncOp) or fn.is_external:
             continue
         for block in _blocks(fn.entry_block):
+            for loop in [op.operation for op in block.operations if op.operation.name == "scf.forall"]:
+                _forall_into_concatenations(loop)
             ops = [op.operation for op in block.operations]
             for op in ops:
                 into = _WRITERS.get(op.name)
@@ -190,6 +197,118 @@ def _produce_into_padding(insert: ir.Operation) -> None:
     user.replace_uses_of_with(empty.results[0], interior.result)
     if not list(empty.results[0].uses):
         empty.erase()
+
+
+def _forall_into_concatenations(loop: ir.Operation) -> None:
+    """A parallel loop whose results are each inserted whole into a concatenation on an
+    empty tensor, and nowhere else (an FFT pass's r outputs), becomes a loop over the
+    concatenations: each tile written at its place in them. Upstream's empty-tensor
+    elimination places one such result only, as the later insertions' destinations come
+    after the loop, and bufferization copied the others."""
+    count = len(loop.results)
+    if loop.name != "scf.forall" or count < 2:
+        return
+    chains: dict[ir.Value, list[ir.Operation]] = {}  # root: its insertions, first to last
+    where: list[tuple[ir.Value, ir.Operation]] = []  # each result's root and insertion
+    for value in loop.results:
+        uses = list(value.uses)
+        insert = uses[0].owner if len(uses) == 1 else None
+        if insert is None or insert.name != "tensor.insert_slice" or len(insert.operands) != 2 \
+                or uses[0].operand_number != 0:
+            return
+        chain = [insert.operation]
+        while _is_insert(chain[0].operands[1]) and len(list(chain[0].operands[1].uses)) == 1 \
+                and len(chain[0].operands[1].owner.operands) == 2:
+            chain.insert(0, chain[0].operands[1].owner.operation)
+        root = chain[0].operands[1]
+        if isinstance(root.owner, ir.Block) or root.owner.name != "tensor.empty" or len(root.owner.operands) \
+                or any(op.operands[0].owner != loop for op in chain) or any(_strided(op) for op in chain):
+            return
+        if len(chain) > len(chains.get(root, [])):
+            chains[root] = chain
+        where.append((root, insert.operation))
+    body = loop.regions[0].blocks[0]
+    shared = list(body.arguments)[len(body.arguments) - count:]
+    tiles = [u.owner for v in shared for u in v.uses]
+    if sum(map(len, chains.values())) != count \
+            or any((u.owner.name, u.operand_number) not in _TILE_USES for v in shared for u in v.uses) \
+            or any(_strided(t) or len(list(t.operands)) != _FIRST_OFFSET[t.name] + list(
+                ir.DenseI64ArrayAttr(t.attributes["static_offsets"])).count(_DYNAMIC) for t in tiles) \
+            or not all(is_empty_tensor(v) for v in list(loop.operands)[len(loop.operands) - count:]):
+        return
+    roots = list(chains)
+    for root in roots:  # an empty tensor hoisted out of a loop around is defined before already
+        if root.owner.operation.block == loop.block and not root.owner.operation.is_before_in_block(loop):
+            root.owner.operation.move_before(loop)
+    bounds = list(loop.operands)[:len(loop.operands) - count]
+    segments = list(ir.DenseI32ArrayAttr(loop.attributes["operandSegmentSizes"]))
+    attributes = {name: loop.attributes[name] for name in loop.attributes}
+    attributes["operandSegmentSizes"] = ir.DenseI32ArrayAttr.get(segments[:3] + [len(roots)])
+    with ir.InsertionPoint(loop), loop.location:
+        new = ir.Operation.create("scf.forall", results=[r.type for r in roots], operands=bounds + roots,
+                                  attributes=attributes, regions=1)
+    ivs = list(body.arguments)[:len(body.arguments) - count]
+    block = new.regions[0].blocks.append(*[a.type for a in ivs], *[r.type for r in roots])
+    for old, arg in zip(ivs, block.arguments):
+        old.replace_all_uses_with(arg)
+    for arg, (root, insert) in zip(shared, where):
+        for use in list(arg.uses):
+            _tile_into(use.owner, insert, block.arguments[len(ivs) + roots.index(root)])
+    point = ir.InsertionPoint(block)
+    for op in list(body.operations):
+        point.insert(op.operation.detach_from_parent())
+    for root in roots:
+        chains[root][-1].results[0].replace_all_uses_with(new.results[roots.index(root)])
+        for op in reversed(chains[root]):
+            op.erase()
+    loop.erase()
+
+
+def _strided(op: ir.Operation) -> bool:
+    """Whether a slice op has strides other than 1 or sizes computed at run time."""
+    return any(s != 1 for s in ir.DenseI64ArrayAttr(op.attributes["static_strides"])) \
+        or _DYNAMIC in list(ir.DenseI64ArrayAttr(op.attributes["static_sizes"]))
+
+
+def _tile_into(tile: ir.Operation, insert: ir.Operation, whole: ir.Value) -> None:
+    """``tile``, a read or a parallel write of a tile of a shared output (unit strides,
+    static sizes, dynamic offsets only), made one of ``whole``, the tensor that ``insert``
+    (static) puts that output into: offsets composed."""
+    offsets, sizes = (list(ir.DenseI64ArrayAttr(insert.attributes[a])) for a in _STATIC[:2])
+    tile_offsets, tile_sizes = (list(ir.DenseI64ArrayAttr(tile.attributes[a])) for a in _STATIC[:2])
+    writes = tile.name == "tensor.parallel_insert_slice"
+    dynamic = list(tile.operands)[_FIRST_OFFSET[tile.name]:]
+    # The output's dims are those of the insertion's sizes it matches, in order (a tile's
+    # offset along a unit dim is 0 wherever it goes).
+    kept, d = [], 0
+    for extent in ir.RankedTensorType(insert.operands[0].type).shape:
+        while sizes[d] != extent:
+            d += 1
+        kept.append(d)
+        d += 1
+    new_offsets, new_sizes, operands = list(offsets), [1] * len(sizes), []
+    values = iter(dynamic)
+    # Offsets are computed before the loop's terminator, whose region holds the writes only.
+    with ir.InsertionPoint(tile.parent if writes else tile), tile.location:
+        for d, o, n in zip(kept, tile_offsets, tile_sizes):
+            new_sizes[d] = n
+            if o == _DYNAMIC:
+                value = next(values)
+                if offsets[d]:
+                    value = arith.addi(value, arith.constant(ir.IndexType.get(), offsets[d]))
+                operands.append(value)
+                new_offsets[d] = _DYNAMIC
+            else:
+                new_offsets[d] += o
+    with ir.InsertionPoint(tile), tile.location:
+        if writes:
+            tensor.ParallelInsertSliceOp(tile.operands[0], whole, operands, [], [], new_offsets, new_sizes,
+                                         [1] * len(sizes))
+        else:
+            read = tensor.ExtractSliceOp(tile.results[0].type, whole, operands, [], [], new_offsets, new_sizes,
+                                         [1] * len(sizes))
+            tile.results[0].replace_all_uses_with(read.result)
+    tile.erase()
 
 
 def _fresh_chain(value: ir.Value) -> list[ir.Operation] | None:

@@ -1,11 +1,13 @@
-"""stablehlo.fft (FFT, IFFT, RFFT, IRFFT over the last 1 to 3 axes) as matrix products.
+"""stablehlo.fft (FFT, IFFT, RFFT, IRFFT over the last 1 to 3 axes) as radix passes and matrix products.
 
-XLA CPU calls an FFT library; we have none, and the pipeline is at its best on
-contractions. So each transformed axis becomes products with small DFT matrices: a length
-n = n1 * n2 is a Cooley-Tukey step (DFTs of length n1 across the rows, a twiddle product,
-DFTs of length n2), recursively, down to lengths whose dense DFT matrix is cheaper, the
-split chosen by a cost that weighs a step's passes over memory against the products; a
-long prime length is Bluestein's convolution, done by transforms of a power-of-two length.
+XLA CPU calls an FFT library; we have none. A length whose prime factors are all small is
+a Stockham FFT (fft_passes.py): radix-2/4 (and 3, 5, 7) butterfly passes, each one
+elementwise generic, run on blocks of the batch that stay in cache. Other lengths become
+products with small DFT matrices: a length n = n1 * n2 is a Cooley-Tukey step (DFTs of
+length n1 across the rows, a twiddle product, DFTs of length n2), recursively, down to
+lengths whose dense DFT matrix or passes are cheaper, the choice made by a cost that
+weighs passes over memory against the products; a long prime length is Bluestein's
+convolution, done by transforms of a power-of-two length.
 The real transforms of an even length go through a complex one of half the length.
 Every length works, and the pieces are ordinary matmuls, transposes and elementwise
 generics on the (real, imaginary) parts, which the later stages tile, vectorize and
@@ -16,13 +18,14 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 from mlir import ir
 from mlir.dialects import arith, linalg
 
 from polyblocks_jax.dtypes import DType, TensorSpec
-from polyblocks_jax.stablehlo_import import reader
+from polyblocks_jax.stablehlo_import import fft_passes, reader
 from polyblocks_jax.tensor_ir import builders, layout, slices
 from polyblocks_jax.stablehlo_import.complex_values import Pair, part_spec
 from polyblocks_jax.stablehlo_import.registry import converts_complex
@@ -35,6 +38,13 @@ STEP_COST = 128
 # A dense DFT whose matrix (one part) outgrows the smallest L1 data cache of the CPUs we
 # run on streams it from L2 for every block of rows: its cost grows with the overflow.
 L1_BYTES = 32 << 10
+# A radix-r pass of the Stockham FFT costs PASS_COST + r / 4 per element in the same unit,
+# and a Stockham FFT BLOCK_COST for its loop and its blocks' transposes: measured on a Zen 3
+# (2^18 elements, one core), a pass takes about as long as a dense DFT of length 0.8, the
+# rest of the transform 3, whence Stockham passes for every length of small prime factors
+# above 4 (a dense DFT of length 8 took 0.73 ms, passes 0.57; of length 64, 3.6 and 0.68).
+PASS_COST = 1.5
+BLOCK_COST = 3
 # A prime length up to this also uses its dense matrix: below it Bluestein's three
 # transforms of a length >= 2n cost more than the dense product.
 DENSE_PRIME_LENGTH = 256
@@ -55,15 +65,15 @@ def fft(cx, op):
     if kind == "RFFT":
         y = _real_dft_last(x, part)
         for axis in axes[:-1]:
-            y = _along(y, axis, lambda v: _dft_last(v, part, inverse=False))
+            y = _dft_along(y, axis, part, inverse=False)
         return [y]
     if kind == "IRFFT":
         for axis in axes[:-1]:
-            x = _along(x, axis, lambda v: _dft_last(v, part, inverse=True))
+            x = _dft_along(x, axis, part, inverse=True)
         return [_inverse_real_dft_last(x, lengths[-1], part)]
     inverse = kind == "IFFT"
     for axis in axes:
-        x = _along(x, axis, lambda v: _dft_last(v, part, inverse=inverse))
+        x = _dft_along(x, axis, part, inverse)
     return [x]
 
 
@@ -76,6 +86,18 @@ def _each(fn, x: Parts) -> Parts:
 
 def _shape(x: Parts) -> list[int]:
     return builders.shape_of(x.re)
+
+
+def _dft_along(x: Pair, axis: int, part: DType, inverse: bool) -> Pair:
+    """The DFT along ``axis``: Stockham passes in place where they are the plan (the axis
+    needs no transposes), else the last-axis transform on x transposed."""
+    shape = _shape(x)
+    n = shape[axis]
+    if axis < len(shape) - 1 and _plan(n, part).kind == "passes":
+        view = _each(lambda v: layout.reshape(v, [math.prod(shape[:axis]), n, math.prod(shape[axis + 1:])]), x)
+        y = fft_passes.blocked(view, inverse, 1.0 / n if inverse else 1.0, part)
+        return _each(lambda v: layout.reshape(v, shape), y)
+    return _along(x, axis, lambda v: _dft_last(v, part, inverse=inverse))
 
 
 def _along(x: Pair, axis: int, transform) -> Pair:
@@ -92,14 +114,6 @@ def _along(x: Pair, axis: int, transform) -> Pair:
 def _swap_last_two(x: Parts) -> Parts:
     rank = len(_shape(x))
     return _each(lambda v: layout.transpose(v, [*range(rank - 2), rank - 1, rank - 2]), x)
-
-
-def _roots(rows: np.ndarray, cols: np.ndarray, n: int, inverse: bool) -> np.ndarray:
-    """exp(+-2 pi i r c / n) for every pair of ``rows`` x ``cols``, in float64 with the
-    exponent reduced modulo n first (exact for any n)."""
-    exponent = np.mod(np.multiply.outer(rows.astype(np.int64), cols.astype(np.int64)), n)
-    angle = (2.0 if inverse else -2.0) * np.pi * exponent / n
-    return np.cos(angle) + 1j * np.sin(angle)
 
 
 def _constant(array: np.ndarray, part: DType) -> ir.Value:
@@ -158,44 +172,57 @@ def _scaled_dft_last(x: Parts, part: DType, inverse: bool, scale: float) -> Pair
     n = shape[-1]
     if n == 1:  # scale is 1 (an inverse of length 1) wherever a length 1 is transformed
         return x if x.im is not None else Pair(x.re, builders.filled(builders.splat(0.0, builders.elem_type_of(x.re)), shape))
-    n1 = _split(n, part)
-    if n1 is None:
-        if n <= DENSE_PRIME_LENGTH:
-            index = np.arange(n)
-            return _times_matrix(x, _roots(index, index, n, inverse) * scale, part)
+    plan = _plan(n, part)
+    if plan.kind == "passes":
+        view = _each(lambda v: layout.reshape(v, [math.prod(shape[:-1]), n, 1]), x)
+        return _each(lambda v: layout.reshape(v, shape), fft_passes.blocked(view, inverse, scale, part))
+    if plan.kind == "dense":
+        index = np.arange(n)
+        return _times_matrix(x, fft_passes.roots(index, index, n, inverse) * scale, part)
+    if plan.kind == "bluestein":
         return _bluestein_last(x, part, inverse, scale)
+    n1 = plan.n1
     n2 = n // n1
     # x[j1, j2] = x[n2 j1 + j2];  X[k1 + n1 k2] = sum_j2 w_n2^(j2 k2) w_n^(j2 k1) sum_j1 w_n1^(j1 k1) x[j1, j2]
     rows = _swap_last_two(_each(lambda v: layout.reshape(v, [*shape[:-1], n1, n2]), x))  # [..., j2, j1]
     y = _scaled_dft_last(rows, part, inverse, 1.0)  # [..., j2, k1]
-    y = _times_trailing(y, _roots(np.arange(n2), np.arange(n1), n, inverse), part)
+    y = _times_trailing(y, fft_passes.roots(np.arange(n2), np.arange(n1), n, inverse), part)
     z = _scaled_dft_last(_swap_last_two(y), part, inverse, scale)  # [..., k1, k2]
     return _each(lambda v: layout.reshape(v, shape), _swap_last_two(z))  # k = k2 n1 + k1
 
 
-def _split(n: int, part: DType) -> int | None:
-    """The n1 of the cheapest Cooley-Tukey step for length n, or None where its dense DFT
-    (or, for a long prime, Bluestein's) costs least."""
-    return _plan(n, part)[1]
+class Plan(NamedTuple):
+    """A length's cheapest transform: its cost in the unit of STEP_COST's comment, its kind
+    (dense, bluestein, passes: fft_passes' Stockham FFT, split: a Cooley-Tukey step) and a
+    split's n1."""
+    cost: float
+    kind: str
+    n1: int | None = None
 
 
-def _plan(n: int, part: DType) -> tuple[float, int | None]:
+def _plan(n: int, part: DType) -> Plan:
     return _plan_for_size(n, part.itemsize)
 
 
 @functools.cache
-def _plan_for_size(n: int, itemsize: int) -> tuple[float, int | None]:
-    """(cost, n1) of length n's cheapest transform in the unit of STEP_COST: dense, or a
-    Cooley-Tukey step n = n1 * n2 with n1 <= n2 whose sides are planned the same way."""
-    best = (n * max(1.0, n * n * itemsize / L1_BYTES), None)
+def _plan_for_size(n: int, itemsize: int) -> Plan:
+    """Length n's cheapest transform: dense, Stockham passes, or a Cooley-Tukey step
+    n = n1 * n2 with n1 <= n2 whose sides are planned the same way; a length with none
+    cheaper than dense above DENSE_PRIME_LENGTH is Bluestein's."""
+    best = Plan(n * max(1.0, n * n * itemsize / L1_BYTES), "dense")
+    steps = fft_passes.radices(n)
+    if steps is not None:
+        cost = BLOCK_COST + sum(PASS_COST + r / 4 for r in steps)
+        if cost < best.cost:
+            best = Plan(cost, "passes")
     for n1 in range(2, math.isqrt(n) + 1):
         if n % n1 == 0:
-            cost = _plan_for_size(n1, itemsize)[0] + _plan_for_size(n // n1, itemsize)[0] + STEP_COST
-            if cost < best[0]:  # a tie keeps the fewer passes
-                best = (cost, n1)
-    if best[1] is None and n > DENSE_PRIME_LENGTH:  # Bluestein: three transforms of length m
+            cost = _plan_for_size(n1, itemsize).cost + _plan_for_size(n // n1, itemsize).cost + STEP_COST
+            if cost < best.cost:  # a tie keeps the fewer passes
+                best = Plan(cost, "split", n1)
+    if best.kind == "dense" and n > DENSE_PRIME_LENGTH:  # Bluestein: three transforms of length m
         m = 1 << (2 * n - 2).bit_length()
-        best = (3 * (_plan_for_size(m, itemsize)[0] + STEP_COST), None)
+        best = Plan(3 * (_plan_for_size(m, itemsize).cost + STEP_COST), "bluestein")
     return best
 
 
@@ -224,8 +251,8 @@ def _real_dft_last(x: ir.Value, part: DType) -> Pair:
     shape = builders.shape_of(x)
     n = shape[-1]
     half = n // 2 + 1
-    if _split(n, part) is None and n <= DENSE_PRIME_LENGTH:
-        return _times_matrix(Pair(x, None), _roots(np.arange(n), np.arange(half), n, False), part)
+    if _plan(n, part).kind == "dense":
+        return _times_matrix(Pair(x, None), fft_passes.roots(np.arange(n), np.arange(half), n, False), part)
     if n % 2 == 0:
         return _real_dft_by_half(x, part)
     y = _dft_last(Pair(x, None), part, inverse=False)
@@ -285,12 +312,12 @@ def _inverse_real_dft_last(x: Pair, n: int, part: DType) -> ir.Value:
         x = _each(lambda v: slices.pad(v, 0.0, [0] * len(shape), [0] * (len(shape) - 1) + [half - shape[-1]],
                                        [0] * len(shape)), x)
         shape = _shape(x)
-    if _split(n, part) is None and n <= DENSE_PRIME_LENGTH:
+    if _plan(n, part).kind == "dense":
         # out_j = (1/n) sum_k c_k (Re X_k cos t - Im X_k sin t), t = 2 pi j k / n, c_k = 2
         # for the terms that stand for a conjugate pair too
         k = np.arange(half)
         weight = np.where((k == 0) | (2 * k == n), 1.0, 2.0)[:, None] / n
-        roots = _roots(k, np.arange(n), n, inverse=True) * weight
+        roots = fft_passes.roots(k, np.arange(n), n, inverse=True) * weight
         return arith.subf(_matmul(x.re, _constant(roots.real, part)), _matmul(x.im, _constant(roots.imag, part)))
     if n % 2 == 0:
         return _inverse_real_dft_by_half(x, part)
