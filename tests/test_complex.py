@@ -164,6 +164,18 @@ class ContractionTest(parameterized.TestCase):
         support.check_against_xla(self, lambda a, b, c: (a @ b, jnp.matmul(a, c.astype(dtype))), x, y, r)
 
     @parameterized.named_parameters(*DTYPES)
+    def test_real_preferred_element_type(self, dtype):
+        # XLA converts the complex product to a real result type: the real part, truncated
+        # for an integer one (einsum's preferred_element_type reaches dot_general so).
+        x, y = _args(dtype, (3, 4, 5), (3, 5, 6))
+        real = np.finfo(dtype).dtype
+        integer = np.int32 if dtype == np.complex64 else np.int64
+        support.check_against_xla(
+            self, lambda a, b: (jnp.einsum("bij,bjk->ik", a, b, preferred_element_type=real),
+                                lax.dot(a[0], b[0], preferred_element_type=integer),
+                                lax.dot(a[0], b[0].real, preferred_element_type=real)), x, y)
+
+    @parameterized.named_parameters(*DTYPES)
     def test_convolution(self, dtype):
         x, w = _args(dtype, (2, 3, 9, 9), (4, 3, 3, 3))
         support.check_against_xla(

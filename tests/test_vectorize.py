@@ -554,6 +554,19 @@ class RowReductionTest(parameterized.TestCase):
         support.check_against_xla(self, lambda a, x, b: (a @ x, jnp.tanh(a) @ x + b, (a * a) @ x), a, x, b,
                                   rtol=1e-5, atol=1e-6 * cols)
 
+    @parameterized.parameters(((13,), 0), ((4, 37), 1), ((37, 40), 0))
+    def test_sum_of_a_constant_beside_another_sum_matches_xla(self, shape, axis):
+        # Fusion folds a splat constant into the body of a reduction of several results (a
+        # variadic reduce, a complex sum's two parts): the value summed then reads no input,
+        # and vectorized it was added once per vector (13 ones summed to 2).
+        def fn(x):
+            zero = np.float32(0)
+            pair = jax.lax.reduce((x, jnp.ones(shape, np.float32)), (zero, zero),
+                                  lambda a, b: (a[0] + b[0], a[1] + b[1]), (axis,))
+            return pair, jnp.sum(jnp.full(shape, 1 + 2j, jnp.complex64), axis=axis) * x.max()
+        x = support.random_array(np.random.default_rng(4), shape, np.float32, edge=False)
+        support.check_against_xla(self, fn, x, **ACCUMULATE)
+
 
 class ColumnBlockTest(parameterized.TestCase):
     """Reductions over outer dims (column sums and maxima): a core's block of columns swept a

@@ -537,7 +537,33 @@ def _vectorizable(op: ir.Operation) -> bool:
                 or narrow_accumulators and owner.name not in _EXTREMA
                 or bool_accumulators and owner.name not in _BOOL_COMBINERS):
             return False
+        # A combined value read from no input (a splat constant that fusion folded into the
+        # body: a complex sum of ones) stays a scalar that the vectorizer combines once per
+        # vector instead of once per element (13 ones summed to 2).
+        if not any(_reads_input(v, block, inputs) for v in owner.operands if v != arg):
+            return False
     return True
+
+
+def _reads_input(value: ir.Value, block: ir.Block, inputs: int) -> bool:
+    """Whether ``value``, in the linalg body ``block``, depends on one of its first ``inputs``
+    arguments (the elements read) or on a loop index: what the vectorizer turns into vectors.
+    Values from outside the body are invariant."""
+    pending, seen = [value], set()
+    while pending:
+        v = pending.pop()
+        if isinstance(v, ir.BlockArgument):
+            if v.owner == block and v.arg_number < inputs:
+                return True
+            continue
+        owner = v.owner.operation
+        if owner.block != block or owner in seen:
+            continue
+        if owner.name == "linalg.index":
+            return True
+        seen.add(owner)
+        pending.extend(owner.operands)
+    return False
 
 
 def _is_bool(elem: ir.Type) -> bool:

@@ -366,18 +366,30 @@ def moves(cx, op):
 
 @converts_complex("stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution")
 def bilinear(cx, op):
-    """A product of complex operands as four real products (a real operand: two)."""
+    """A product of complex operands as four real products (a real operand: two). A real
+    result (a preferred_element_type) is XLA's complex product converted to it: the real
+    part, computed in the operands' part type, then converted."""
     real = CONVERTERS[op.name]
     lhs, rhs = op.operands[:2]
+    out = op.result_specs[0]
+    component = next(s.dtype.component for s in op.operand_specs[:2] if s.dtype.is_complex)
+    product_spec = part_spec(out) if out.dtype.is_complex else dataclasses.replace(out, dtype=component)
 
     def product(x: ir.Value, y: ir.Value) -> ir.Value:
         view = dataclasses.replace(op, operands=[x, y, *op.operands[2:]],
                                    operand_specs=[part_spec(s) for s in op.operand_specs],
-                                   result_specs=[part_spec(s) for s in op.result_specs])
+                                   result_specs=[product_spec])
         return real(cx, view)[0]
     if not isinstance(lhs, Pair):
-        return [Pair(product(lhs, rhs.re), product(lhs, rhs.im))]
+        re = product(lhs, rhs.re)
+    elif not isinstance(rhs, Pair):
+        re = product(lhs.re, rhs)
+    else:
+        re = arith.subf(product(lhs.re, rhs.re), product(lhs.im, rhs.im))
+    if not out.dtype.is_complex:
+        return [convert_value(re, component, out.dtype)]
+    if not isinstance(lhs, Pair):
+        return [Pair(re, product(lhs, rhs.im))]
     if not isinstance(rhs, Pair):
-        return [Pair(product(lhs.re, rhs), product(lhs.im, rhs))]
-    return [Pair(arith.subf(product(lhs.re, rhs.re), product(lhs.im, rhs.im)),
-                 arith.addf(product(lhs.re, rhs.im), product(lhs.im, rhs.re)))]
+        return [Pair(re, product(lhs.im, rhs))]
+    return [Pair(re, arith.addf(product(lhs.re, rhs.im), product(lhs.im, rhs.re)))]

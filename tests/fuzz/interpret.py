@@ -28,8 +28,13 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
 
 
-def _reduce(x, fn: str, axes):
+def _reduce(x, fn: str, axes, beside_constant: bool = False):
     dtype = x.dtype
+    if beside_constant:  # one variadic sum of x and of ones: a splat constant in a reduction of two results
+        zero = np.array(0, dtype)
+        sums = lax.reduce((x, jnp.ones(x.shape, dtype)), (zero, zero),
+                          lambda a, b: (lax.add(a[0], b[0]), lax.add(a[1], b[1])), axes)
+        return lax.add(*sums)
     if fn == "sum":
         return lax.reduce(x, np.array(0, dtype), lax.add, axes)
     if fn == "prod":
@@ -103,7 +108,7 @@ def _apply(op: dict, v: list, ops: list):
     if k == "broadcast":
         return lax.broadcast_in_dim(x, op["shape"], op["dims"])
     if k == "reduce":
-        return _reduce(x, op["fn"], op["axes"])
+        return _reduce(x, op["fn"], op["axes"], op.get("beside_constant", False))
     if k == "dot":
         preferred = numpy_dtype(op["preferred"]) if "preferred" in op else None
         return lax.dot_general(x, v[op["y"]], (op["contract"], op["batch"]), preferred_element_type=preferred)

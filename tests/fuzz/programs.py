@@ -191,7 +191,10 @@ def _gen_reduce(p: Program, x: int) -> None:
     fn = p.draw(st.sampled_from(REDUCERS[1:3] if dtype == "bool" else
                                 ("sum", "prod") if kind(dtype) == "complex" else REDUCERS))
     out = [n for d, n in enumerate(shape) if d not in axes]
-    p.add({"op": "reduce", "fn": fn, "x": x, "axes": axes}, out, dtype)
+    op = {"op": "reduce", "fn": fn, "x": x, "axes": axes}
+    if fn == "sum" and dtype != "bool" and p.draw(st.booleans()):
+        op["beside_constant"] = True  # a sum of ones beside x's: a reduction whose summed value reads no input
+    p.add(op, out, dtype)
 
 
 def _gen_dot(p: Program, x: int) -> None:
