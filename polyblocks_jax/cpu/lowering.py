@@ -28,6 +28,7 @@ from polyblocks_jax.cpu.parallel import parallelize_loops
 from polyblocks_jax.cpu.parallel_constants import clone_vectors_into_parallel_loops
 from polyblocks_jax.cpu.parallel_if import guard_parallel_regions, region_works
 from polyblocks_jax.contexts import pass_manager
+from polyblocks_jax.cpu.interleaved_writes import interleave_part_writes
 from polyblocks_jax.cpu.vector_reads import lower_vector_reads
 
 
@@ -78,6 +79,8 @@ def cpu_stages(options: Options, small: bool = False) -> list[Stage]:
         # unit stride. A vector read of one element (a broadcast map) is one load: the
         # transfer lowering would load it once per lane.
         Stage("vector-reads", lower_vector_reads),
+        # A complex result's parts, each a strided vector write, as one interleaved store.
+        Stage("interleaved-writes", interleave_part_writes),
         VECTOR_TRANSFERS,
         # bf16 arithmetic in f32, each result rounded to bf16 (the pass in to-llvm would
         # let a product reach an add unrounded).

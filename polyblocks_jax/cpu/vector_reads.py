@@ -65,7 +65,7 @@ def _gather_contiguously(op: ir.Operation) -> None:
     stride = ir.MemRefType(source.type).get_strides_and_offset()[0][-1]
     index = ir.IndexType.get()
     with ir.InsertionPoint(op), op.location:
-        flat, linear = _flat_span(source, positions)
+        flat, linear = flat_span(source, positions)
         index_type = ir.VectorType(indices.type)
         scaled = arith.muli(indices, arith.constant(index_type, ir.DenseElementsAttr.get_splat(
             index_type, ir.IntegerAttr.get(index, stride))))
@@ -75,14 +75,14 @@ def _gather_contiguously(op: ir.Operation) -> None:
     op.erase()
 
 
-def _flat_span(source: ir.Value, positions) -> tuple[ir.Value, ir.Value]:
-    """The whole span of the strided memref ``source`` as a contiguous 1-D memref, and the
-    linear index in it of the element at ``positions``."""
+def flat_span(source: ir.Value, positions, extra: int = 0) -> tuple[ir.Value, ir.Value]:
+    """The whole span of the strided memref ``source`` (and ``extra`` elements after it) as a
+    contiguous 1-D memref, and the linear index in it of the element at ``positions``."""
     source_type = ir.MemRefType(source.type)
     strides, _ = source_type.get_strides_and_offset()
     index = ir.IndexType.get()
     metadata = memref.ExtractStridedMetadataOp(source)
-    span = 1 + sum((size - 1) * stride for size, stride in zip(source_type.shape, strides))
+    span = 1 + extra + sum((size - 1) * stride for size, stride in zip(source_type.shape, strides))
     dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
     flat_type = ir.MemRefType.get([span], source_type.element_type,
                                   ir.StridedLayoutAttr.get(dynamic, [1]), source_type.memory_space)
@@ -121,7 +121,7 @@ def _load_span_and_shuffle(op: ir.Operation) -> None:
     stride = ir.MemRefType(read.base.type).get_strides_and_offset()[0][-1]
     lanes = vtype.shape[0]
     with ir.InsertionPoint(op), op.location:
-        flat, linear = _flat_span(read.base, list(read.indices))
+        flat, linear = flat_span(read.base, list(read.indices))
         span = vector.load(ir.VectorType.get([(lanes - 1) * stride + 1], vtype.element_type), flat, [linear])
         picked = vector.shuffle(span, span, [lane * stride for lane in range(lanes)])
     op.results[0].replace_all_uses_with(picked)

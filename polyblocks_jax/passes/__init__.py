@@ -10,6 +10,7 @@ import functools
 from typing import Sequence
 
 from polyblocks_jax.options import Options
+from polyblocks_jax.passes.complex_results import write_parts_in_place
 from polyblocks_jax.passes.conv_tiling import convs_to_matmuls
 from polyblocks_jax.passes.copies import strided_copies_to_linalg
 from polyblocks_jax.passes.empty_loops import fold_empty_loops
@@ -125,6 +126,8 @@ def shared_stages(options: Options, hardware: Hardware, small: bool = False, til
               "buffer-deallocation-simplification, bufferization-lower-deallocations, cse, canonicalize"),
         # A reshaped result computed in its out-parameter, not in a buffer then copied.
         Stage("reshaped-results", reshaped_results_in_place),
+        # A complex result's second part computed in its view of the out-parameter too.
+        Stage("complex-results", write_parts_in_place),
         Stage("strided-copies", strided_copies_to_linalg),
     ]
     return stages
