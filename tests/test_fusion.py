@@ -633,6 +633,21 @@ class TileFusionTest(parameterized.TestCase):
         support.check_against_xla(self, logsumexp, np.random.default_rng(0).standard_normal(
             (64, 128, 256)).astype(np.float32), rtol=1e-5, atol=1e-6)
 
+    def test_convolution_with_its_fill_alone_is_a_group(self):
+        # A convolution of small images and many channels (a CNN's training step at batch 1)
+        # is a group of its own with its fill: nothing to weigh for traffic (the weighing
+        # failed to compile it: the largest of no intermediates).
+        x, w = np.zeros((1, 4, 4, 16), np.float32), np.zeros((3, 3, 16, 256), np.float32)
+        conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=_NHWC)
+        module = _after("fusion", conv, x, w)
+        body = module.body.operations[0].regions[0].blocks[0]
+        with module.context:
+            (group,) = tile_fusion.fusion_groups(body, AVX2)
+        self.assertEqual([m.name for m in group.members], ["linalg.fill"])
+        rng = np.random.default_rng(3)
+        support.check_against_xla(self, conv, rng.standard_normal(x.shape).astype(np.float32),
+                                  rng.standard_normal(w.shape).astype(np.float32), rtol=1e-5, atol=1e-5)
+
     def test_reduction_read_only_by_a_small_consumer_stays_unfused(self):
         # jnp.mean: the sums, then a division of the 256 sums. A group would keep nothing in
         # cache but the sums, and its reduction would lose the vectorizer's plans for

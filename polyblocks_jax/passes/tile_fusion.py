@@ -142,8 +142,8 @@ def _saves_traffic(group: Group) -> bool:
         for value in set(op.operands[:len(op.operands) - len(op.results)]):
             if isinstance(value.type, ir.RankedTensorType) and value not in inside:
                 readers[value] = readers.get(value, 0) + 1
-    if not readers or any(count > 1 for count in readers.values()):
-        return True
+    if len(ops) == 1 or not readers or any(count > 1 for count in readers.values()):
+        return True  # (a convolution with its fill alone: its own tiles)
     largest_input = max(_tensor_bytes(ir.RankedTensorType(v.type)) for v in readers)
     return max(_result_bytes(op) for op in ops[1:]) * _SMALL_RESULT_SHARE >= largest_input
 
