@@ -94,11 +94,14 @@ def _part_chain(view: ir.Value) -> tuple[ir.Value, int, tuple] | None:
         static = tuple(tuple(ir.DenseI64ArrayAttr(op.attributes[name])) for name in _STATIC)
         source = op.operands[0]
         source_type = ir.MemRefType(source.type)
-        if source_type.shape and source_type.shape[-1] == 2 and len(op.operands) == 1 \
+        # The part's view, its tile's offsets folded in or not (a subview of a subview folds
+        # into one): the two parts' views differ only in their last offset.
+        if source_type.shape and source_type.shape[-1] == 2 \
                 and static[1][-1] == 1 and static[2][-1] == 1 and static[0][-1] in (0, 1) \
                 and source_type.get_strides_and_offset()[0][-1] == 1:
             offsets = static[0][:-1]
-            return source, static[0][-1], ((offsets, static[1], static[2]), *reversed(path))
+            return source, static[0][-1], ((tuple(op.operands[1:]), offsets, static[1], static[2]),
+                                           *reversed(path))
         if static[2][-1] != 1:
             return None
         path.append((tuple(op.operands[1:]), static))
