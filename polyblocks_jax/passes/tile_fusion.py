@@ -511,8 +511,23 @@ def _probabilities_on_the_left(module: ir.Module) -> bool:
             result = _transpose(linalg.batch_matmul(probabilities, values, outs=[zeros]), element)
         op.results[0].replace_all_uses_with(result)
         op.erase()
+        _erase_unused_chain(rhs)
         reordered = True
     return reordered
+
+
+def _erase_unused_chain(value: ir.Value) -> None:
+    """Erase the op defining ``value`` where nothing uses it any more, and so on up its
+    first operands: the transposed probabilities a reordered product read. Left dead, they
+    would count as a second use of the softmax's division, which elementwise fusion would
+    then fold into P V (a division per score and column of V) once they were cleaned up."""
+    while isinstance(value.owner, ir.OpView) and not list(value.uses):
+        op = value.owner.operation
+        operands = list(op.operands)
+        op.erase()
+        if not operands:
+            return
+        value = operands[0]
 
 
 def _elements(value: ir.Value) -> int:
