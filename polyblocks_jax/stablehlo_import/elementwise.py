@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from typing import Callable, Sequence
 
+import ml_dtypes
+import numpy as np
 from jaxlib.mlir import ir as jir
 from jaxlib.mlir import passmanager as jpassmanager
 from jaxlib.mlir.dialects import func as jfunc
@@ -92,12 +94,29 @@ def divide(cx, op):
     lhs, rhs = op.operands
     dt = _dtype(op)
     if dt.is_float:
+        reciprocal = _exact_reciprocal(op.op.operands[1], dt)
+        if reciprocal is not None:  # attention's q / sqrt(64): a multiply, a tenth of a division's cost
+            return [arith.mulf(lhs, builders.constant_like(reciprocal, lhs))]
         return [arith.divf(lhs, rhs)]
     if dt.is_bool:
         raise op.unsupported("dtype i1")
     is_zero, safe = _safe_divisor(lhs, rhs, dt)
     quotient = (arith.divui if dt.is_unsigned else arith.divsi)(lhs, safe)
     return [arith.select(is_zero, builders.constant_like(-1, lhs), quotient)]
+
+
+def _exact_reciprocal(divisor: jir.Value, dt: DType) -> float | None:
+    """1 / c where ``divisor`` is a constant power of two c whose reciprocal ``dt`` holds as
+    a normal number: x / c and x * (1 / c) are then the same real number, rounded once, for
+    every x (NaN, infinities and flushed subnormals alike)."""
+    c = reader.scalar_constant(divisor)
+    if c is None or dt.bits < 16 or not np.isfinite(c) or c == 0:
+        return None
+    mantissa, exponent = np.frexp(float(c))
+    info = ml_dtypes.finfo(dt.numpy)
+    if abs(mantissa) != 0.5 or not 1 - info.maxexp <= exponent - 1 <= -info.minexp:
+        return None
+    return 1.0 / float(c)
 
 
 @converts("stablehlo.remainder")

@@ -229,7 +229,8 @@ def _parse_dense_text(text: str, spec: TensorSpec) -> np.ndarray:
 
 
 def scalar_constant(value: jir.Value) -> np.ndarray | None:
-    """The element of a rank-0 stablehlo.constant, seen through JAX's scalar broadcast_in_dim."""
+    """The element of a stablehlo.constant holding one value (rank 0, or a splat), seen
+    through JAX's scalar broadcast_in_dim; None for anything else."""
     while isinstance(value, jir.OpResult):
         owner = jir.OpResult(value).owner.operation
         if owner.name == "stablehlo.broadcast_in_dim":
@@ -237,8 +238,10 @@ def scalar_constant(value: jir.Value) -> np.ndarray | None:
         elif owner.name == "stablehlo.constant":
             spec = tensor_spec(value.type, owner.name, location(owner))
             if spec.dtype.is_complex:
-                return complex_constant_values(owner, spec).reshape(-1)[0]
-            return dense_values(owner.attributes["value"], spec).reshape(-1)[0]
+                values = complex_constant_values(owner, spec).reshape(-1)
+            else:
+                values = dense_values(owner.attributes["value"], spec).reshape(-1)
+            return values[0] if values.size == 1 or (values.size and (values == values[0]).all()) else None
         else:
             return None
     return None
