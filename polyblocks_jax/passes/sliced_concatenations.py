@@ -34,6 +34,9 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes.transform import indexing_maps, is_elementwise_generic, move_body, walk
 
 _STATIC = ("static_offsets", "static_sizes", "static_strides")
+# Boxes a chain of ops is computed on at most when several concatenations refine their parts
+# (jnp.roll along both axes: 9); beyond, each op by its own concatenations.
+_MAX_PIECES = 64
 
 
 @dataclass(frozen=True)
@@ -51,9 +54,7 @@ def slice_concatenations(module: ir.Module, options: Options) -> bool:
     was."""
     if not options.fusion:
         return False
-    changed = False
-    for op in walk(module.operation):
-        changed = _compute_by_parts(op) or changed
+    changed = _compute_by_parts(module)
     ops = walk(module.operation)
     pending = [op for op in ops if op.name == "tensor.extract_slice"]
     while pending:
@@ -184,65 +185,125 @@ def _spanning_pays(concatenation: ir.Value) -> bool:
         and others[0].operands[0] == concatenation
 
 
-def _compute_by_parts(op: ir.Operation) -> bool:
-    """Replace the elementwise ``op``, the only reader of a concatenation that covers it all,
-    by the concatenation of ``op`` on each part's box, where the concatenation and the
-    result are indexed by the loops in order; whether it was."""
+Box = tuple[tuple[int, ...], tuple[int, ...]]  # offsets and sizes over an op's loops
+
+
+def _compute_by_parts(module: ir.Module) -> bool:
+    """Replace each elementwise op reading concatenations that cover it all, and only it
+    reads, by the concatenation of the op on each box of their parts' common refinement
+    (each box within one part of every one of them). The ops of a chain (elementwise ops
+    each read only by the next, over the same loops) split alike, by the refinement of all
+    their concatenations: each piece then reads its producer's piece whole, where a
+    producer split by its own concatenations alone (a stencil's ``jnp.roll`` along rows,
+    then one along columns) would be sliced across its pieces and copied whole. Whether any
+    op was."""
+    ops = walk(module.operation)
+    boxes_of: dict[ir.Operation, list[Box]] = {}
+    for op in reversed(ops):  # each chain from its last op
+        if op in boxes_of or _loops(op) is None:
+            continue
+        chain = _chain(op)
+        boxes = _refinement(chain)
+        if boxes is None:  # too many pieces together: each op by its own concatenations
+            for member in chain:
+                boxes_of[member] = _refinement([member])
+        else:
+            boxes_of.update((member, boxes) for member in chain)
+    # Producers first: a consumer's piece then reads its producer's whole. (Planned before any
+    # rewrite: the ops' hashes do not survive it.)
+    plan = [(op, boxes_of[op]) for op in ops if len(boxes_of.get(op) or ()) > 1]
+    for op, boxes in plan:
+        _split_by_parts(op, indexing_maps(op), boxes)
+    return bool(plan)
+
+
+def _loops(op: ir.Operation) -> list[int] | None:
+    """The loop extents of ``op`` where it is an elementwise generic whose operands are
+    indexed by loops or constants and whose result by the loops in order; else None."""
     if not is_elementwise_generic(op):
-        return False
+        return None
     maps = indexing_maps(op)
     if not (all(isinstance(e, (ir.AffineDimExpr, ir.AffineConstantExpr)) for m in maps for e in m.results)
             and maps[-1] == ir.AffineMap.get_identity(maps[-1].n_dims)):
-        return False
-    for value, m in zip(list(op.operands)[:-1], maps):
-        if m != maps[-1]:
-            continue
-        parts = _concatenated_parts(value)
-        if (parts is not None and all(use.owner == op for use in value.uses)
-                and sum(math.prod(p.sizes) for p in parts) == math.prod(ir.RankedTensorType(value.type).shape)):
-            _split_by_parts(op, maps, parts)
-            return True
-    return False
+        return None
+    return list(ir.RankedTensorType(op.results[0].type).shape)
 
 
-def _split_by_parts(op: ir.Operation, maps: list[ir.AffineMap], parts: list[_Part]) -> None:
-    """``op`` as the concatenation of ``op`` on the loop box of each of ``parts``: each
-    operand sliced along the loops indexing it (whole along a constant index)."""
+def _chain(last: ir.Operation) -> list[ir.Operation]:
+    """``last`` and, recursively, each elementwise producer over the same loops that it alone
+    reads, through the loops in order."""
+    chain, pending = [last], [last]
+    while pending:
+        op = pending.pop()
+        maps = indexing_maps(op)
+        for value, m in zip(list(op.operands)[:-1], maps):
+            producer = value.owner
+            if (m == maps[-1] and isinstance(producer, ir.OpView) and producer.operation not in chain
+                    and _loops(producer.operation) == _loops(last)
+                    and all(use.owner == op for use in value.uses)):
+                chain.append(producer.operation)
+                pending.append(producer.operation)
+    return chain
+
+
+def _refinement(chain: list[ir.Operation]) -> list[Box] | None:
+    """The common refinement of the parts of every concatenation an op of ``chain`` reads
+    through the loops in order, that covers the loops and that ops of ``chain`` alone read
+    (one box, the whole, where there is none); None beyond ``_MAX_PIECES`` boxes."""
+    shape = _loops(chain[0])
+    boxes: list[Box] = [((0,) * len(shape), tuple(shape))]
+    for op in chain:
+        maps = indexing_maps(op)
+        for value, m in zip(list(op.operands)[:-1], maps):
+            parts = _concatenated_parts(value) if m == maps[-1] else None
+            if (parts is None or not all(use.owner in chain for use in value.uses)
+                    or sum(math.prod(p.sizes) for p in parts) != math.prod(shape)):
+                continue
+            boxes = [box for a in boxes for b in parts if (box := _overlap(*a, b.offsets, b.sizes)) is not None]
+            if len(boxes) > _MAX_PIECES:
+                return None
+    return boxes
+
+
+def _split_by_parts(op: ir.Operation, maps: list[ir.AffineMap], boxes: list[Box]) -> None:
+    """``op`` as the concatenation of ``op`` on each of ``boxes`` (offsets and sizes over its
+    loops): each operand sliced along the loops indexing it (whole along a constant index)."""
     result_type = ir.RankedTensorType(op.results[0].type)
     with ir.InsertionPoint(op), op.location:
         result = tensor.EmptyOp(list(result_type.shape), result_type.element_type).result
         # A body that reads no element of the init (elementwise ops: the init is the result's
         # shape only, often the concatenation itself) writes each piece into an empty tensor.
         reads_init = bool(list(op.regions[0].blocks[0].arguments[len(op.operands) - 1].uses))
-        for part in parts:
+        for box_offsets, box_sizes in boxes:
             sliced = []
             for value, m in zip(op.operands if reads_init else list(op.operands)[:-1], maps):
-                offsets, sizes = _box_of(m, part, ir.RankedTensorType(value.type).shape)
+                offsets, sizes = _box_of(m, box_offsets, box_sizes, ir.RankedTensorType(value.type).shape)
                 element = ir.RankedTensorType(value.type).element_type
                 sliced.append(tensor.ExtractSliceOp(ir.RankedTensorType.get(sizes, element), value, [], [], [],
                                                     offsets, sizes, [1] * len(sizes)).result)
             if not reads_init:
-                sliced.append(tensor.EmptyOp(list(part.sizes), result_type.element_type).result)
+                sliced.append(tensor.EmptyOp(list(box_sizes), result_type.element_type).result)
             piece = linalg.GenericOp([sliced[-1].type], sliced[:-1], [sliced[-1]], op.attributes["indexing_maps"],
                                      op.attributes["iterator_types"])
             body = op.clone()  # its body moves into the piece
             move_body(body, piece.operation)
             body.erase()
-            result = tensor.InsertSliceOp(piece.result, result, [], [], [], list(part.offsets), list(part.sizes),
-                                          [1] * len(part.sizes)).result
+            result = tensor.InsertSliceOp(piece.result, result, [], [], [], list(box_offsets), list(box_sizes),
+                                          [1] * len(box_sizes)).result
     op.results[0].replace_all_uses_with(result)
     op.erase()
 
 
-def _box_of(m: ir.AffineMap, part: _Part, shape: list[int]) -> tuple[list[int], list[int]]:
+def _box_of(m: ir.AffineMap, box_offsets: tuple[int, ...], box_sizes: tuple[int, ...],
+            shape: list[int]) -> tuple[list[int], list[int]]:
     """The offsets and sizes of the operand of ``shape`` indexed by ``m`` that the loops over
-    ``part``'s box read (loop d over the part's dim d); a dim at a constant index whole, the
-    sliced op reading it at that index still."""
+    a box read (loop d over the box's dim d); a dim at a constant index whole, the sliced op
+    reading it at that index still."""
     offsets, sizes = [], []
     for e, size in zip(m.results, shape):
         if isinstance(e, ir.AffineDimExpr):
-            offsets.append(part.offsets[e.position])
-            sizes.append(part.sizes[e.position])
+            offsets.append(box_offsets[e.position])
+            sizes.append(box_sizes[e.position])
         else:
             offsets.append(0)
             sizes.append(size)

@@ -134,6 +134,8 @@ def _apply(op: dict, v: list, ops: list):
         return lax.rev(x, op["dims"])
     if k == "concat":
         return lax.concatenate([v[i] for i in op["xs"]], op["axis"])
+    if k == "roll":
+        return jnp.roll(x, op["shift"], op["axis"])
     if k == "pad" and op.get("mode", "constant") != "constant":
         return jnp.pad(x, [tuple(w) for w in op["widths"]], mode=op["mode"])
     if k == "pad":

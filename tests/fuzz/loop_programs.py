@@ -19,7 +19,7 @@ DIFFERENTIABLE = ("float32", "float64")  # jvp and grad: a few ulps of f16 error
 TRANSFORMS = ("none", "vmap", "jvp", "grad")
 # The body's op kinds: small ones, so that a loop of six steps compiles fast.
 BODY_KINDS = ("unary", "binary", "compare", "cast", "broadcast", "reduce", "reshape", "transpose",
-              "slice", "concat", "pad", "rev", "dot", "gather", "dynamic_slice", "cond", "cumulative",
+              "slice", "concat", "roll", "pad", "rev", "dot", "gather", "dynamic_slice", "cond", "cumulative",
               "row", "loop")
 MAX_DEPTH = 2  # a loop in a loop, no deeper
 

@@ -376,6 +376,17 @@ def _gen_concat(p: Program, x: int) -> None:
     p.add({"op": "concat", "xs": [x, y], "axis": axis}, out, dtype)
 
 
+def _gen_roll(p: Program, x: int) -> None:
+    # jnp.roll: two slices of x concatenated, its shape kept; an elementwise op of rolls
+    # along several axes (a stencil) is computed on the boxes of all their parts.
+    shape, dtype = p.values[x]
+    if not shape:
+        return _gen_unary(p, x)
+    axis = p.draw(st.integers(0, len(shape) - 1))
+    shift = p.draw(st.integers(-shape[axis], shape[axis]))
+    p.add({"op": "roll", "x": x, "shift": shift, "axis": axis}, shape, dtype)
+
+
 def _gen_pad(p: Program, x: int) -> None:
     shape, dtype = p.values[x]
     mode = p.draw(st.sampled_from(("constant", "reflect", "symmetric", "wrap", "edge")))
@@ -434,7 +445,7 @@ def _gen_cumulative(p: Program, x: int) -> None:
 GENERATORS = {"unary": _gen_unary, "binary": _gen_binary, "compare": _gen_compare_select,
               "cast": _gen_cast, "broadcast": _gen_broadcast, "reduce": _gen_reduce,
               "reshape": _gen_reshape, "transpose": _gen_transpose, "slice": _gen_slice,
-              "concat": _gen_concat, "pad": _gen_pad, "rev": _gen_rev, "dot": _gen_dot,
+              "concat": _gen_concat, "roll": _gen_roll, "pad": _gen_pad, "rev": _gen_rev, "dot": _gen_dot,
               "conv": _gen_conv, "gather": _gen_gather, "scatter": _gen_scatter,
               "dynamic_slice": _gen_dynamic_slice, "cond": _gen_cond, "fori": _gen_fori,
               "sort": _gen_sort, "cumulative": _gen_cumulative, "window": _gen_window,
