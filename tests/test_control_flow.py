@@ -38,6 +38,22 @@ class WhileTest(absltest.TestCase):
         self.assertEqual([op.name for op in walk(loop) if op.name in ("memref.copy", "memref.alloc")], [])
         support.check_against_xla(self, program, x)
 
+    def test_stencil_pieces_are_not_computed_over_the_state_they_read(self):
+        # Each box of the stencil reads its neighbours' slices of the carried state: computed
+        # over its own slice of that state, it made bufferization copy the state's slices
+        # first and then the box back (a heat equation under fori_loop: 0.55x XLA, 1.1x not).
+        def program(u):
+            def step(i, u):
+                return u + 0.1 * (jnp.roll(u, 1, 0) + jnp.roll(u, -1, 0) + jnp.roll(u, 1, 1)
+                                  + jnp.roll(u, -1, 1) - 4 * u)
+            return lax.fori_loop(0, 5, step, u)
+        u = support.random_array(np.random.default_rng(4), (24, 40), np.float32, edge=False)
+        module = support.module_after("out-params", program, u, hardware=cpu.host().hardware())
+        copied = [ir.MemRefType(op.operands[0].type).shape for loop in walk(module.operation)
+                  if loop.name == "scf.while" for op in walk(loop) if op.name == "memref.copy"]
+        self.assertNotIn([22, 38], copied)  # the interior box
+        support.check_against_xla(self, program, u, rtol=1e-5, atol=1e-5)
+
     def test_gradients_accumulated_by_a_scan_are_updated_in_place(self):
         # The backward loop of an LSTM with a weight per gate adds an outer product into each
         # gate's gradient per step, all four reading that step's input: merged as siblings,

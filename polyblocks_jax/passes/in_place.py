@@ -30,6 +30,7 @@ from polyblocks_jax.passes.results import forall_into, generic_into, is_empty_te
 from polyblocks_jax.passes.transform import RESHAPES, indexing_maps, rebuild_generic, use_through_reshapes
 
 _STATIC = ("static_offsets", "static_sizes", "static_strides")
+_VIEWS = (*RESHAPES, "tensor.extract_slice")
 _DYNAMIC = ir.ShapedType.get_dynamic_size()
 # The ops by which a parallel loop's body reads a tile of a shared output and writes it back,
 # and the position of their first offset operand.
@@ -69,7 +70,7 @@ def compute_in_place(module: ir.Module, options: Options) -> None:
                         continue
                     for source in _inputs(op, block, _carried(value)):
                         if source.type == value.type and source not in taken and _computed(source, fn) \
-                                and into(op, result, source):
+                                and not _viewed_after(source, op) and into(op, result, source):
                             taken.add(source)
                             break
             # The last insert first: a concatenation into a padded copy, then its parts into it.
@@ -370,6 +371,30 @@ def _computed(value: ir.Value, fn: func.FuncOp) -> bool:
     if isinstance(value.owner, ir.Block):
         return value.owner != fn.entry_block
     return value.owner.name != "arith.constant"
+
+
+def _viewed_after(source: ir.Value, op: ir.Operation) -> bool:
+    """Whether ``source`` is a view (slice, reshape) of a tensor that something after ``op``
+    reads through another view: written over in place, that tensor's buffer would change
+    under the later reader, and bufferization would copy it first. (A stencil's pieces read
+    their neighbours' slices of the state a loop carries: the piece computed over its own
+    slice of it made each step copy the state whole.)"""
+    base = source
+    while not isinstance(base.owner, ir.Block) and base.owner.name in _VIEWS:
+        base = base.owner.operands[0]
+    pending = [base] if base != source else []
+    while pending:
+        for use in pending.pop().uses:
+            user = use.owner.operation
+            if user.name in _VIEWS and use.operand_number == 0:
+                pending.append(user.results[0])
+                continue
+            top = user
+            while top.parent is not None and top.block != op.block:
+                top = top.parent
+            if top.parent is None or (top != op and not top.is_before_in_block(op)):
+                return True  # after ``op``, or not in its block at all
+    return False
 
 
 def _block_of(value: ir.Value) -> ir.Block:
