@@ -130,7 +130,7 @@ def program_transform(p: programs.Program, outputs: list[int]) -> dict:
     inputs = [i for i, op in enumerate(p.ops) if op["op"] == "input"]
     wrt = [i for i in inputs if p.values[i][1] in DIFFERENTIABLE]
     # Not where a convolution meets zeros: its derivative's convolutions would meet them with a
-    # NaN cotangent (0 / 0 downstream), a case of interpret._finite_kernels.
+    # NaN cotangent (0 / 0 downstream), a case of interpret._finite_operands.
     differentiable = wrt and any(p.values[o][1] in DIFFERENTIABLE for o in outputs) and not any(
         op["op"] == "conv" and interpret.pads_or_dilates(op) for op in p.ops)
     kind = p.draw(st.sampled_from(("vmap", "jvp", "grad") if differentiable else ("vmap",)))

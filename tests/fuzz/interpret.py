@@ -311,7 +311,7 @@ def make_inputs(spec: dict) -> list[np.ndarray]:
     """The arguments of build(spec): random values (some NaN, inf, limits; see _dense), with
     a leading axis where vmap batches them, and the tangents or cotangents of jvp or grad."""
     rng = np.random.default_rng(spec["seed"])
-    finite = _finite_kernels(spec)
+    finite = _finite_operands(spec)
     transform = spec.get("transform", {"kind": "none"})
     inputs = []
     for i, op in enumerate(spec["ops"]):
@@ -352,8 +352,8 @@ def _dense(rng: np.random.Generator, shape, dtype: np.dtype) -> np.ndarray:
     return np.where(chosen, rng.choice(pool, size=x.shape), x).astype(dtype)
 
 
-def _finite_kernels(spec: dict) -> set[int]:
-    """Kernels of convolutions whose products XLA CPU takes with zeros: these get no inf or NaN.
+def _finite_operands(spec: dict) -> set[int]:
+    """Operands of convolutions whose products XLA CPU takes with zeros: these get no inf or NaN.
 
     - A convolution that pads or dilates its input: a kernel value meets the padded zeros.
       The StableHLO spec (and polyblocks) multiply them (0 * inf is NaN); XLA CPU's answer
@@ -363,9 +363,18 @@ def _finite_kernels(spec: dict) -> set[int]:
     - A convolution of batch groups: XLA CPU multiplies every group's kernel with every
       group's image, masked by zeros, so an inf in one group's kernel is NaN in the outputs
       of the others (the spec's, and polyblocks', stay finite).
+    - An f64 convolution of feature groups: likewise every group's image with every group's
+      kernel, so a NaN or inf in one group's image is NaN in the others' outputs (f32 not).
     """
-    return {op["w"] for op in spec["ops"]
-            if op["op"] == "conv" and (pads_or_dilates(op) or op.get("batch_groups", 1) > 1)}
+    inputs = {i for i, op in enumerate(spec["ops"]) if op["op"] == "input"}
+    finite = set()
+    for op in spec["ops"]:
+        if op["op"] == "conv" and (pads_or_dilates(op) or op.get("batch_groups", 1) > 1):
+            finite.add(op["w"])
+        if op["op"] == "conv" and op["groups"] > 1 and op["x"] in inputs \
+                and spec["ops"][op["x"]]["dtype"] == "float64":
+            finite.add(op["x"])
+    return finite
 
 
 def pads_or_dilates(conv: dict) -> bool:
