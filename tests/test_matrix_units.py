@@ -488,6 +488,19 @@ class X86CodeTest(parameterized.TestCase):
             self.assertIn("scf.for %kc", kernel(32))
             self.assertNotIn("scf.for %kc", kernel(4))
 
+    def test_vpmaddwd_copies_panels_of_a_large_b(self):
+        # A B beyond L2 read by several blocks of rows: copied a (k, columns) panel at a time
+        # onto the stack, contiguous; one row of A reads B in place.
+        from mlir import ir
+        with ir.Context():
+            def kernel(rows):
+                types = (f"memref<{rows}x1024x2xi16>", "memref<1024x2x2048xi8>", f"memref<{rows}x2048xi32>")
+                return avx2_pmaddwd.rows_kernel(*map(ir.MemRefType.parse, types), avx2_pmaddwd.PMADDWD_ROWS.tile, 2,
+                                                (min(rows, 4), 1), True)
+            self.assertIn("%panel = memref.alloca", kernel(32))
+            self.assertIn("%panel = memref.alloca", kernel(4))
+            self.assertNotIn("%panel", kernel(1))
+
     def test_avx512_bf16_uses_vdpbf16ps(self):
         ir_text = _llvm_ir(_matmul, (_random((40, 64), BF16), _random((64, 48), BF16)), [DPBF16])
         self.assertIn("llvm.x86.avx512bf16.dpbf16ps.512", ir_text)
@@ -724,6 +737,14 @@ class HostPathsTest(parameterized.TestCase):
                          (lambda x, y, z: z + _int8_dot(x, y),  # chunks of k, the last one shorter
                           (_random((20, 1001), np.int8), _random((1001, 600), np.int8, 1),
                            _random((20, 600), np.int8, 2).astype(np.int32))),
+                         # B beyond L2, copied in panels: the last panel of k, of columns and
+                         # of rows shorter, from zero and from an accumulator, a batch.
+                         (_int8_dot, (_random((37, 1101), np.int8), _random((1101, 1090), np.int8, 1))),
+                         (lambda x, y, z: z + _int8_dot(x, y),
+                          (_random((9, 1101), np.int8), _random((1101, 1090), np.int8, 1),
+                           _random((9, 1090), np.int8, 2).astype(np.int32))),
+                         (einsum("bmk,bkn->bmn"),
+                          (_random((2, 13, 999), np.int8), _random((2, 999, 1200), np.int8, 1))),
                          (dense, (_random((32, 512), np.int8), _random((512, 256), np.int8, 1),
                                   (_random((256,), np.float32, 2) * 1000).astype(np.int32))),
                          (functools.partial(conv, stride=1),

@@ -7,15 +7,19 @@ the rhs as stored, (K, N) rows, with ``avx512_bf16.rows_kernel``'s template
 (``interleaving.pair_rows_kernel``): two rows of k, 16 columns each, are sign-extended to
 int16 (VPMOVSXBW) and interleaved into pairs with VPUNPCKLWD / VPUNPCKHWD; the lhs, packed
 as int16 once per call (``UnitOp.lhs_packed``), has each row's pair broadcast to every lane
-as one 32-bit value (VPBROADCASTD from memory).
+as one 32-bit value (VPBROADCASTD from memory). A B beyond L2 that several rows read is
+copied a (k, columns) panel at a time, interleaved once, into a contiguous buffer in L2
+(``interleaving.packed_pair_kernel``), as a GEMM packs its (kc, nc) panels.
 Exact: a pair of int8 products is at most 2 x 2^14 in magnitude, and the sums wrap modulo
 2^32 with VPADDD, as XLA's do.
 """
 from __future__ import annotations
 
+import math
+
 from mlir import ir
 
-from polyblocks_jax.cpu import interleaving
+from polyblocks_jax.cpu import interleaving, target
 from polyblocks_jax.passes.matrix_units import MatrixUnit, TileShape, UnitOp
 
 _LANES = 8
@@ -34,6 +38,18 @@ _BLOCK_REGISTERS = 15
 # chunks of 8 pairs 12.4 ms, at once 9.2.
 _B_CHUNK_BYTES = 16 << 10
 _MIN_CHUNK_PAIRS = 8
+# A B beyond half of L2 read by several blocks of rows is copied a panel at a time into a
+# quarter of L2 (``interleaving.packed_pair_kernel``): its rows read in place are as many
+# streams a power-of-two stride apart, which share a few cache sets. The accumulators'
+# reload (a load, a shuffle and a store each) per panel of this many pairs of k is a few
+# percent of its products.
+_PANEL_PAIRS = 128
+_PANEL_L2_SHARE = 4  # the panel: 1 / this of L2
+_MAX_PANEL_BYTES = 512 << 10  # on the stack of a thread of the pool (libomp's: 4 MiB)
+_TASKS_PER_CORE = 2  # row panels taken apart where the column panels are too few to share out
+# The copy takes about as long per element of B as the products of this many rows of A: B
+# read by fewer rows stays in place.
+_COPY_ROWS = 2
 
 
 def unit() -> MatrixUnit:
@@ -45,11 +61,30 @@ def rows_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile
     """The template computing lhs (.., M', K'/2, 2) int16 (the int8 lhs sign-extended, see
     ``UnitOp.lhs_packed``) @ rhs (.., K'/2, 2, N') int8 into (.., M', N') int32 with VPMADDWD
     (identity-layout buffers)."""
-    pm, pn = lhs.shape[-3], rhs.shape[-1]
+    pm, pn, k2 = lhs.shape[-3], rhs.shape[-1], rhs.shape[-3]
+    cpu = target.host()
+    if pm > _COPY_ROWS and 2 * k2 * pn > cpu.l2_bytes // 2:
+        panel = _panel(lhs.shape[:-3], pm, k2, pn, blocking, tile, cpu.l2_bytes, cpu.cores)
+        return interleaving.packed_pair_kernel(lhs, rhs, acc, tile, blocking, zero_init, _PRODUCT, panel)
     chunk = _B_CHUNK_BYTES // (2 * pn)  # pairs of k
     if pm == blocking[0] or chunk < _MIN_CHUNK_PAIRS:
         chunk = 0  # B read once; or chunks too short for the accumulators' reload: k at once
     return interleaving.pair_rows_kernel(lhs, rhs, acc, tile, blocking, zero_init, _PRODUCT, chunk)
+
+
+def _panel(lead: list[int], pm: int, k2: int, pn: int, blocking: tuple[int, int], tile: TileShape,
+           l2_bytes: int, cores: int) -> tuple[int, int, int]:
+    """The (rows, pairs of k, columns) of one task of ``packed_pair_kernel``: a panel of B of
+    interleaved int16 pairs in its share of L2, the rows in as few panels as share the tasks
+    out to the cores."""
+    mb, nb = blocking
+    kc = min(k2, _PANEL_PAIRS)
+    columns = nb * tile.n
+    panel_bytes = min(l2_bytes // _PANEL_L2_SHARE, _MAX_PANEL_BYTES)
+    nc = min(pn, max(columns, panel_bytes // (4 * kc) // columns * columns))  # 4 bytes a pair
+    tasks = math.prod(lead) * math.ceil(pn / nc)
+    row_panels = min(pm // mb, math.ceil(_TASKS_PER_CORE * cores / tasks))
+    return mb * math.ceil(pm // mb / row_panels), kc, nc
 
 
 def _pmaddwd(out: str, acc: str, a: str, b: str) -> list[str]:

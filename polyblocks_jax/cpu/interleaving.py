@@ -2,7 +2,8 @@
 pairs (quads) their dot-product instruction takes, and their shuffles (avx512_bf16,
 avx512_vnni, avx2_pmaddwd): VPUNPCKL* / VPUNPCKH* work within 128-bit lanes, so the
 accumulators hold the columns in another order, kept over the k loop and undone once, when
-stored. ``pair_rows_kernel`` is the whole template for products of pairs of 16-bit values."""
+stored. ``pair_rows_kernel`` is the whole template for products of pairs of 16-bit values;
+``packed_pair_kernel`` the same products on panels of B copied with their pairs interleaved."""
 from __future__ import annotations
 
 import dataclasses
@@ -86,9 +87,7 @@ def pair_rows_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType,
     k2, pn = rhs.shape[-3], rhs.shape[-1]
     mb, nb = blocking
     r = len(lead)
-    vec, words = f"vector<{unit.lanes}x{unit.accumulate}>", f"vector<{tile.n}xi16>"
-    stored, pairs = f"vector<{tile.n}x{unit.rhs}>", f"vector<{tile.n}x{unit.pair}>"
-    halves, columns = pair_halves(tile.n), pair_columns(tile.n)
+    vec = f"vector<{unit.lanes}x{unit.accumulate}>"
     lead_ix = [f"%b{d}" for d in range(r)]
     accs = [(i, j, h) for i in range(mb) for j in range(nb) for h in range(2)]  # h: low / high half
     index = templates.IndexConstants()
@@ -105,16 +104,10 @@ def pair_rows_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType,
               for j in range(nb) for h in range(2)],
         ]
         if zero:
-            literal = "0.0" if unit.accumulate.startswith("f") else "0"
-            body.append(f"  %zero = arith.constant dense<{literal}> : {vec}")
+            body.append(_zero(unit))
             inits = ["%zero"] * len(accs)
-        else:  # column order -> the halves' order
-            for i in range(mb):
-                for j in range(nb):
-                    body += [f"  %in{i}_{j}_{h} = vector.load %acc[{at(f'%row{i}', f'%col{j}_{h}')}] : {acc}, {vec}"
-                             for h in range(2)]
-                    body += [f"  %init{i}_{j}_{h} = vector.shuffle %in{i}_{j}_0, %in{i}_{j}_1 {halves[h]} "
-                             f": {vec}, {vec}" for h in range(2)]
+        else:
+            body += _load_halves(acc, unit, (mb, nb), tile, at, "  ")
             inits = [f"%init{i}_{j}_{h}" for i, j, h in accs]
         carried = ", ".join(f"%c{i}_{j}_{h} = {init}" for (i, j, h), init in zip(accs, inits))
         body.append(f"  %sums:{len(accs)} = scf.for %k2 = {lo} to {hi} step {index.const(1)} "
@@ -132,29 +125,14 @@ def pair_rows_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType,
                 for line in lines:
                     ahead = at("%ahead", index.const(q), f"%col{j}_l{line}")
                     body.append(f"    memref.prefetch %rhs[{ahead}], read, locality<3>, data : {rhs}")
-        widen = "arith.extsi" if element_bytes == 1 else "vector.bitcast"
         for j in range(nb):  # two rows of k, as 16-bit words interleaved into pairs
-            for q in range(2):
-                row = at("%k2", index.const(q), f"%col{j}_0")
-                body += [f"    %r{j}_{q} = vector.load %rhs[{row}] : {rhs}, {stored}",
-                         f"    %w{j}_{q} = {widen} %r{j}_{q} : {stored} to {words}"]
-            for h in range(2):
-                shuffled = f"%u{j}_{h}" if unit.pair != "i16" else f"%vb{j}_{h}"
-                body.append(f"    {shuffled} = vector.shuffle %w{j}_0, %w{j}_1 {interleave(h, 8, tile.n)} "
-                            f": {words}, {words}")
-                if unit.pair != "i16":
-                    body.append(f"    %vb{j}_{h} = vector.bitcast %u{j}_{h} : {words} to {pairs}")
+            body += rhs_pairs(rhs, unit, tile, f"{j}", [at("%k2", index.const(q), f"%col{j}_0") for q in range(2)])
         body += broadcast_pairs(lhs, mb, at, index, unit.pair, unit.lanes)
         for i, j, h in accs:
             body += unit.product(f"%d{i}_{j}_{h}", f"%c{i}_{j}_{h}", f"%va{i}", f"%vb{j}_{h}")
         body += [f"    scf.yield {', '.join(f'%d{i}_{j}_{h}' for i, j, h in accs)} : {', '.join([vec] * len(accs))}",
                  "  }"]
-        for i in range(mb):  # the halves' order -> column order
-            for j in range(nb):
-                low, high = (f"%sums#{accs.index((i, j, h))}" for h in range(2))
-                for h in range(2):
-                    body += [f"  %out{i}_{j}_{h} = vector.shuffle {low}, {high} {columns[h]} : {vec}, {vec}",
-                             f"  vector.store %out{i}_{j}_{h}, %acc[{at(f'%row{i}', f'%col{j}_{h}')}] : {acc}, {vec}"]
+        body += _store_columns(acc, unit, (mb, nb), tile, at, "  ")
         return body + ["  scf.reduce", "}"]
 
     passes = math.ceil(k2 / k_chunk) if k_chunk else 1
@@ -168,3 +146,136 @@ def pair_rows_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType,
                  *one_pass("%kc", "%kend", False), "}"]
     body.append("return")
     return templates.function([f"%lhs: {lhs}", f"%rhs: {rhs}", f"%acc: {acc}"], [], index.lines + body)
+
+
+def packed_pair_kernel(lhs: ir.MemRefType, rhs: ir.MemRefType, acc: ir.MemRefType, tile: TileShape,
+                       blocking: tuple[int, int], zero_init: bool, unit: PairProduct,
+                       panel: tuple[int, int, int]) -> str:
+    """``pair_rows_kernel`` for many blocks of rows, each reading all of B: the threads share
+    out tasks of ``panel`` = (mc rows, kc pairs of k, nc columns); a task copies each kc x nc
+    panel of B, its pairs interleaved once, into a buffer on its stack, column tile by column
+    tile (contiguous: no cache set or TLB entry taken per row of B), then runs its blocks of
+    rows on it, from the accumulators in memory after the first panel of k."""
+    *lead, pm, _, _ = lhs.shape
+    k2, pn = rhs.shape[-3], rhs.shape[-1]
+    mb, nb = blocking
+    mc, kc, nc = panel
+    vec, pairs = f"vector<{unit.lanes}x{unit.accumulate}>", f"vector<{tile.n}x{unit.pair}>"
+    buffer = f"memref<{nc // tile.n}x{kc}x{2 * tile.n}x{unit.pair}>"
+    lead_ix = [f"%b{d}" for d in range(len(lead))]
+    accs = [(i, j, h) for i in range(mb) for j in range(nb) for h in range(2)]
+    vecs = ", ".join([vec] * len(accs))
+    index = templates.IndexConstants()
+
+    def at(*rest: str) -> str:
+        return ", ".join([*lead_ix, *rest])
+
+    dims = [(iv, extent, 1) for iv, extent in zip(lead_ix, lead)] + [("%ic", pm, mc), ("%jc", pn, nc)]
+    body = [
+        f"scf.parallel ({', '.join(iv for iv, _, _ in dims)}) = ({', '.join(index.const(0) for _ in dims)}) "
+        f"to ({', '.join(index.const(extent) for _, extent, _ in dims)}) "
+        f"step ({', '.join(index.const(step) for _, _, step in dims)}) {{",
+        f"  %iend = affine.min affine_map<(d0) -> (d0 + {mc}, {pm})>(%ic)",
+        f"  %tiles = affine.min affine_map<(d0) -> ({nc // tile.n}, ({pn} - d0) floordiv {tile.n})>(%jc)",
+        "  memref.alloca_scope {",
+        f"  %panel = memref.alloca() {{alignment = 64 : i64}} : {buffer}",
+        f"  scf.for %k0 = {index.const(0)} to {index.const(k2)} step {index.const(kc)} {{",
+        f"    %kn = affine.min affine_map<(d0) -> ({kc}, {k2} - d0)>(%k0)",
+        # B's rows read in order, each tile of columns stored at its place in the panel.
+        f"    scf.for %kk = {index.const(0)} to %kn step {index.const(1)} {{",
+        "      %k2 = arith.addi %k0, %kk : index",
+        f"      scf.for %t = {index.const(0)} to %tiles step {index.const(1)} {{",
+        f"        %c = affine.apply affine_map<(d0, d1) -> (d0 + d1 * {tile.n})>(%jc, %t)",
+        *rhs_pairs(rhs, unit, tile, "p", [at("%k2", index.const(q), "%c") for q in range(2)]),
+        *[f"        vector.store %vbp_{h}, %panel[%t, %kk, {index.const(h * tile.n)}] : {buffer}, {pairs}"
+          for h in range(2)],
+        "      }",
+        "    }",
+        f"    scf.for %i = %ic to %iend step {index.const(mb)} {{",
+        *[f"      %row{i} = arith.addi %i, {index.const(i)} : index" for i in range(mb)],
+        f"      scf.for %t = {index.const(0)} to %tiles step {index.const(nb)} {{",
+        f"        %j = affine.apply affine_map<(d0, d1) -> (d0 + d1 * {tile.n})>(%jc, %t)",
+        *[f"        %t{j} = arith.addi %t, {index.const(j)} : index" for j in range(nb)],
+        *[f"        %col{j}_{h} = arith.addi %j, {index.const(j * tile.n + h * unit.lanes)} : index"
+          for j in range(nb) for h in range(2)],
+    ]
+    loaded = _load_halves(acc, unit, (mb, nb), tile, at, "        ")
+    if zero_init:  # the first panel of k starts from zero
+        body += [f"        %first = arith.cmpi eq, %k0, {index.const(0)} : index",
+                 f"        %inits:{len(accs)} = scf.if %first -> ({vecs}) {{",
+                 "  " + _zero(unit), f"          scf.yield {', '.join(['%zero'] * len(accs))} : {vecs}",
+                 "        } else {", *loaded,
+                 f"          scf.yield {', '.join(f'%init{i}_{j}_{h}' for i, j, h in accs)} : {vecs}", "        }"]
+        inits = [f"%inits#{n}" for n in range(len(accs))]
+    else:
+        body += loaded
+        inits = [f"%init{i}_{j}_{h}" for i, j, h in accs]
+    carried = ", ".join(f"%c{i}_{j}_{h} = {init}" for (i, j, h), init in zip(accs, inits))
+    body += [f"        %sums:{len(accs)} = scf.for %kk = {index.const(0)} to %kn step {index.const(1)} "
+             f"iter_args({carried}) -> ({vecs}) {{",
+             "    %k2 = arith.addi %k0, %kk : index",
+             *[f"    %vb{j}_{h} = vector.load %panel[%t{j}, %kk, {index.const(h * tile.n)}] : {buffer}, {pairs}"
+               for j in range(nb) for h in range(2)],
+             *broadcast_pairs(lhs, mb, at, index, unit.pair, unit.lanes)]
+    for i, j, h in accs:
+        body += unit.product(f"%d{i}_{j}_{h}", f"%c{i}_{j}_{h}", f"%va{i}", f"%vb{j}_{h}")
+    body += [f"    scf.yield {', '.join(f'%d{i}_{j}_{h}' for i, j, h in accs)} : {vecs}",
+             "        }",
+             *_store_columns(acc, unit, (mb, nb), tile, at, "        "),
+             "      }", "    }", "  }", "  }", "  scf.reduce", "}", "return"]
+    return templates.function([f"%lhs: {lhs}", f"%rhs: {rhs}", f"%acc: {acc}"], [], index.lines + body)
+
+
+def rhs_pairs(rhs: ir.MemRefType, unit: PairProduct, tile: TileShape, key: str, rows: list[str]) -> list[str]:
+    """Lines loading ``tile.n`` columns of the two rows of k at ``rows`` (indices of ``rhs``),
+    as 16-bit words interleaved into pairs: ``%vb<key>_0`` (the low half) and ``_1``."""
+    words, stored = f"vector<{tile.n}xi16>", f"vector<{tile.n}x{unit.rhs}>"
+    widen = "arith.extsi" if unit.rhs == "i8" else "vector.bitcast"
+    lines = []
+    for q, row in enumerate(rows):
+        lines += [f"    %r{key}_{q} = vector.load %rhs[{row}] : {rhs}, {stored}",
+                  f"    %w{key}_{q} = {widen} %r{key}_{q} : {stored} to {words}"]
+    for h in range(2):
+        shuffled = f"%u{key}_{h}" if unit.pair != "i16" else f"%vb{key}_{h}"
+        lines.append(f"    {shuffled} = vector.shuffle %w{key}_0, %w{key}_1 {interleave(h, 8, tile.n)} "
+                     f": {words}, {words}")
+        if unit.pair != "i16":
+            lines.append(f"    %vb{key}_{h} = vector.bitcast %u{key}_{h} : {words} to vector<{tile.n}x{unit.pair}>")
+    return lines
+
+
+def _zero(unit: PairProduct) -> str:
+    literal = "0.0" if unit.accumulate.startswith("f") else "0"
+    return f"  %zero = arith.constant dense<{literal}> : vector<{unit.lanes}x{unit.accumulate}>"
+
+
+def _load_halves(acc: ir.MemRefType, unit: PairProduct, blocking: tuple[int, int], tile: TileShape,
+                 at: Callable[..., str], indent: str) -> list[str]:
+    """Lines loading the block's accumulators (``%init<i>_<j>_<h>``) from ``acc``: column order
+    -> the halves' order."""
+    vec, halves = f"vector<{unit.lanes}x{unit.accumulate}>", pair_halves(tile.n)
+    lines = []
+    for i in range(blocking[0]):
+        for j in range(blocking[1]):
+            lines += [f"{indent}%in{i}_{j}_{h} = vector.load %acc[{at(f'%row{i}', f'%col{j}_{h}')}] : {acc}, {vec}"
+                      for h in range(2)]
+            lines += [f"{indent}%init{i}_{j}_{h} = vector.shuffle %in{i}_{j}_0, %in{i}_{j}_1 {halves[h]} "
+                      f": {vec}, {vec}" for h in range(2)]
+    return lines
+
+
+def _store_columns(acc: ir.MemRefType, unit: PairProduct, blocking: tuple[int, int], tile: TileShape,
+                   at: Callable[..., str], indent: str) -> list[str]:
+    """Lines storing the block's sums (``%sums``, (row, column tile, half) in order) into
+    ``acc``: the halves' order -> column order."""
+    vec, columns = f"vector<{unit.lanes}x{unit.accumulate}>", pair_columns(tile.n)
+    mb, nb = blocking
+    lines = []
+    for i in range(mb):
+        for j in range(nb):
+            low, high = (f"%sums#{(i * nb + j) * 2 + h}" for h in range(2))
+            for h in range(2):
+                at_column = at(f"%row{i}", f"%col{j}_{h}")
+                lines += [f"{indent}%out{i}_{j}_{h} = vector.shuffle {low}, {high} {columns[h]} : {vec}, {vec}",
+                          f"{indent}vector.store %out{i}_{j}_{h}, %acc[{at_column}] : {acc}, {vec}"]
+    return lines
