@@ -5,9 +5,9 @@ into a view of stride 2 of the interleaved (S x 2) result. The transfer lowering
 strided vector one lane at a time (an extract and a scalar store per element). Two such
 writes at the same position of the two parts' views are the lanes of one contiguous span:
 ``vector.interleave`` of the two vectors, stored at once (unpack shuffles on x86). A part
-written alone (the real part of ``z.conj()``, a copy apart from the loop negating the
-imaginary one) is spread over every other lane of the span and stored under a mask
-(VMASKMOVPS): the other part's elements are left untouched.
+written alone (its other part computed by a loop of another form: a row reduction) is
+spread over every other lane of the span and stored under a mask (VMASKMOVPS): the other
+part's elements are left untouched.
 """
 from __future__ import annotations
 
