@@ -62,6 +62,10 @@ def _part_write(op: ir.Operation) -> tuple[tuple, int] | None:
             or not isinstance(write.base.type, ir.MemRefType) \
             or not all(ir.BoolAttr(b).value for b in write.in_bounds):
         return None
+    # The lanes are consecutive complex elements only at stride 2: a column of the result
+    # (the last term of an rfft along the rows) steps through rows.
+    if ir.MemRefType(write.base.type).get_strides_and_offset()[0][-1] != 2:
+        return None
     rank = ir.MemRefType(write.base.type).rank
     results = ir.AffineMapAttr(write.permutation_map).value.results
     if not (len(results) == 1 and isinstance(results[0], ir.AffineDimExpr)
