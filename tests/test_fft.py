@@ -88,6 +88,15 @@ class FftTest(parameterized.TestCase):
                     jnp.fft.irfft2(jnp.fft.rfft2(c), s=(10, 256)))
         _check(self, transforms, (a, b, c), np.complex64, 4096)
 
+    @parameterized.product(shape=((64, 1024), (5, 256), (1024,), (2, 3, 128)), dtype=(np.complex64, np.complex128))
+    def test_rfft_alone_into_its_result(self, shape, dtype):
+        # The m terms below the last of an rfft of length 2m run on whole vectors (reversed
+        # reads) and write the result's two parts as one store; the last term, a column, is
+        # written through a view stepping through the rows (once stored as if its lanes
+        # were consecutive elements: 1e22 in the last column).
+        x = _random(np.random.default_rng(5), shape, np.float32 if dtype == np.complex64 else np.float64)
+        _check(self, jnp.fft.rfft, (x,), dtype, shape[-1])
+
     def test_irfft_of_a_spectrum_longer_or_shorter_than_half(self):
         rng = np.random.default_rng(1)
         h = _random(rng, (4, 40), np.complex64)

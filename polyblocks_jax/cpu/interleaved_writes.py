@@ -5,9 +5,9 @@ into a view of stride 2 of the interleaved (S x 2) result. The transfer lowering
 strided vector one lane at a time (an extract and a scalar store per element). Two such
 writes at the same position of the two parts' views are the lanes of one contiguous span:
 ``vector.interleave`` of the two vectors, stored at once (unpack shuffles on x86). A part
-written alone (the real part of ``z.conj()``, a copy apart from the loop negating the
-imaginary one) is spread over every other lane of the span and stored under a mask
-(VMASKMOVPS): the other part's elements are left untouched.
+written alone (its other part computed by a loop of another form: a row reduction) is
+spread over every other lane of the span and stored under a mask (VMASKMOVPS): the other
+part's elements are left untouched.
 """
 from __future__ import annotations
 
@@ -61,6 +61,10 @@ def _part_write(op: ir.Operation) -> tuple[tuple, int] | None:
     if write.mask is not None or ir.VectorType(write.valueToStore.type).rank != 1 \
             or not isinstance(write.base.type, ir.MemRefType) \
             or not all(ir.BoolAttr(b).value for b in write.in_bounds):
+        return None
+    # The lanes are consecutive complex elements only at stride 2: a column of the result
+    # (the last term of an rfft along the rows) steps through rows.
+    if ir.MemRefType(write.base.type).get_strides_and_offset()[0][-1] != 2:
         return None
     rank = ir.MemRefType(write.base.type).rank
     results = ir.AffineMapAttr(write.permutation_map).value.results

@@ -17,6 +17,7 @@ from polyblocks_jax.cpu.outline import OUTLINED, bare_pointer, outline_kernels, 
 from polyblocks_jax.cpu.prefetch import prefetch_next_tiles
 from polyblocks_jax.cpu.signed_zeros import extrema_as_x86_selects
 from polyblocks_jax.cpu.target import host
+from polyblocks_jax.cpu.part_copies import fold_part_copies
 from polyblocks_jax.cpu.vector_copies import vectorize_copies
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes import INLINE_LAYERS, VECTOR_TRANSFERS, Stage
@@ -101,7 +102,10 @@ def cpu_stages(options: Options, small: bool = False) -> list[Stage]:
 
 
 def _vectorize_copies(module: ir.Module, options: Options) -> bool:
-    return vectorize_copies(module, lanes=host().vector_bits // 32)
+    lanes = host().vector_bits // 32
+    # Copies into a complex buffer's part first: they join the loops writing the other part.
+    folded = fold_part_copies(module, lanes)
+    return vectorize_copies(module, lanes) or folded
 
 
 # scf.parallel -> omp.parallel + omp.wsloop; its body sits in memref.alloca_scope,

@@ -98,8 +98,7 @@ def _retypable(value: ir.Value) -> bool:
     for use in value.uses:
         user = use.owner.operation
         if user.name == "memref.subview":
-            if len(ir.MemRefType(user.result.type).shape) != len(ir.MemRefType(value.type).shape) \
-                    or not _retypable(user.result):
+            if _kept_dims(user) is None or not _retypable(user.result):
                 return False
         elif user.name not in _TYPE_FREE_USERS and user.name != "memref.dealloc":
             return False
@@ -128,16 +127,27 @@ def _replace_buffer(old: ir.Value, new: ir.Value) -> None:
             user.operands[use.operand_number] = new
 
 
+def _kept_dims(subview: ir.Operation) -> list[int] | None:
+    """The dims of ``subview``'s source its result keeps: all of them, or all but those of
+    size 1 where the result has no dim of 1 (a column taken as a vector); None where which
+    unit dims it drops is ambiguous."""
+    sizes, shape = _static(subview, "static_sizes"), ir.MemRefType(subview.result.type).shape
+    if len(shape) == len(sizes):
+        return list(range(len(sizes)))
+    kept = [d for d, size in enumerate(sizes) if size != 1]
+    return kept if 1 not in shape and [sizes[d] for d in kept] == shape else None
+
+
 def _rebuilt_subview(subview: ir.Operation, source: ir.Value) -> ir.Value:
-    """``subview`` taken from ``source`` instead: strides scaled by the source's, offset dynamic
-    unless every offset is static."""
+    """``subview`` taken from ``source`` instead: strides scaled by the source's (those of the
+    dims it keeps), offset dynamic unless every offset is static."""
     source_type = ir.MemRefType(source.type)
     source_strides, source_offset = source_type.get_strides_and_offset()
     offsets, strides = _static(subview, "static_offsets"), _static(subview, "static_strides")
     dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
     offset = dynamic if dynamic in offsets or source_offset == dynamic else \
         source_offset + sum(o * s for o, s in zip(offsets, source_strides))
-    layout = ir.StridedLayoutAttr.get(offset, [s * t for s, t in zip(source_strides, strides)])
+    layout = ir.StridedLayoutAttr.get(offset, [source_strides[d] * strides[d] for d in _kept_dims(subview)])
     result_type = ir.MemRefType.get(ir.MemRefType(subview.result.type).shape, source_type.element_type,
                                     layout, source_type.memory_space)
     with ir.InsertionPoint(subview), subview.location:

@@ -270,12 +270,14 @@ def _real_dft_by_half(x: ir.Value, part: DType) -> Pair:
     z = Pair(*(slices.extract_slice(pairs, [*lead, m, 1], [0] * len(shape) + [k], shape=[*lead, m])
                for k in (0, 1)))
     spectrum = _scaled_dft_last(z, part, False, 1.0)
-    # Z_0 .. Z_m (Z_m = Z_0), and its reverse Z_m .. Z_0, i.e. Z_((m-k) mod m)
-    ext = _each(lambda v: slices.insert_slice(slices.extract_slice(v, [*lead, 1], [0] * len(shape)),
+    # Z_0 .. Z_m (Z_m = Z_0); X_k for k < m reads Z_(m-k), ext's reverse from its second term
+    rank = len(shape)
+    ext = _each(lambda v: slices.insert_slice(slices.extract_slice(v, [*lead, 1], [0] * rank),
                                               slices.insert_slice(v, builders.empty(TensorSpec([*lead, m + 1], part)),
-                                                                  [0] * len(shape)),
-                                              [0] * (len(shape) - 1) + [m]), spectrum)
-    rev = _each(lambda v: layout.reverse(v, [len(shape) - 1]), ext)
+                                                                  [0] * rank),
+                                              [0] * (rank - 1) + [m]), spectrum)
+    mirror = _each(lambda v: layout.reverse(slices.extract_slice(v, [*lead, m], [0] * (rank - 1) + [1]), [rank - 1]),
+                   ext)
     angle = -np.pi * np.arange(m + 1) / m
     w = np.cos(angle) + 1j * np.sin(angle)
 
@@ -286,7 +288,16 @@ def _real_dft_by_half(x: ir.Value, part: DType) -> Pair:
         orr, oi = arith.mulf(arith.addf(ai, bi), half_), arith.mulf(arith.subf(br, ar), half_)
         return [arith.addf(er, arith.subf(arith.mulf(c, orr), arith.mulf(s, oi))),
                 arith.addf(ei, arith.addf(arith.mulf(c, oi), arith.mulf(s, orr)))]
-    return _with_last_axis_constants([ext.re, ext.im, rev.re, rev.im], [w.real, w.imag], part, body)
+    # The m terms below the last apart from it: m is whole vectors, read backwards in order
+    # (cpu/lane_reversals.py), where m + 1 would leave the loop scalar. The last one, from
+    # Z_0 alone, is a column computed on its own (an op over the leading dims).
+    low = _with_last_axis_constants([*spectrum, *mirror], [w.real[:m], w.imag[:m]], part, body)
+    first = _each(lambda v: slices.extract_slice(v, [*lead, 1], [0] * rank, shape=lead), spectrum)
+    last = body(*first, *first, *(builders.constant_like(float(c), first.re) for c in (w.real[m], w.imag[m])),
+                None, None)
+    return Pair(*(slices.insert_slice(t, slices.insert_slice(l, builders.empty(TensorSpec([*lead, m + 1], part)),
+                                                             [0] * rank), [0] * (rank - 1) + [m], sizes=[*lead, 1])
+                  for l, t in zip(low, last)))
 
 
 def _with_last_axis_constants(ins: list[ir.Value], constants: list[np.ndarray], part: DType, body) -> Pair:
