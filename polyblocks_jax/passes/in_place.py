@@ -374,11 +374,12 @@ def _computed(value: ir.Value, fn: func.FuncOp) -> bool:
 
 
 def _viewed_after(source: ir.Value, op: ir.Operation) -> bool:
-    """Whether ``source`` is a view (slice, reshape) of a tensor that something after ``op``
-    reads through another view: written over in place, that tensor's buffer would change
-    under the later reader, and bufferization would copy it first. (A stencil's pieces read
-    their neighbours' slices of the state a loop carries: the piece computed over its own
-    slice of it made each step copy the state whole.)"""
+    """Whether ``source`` is a view (slice, reshape) of a tensor that ``op`` or something after
+    it reads through another view: written over in place, that tensor's buffer would change
+    under the other reader, and bufferization would copy it first. (A stencil's pieces read
+    their neighbours' slices of the state a loop carries; ``u + roll(u, 1, 0)`` reads the
+    rows above the ones it writes: computed over their own slice of the state, they made each
+    step copy the state's slices first.)"""
     base = source
     while not isinstance(base.owner, ir.Block) and base.owner.name in _VIEWS:
         base = base.owner.operands[0]
@@ -387,13 +388,14 @@ def _viewed_after(source: ir.Value, op: ir.Operation) -> bool:
         for use in pending.pop().uses:
             user = use.owner.operation
             if user.name in _VIEWS and use.operand_number == 0:
-                pending.append(user.results[0])
+                if user.results[0] != source:  # the source's own reads are the writer's to check
+                    pending.append(user.results[0])
                 continue
             top = user
             while top.parent is not None and top.block != op.block:
                 top = top.parent
-            if top.parent is None or (top != op and not top.is_before_in_block(op)):
-                return True  # after ``op``, or not in its block at all
+            if top.parent is None or not top.is_before_in_block(op):
+                return True  # in ``op``, after it, or not in its block at all
     return False
 
 
