@@ -204,9 +204,9 @@ def _compute_by_parts(module: ir.Module) -> bool:
             continue
         chain = _chain(op)
         boxes = _refinement(chain)
-        if boxes is None:  # too many pieces together: each op by its own concatenations
+        if boxes is None:  # too many pieces together: each op by its first concatenation's parts
             for member in chain:
-                boxes_of[member] = _refinement([member])
+                boxes_of[member] = _refinement([member], first_only=True)
         else:
             boxes_of.update((member, boxes) for member in chain)
     # Producers first: a consumer's piece then reads its producer's whole. (Planned before any
@@ -246,10 +246,11 @@ def _chain(last: ir.Operation) -> list[ir.Operation]:
     return chain
 
 
-def _refinement(chain: list[ir.Operation]) -> list[Box] | None:
+def _refinement(chain: list[ir.Operation], first_only: bool = False) -> list[Box] | None:
     """The common refinement of the parts of every concatenation an op of ``chain`` reads
     through the loops in order, that covers the loops and that ops of ``chain`` alone read
-    (one box, the whole, where there is none); None beyond ``_MAX_PIECES`` boxes."""
+    (one box, the whole, where there is none); None beyond ``_MAX_PIECES`` boxes.
+    ``first_only``: the parts of the first such concatenation, however many."""
     shape = _loops(chain[0])
     boxes: list[Box] = [((0,) * len(shape), tuple(shape))]
     for op in chain:
@@ -259,6 +260,8 @@ def _refinement(chain: list[ir.Operation]) -> list[Box] | None:
             if (parts is None or not all(use.owner in chain for use in value.uses)
                     or sum(math.prod(p.sizes) for p in parts) != math.prod(shape)):
                 continue
+            if first_only:
+                return [(p.offsets, p.sizes) for p in parts]
             boxes = [box for a in boxes for b in parts if (box := _overlap(*a, b.offsets, b.sizes)) is not None]
             if len(boxes) > _MAX_PIECES:
                 return None
