@@ -121,6 +121,8 @@ def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware,
     if len(nest.result) > 1 and nest.result[-2] is not None and nest.result[-2] not in nest.reductions:
         rows = nest.ranges[nest.result[-2]]
     tile_rows, columns = register_tile(rows, elem_bytes, hw)
+    # A column max's integer accumulators (three a vector) within the registers, as a row's.
+    columns = min(columns, lanes * max(1, hw.vector_registers // nest.step_registers))
     if rows > 1:
         tiles[nest.result[-2]] = tile_rows
     return _with(tiles, inner, _vector_block(nest.ranges[inner], elem_bytes, hw, columns // lanes))
