@@ -501,10 +501,9 @@ class RowReductionTest(parameterized.TestCase):
     def test_whole_array_sum_runs_in_parts_on_the_cores(self):
         text = _staged(lambda x: (x.sum(), x.max()), np.zeros((1 << 18,), np.float32),
                        hw=dataclasses.replace(AVX2, cores=2))
-        # The sum in 2 blocks of 4 parts; the max, whose steps hold 6 registers (three integer
-        # accumulators: cpu/carried_extrema.py), in 8 blocks of 1.
+        # The sum in 2 blocks of 4 parts; the max, whose steps hold 4 registers, in 4 blocks of 2.
         self.assertEqual(len(re.findall(r"scf\.forall \(%\w+\) in \(2\)", text)), 1)
-        self.assertEqual(len(re.findall(r"scf\.forall \(%\w+\) in \(8\)", text)), 1)
+        self.assertEqual(len(re.findall(r"scf\.forall \(%\w+\) in \(4\)", text)), 1)
         self.assertEqual(_horizontal_ops_in_loops(text), [])
 
     @parameterized.parameters(np.float32, np.int32, jnp.bfloat16)

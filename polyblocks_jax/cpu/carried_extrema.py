@@ -13,8 +13,9 @@ after the loop, NaN and the sign of zero as the float form gives them:
 - min: the unsigned max Q is the min when some element is negative (a negative NaN above
   -inf), else the unsigned min L is; the signed max P lies above +inf only for a positive NaN.
 
-The exact float forms (cpu/signed_zeros.py) take six instructions a max and three a min;
-with a 16-bit element's widening the integer form is cheaper for each but the f32 min. A
+The exact float forms (cpu/signed_zeros.py) take six instructions a max and three a min,
+on 16-bit elements after their widening; the integer extrema issue on half as many pipes as
+the float form's logic, so they pay on 16-bit lanes only (16 a register, none widened). A
 denormal is ordered by its bits here (as numpy orders it), where MAXPS under main's
 flush-denormals setting would take it for a zero.
 """
@@ -28,11 +29,11 @@ from polyblocks_jax.options import Options
 from polyblocks_jax.passes.signed_extrema import signed_zero_combiner
 from polyblocks_jax.passes.transform import constant_index, producer, walk
 
-# Instructions a step of one 32-bit vector: the exact float forms (signed_zeros._x86_maximum,
-# _minimum), a 16-bit element's widening, and the integer form's three extrema.
+# Issue slots a step of one 32-bit vector takes: the exact float forms (signed_zeros._x86_maximum,
+# _minimum), a 16-bit element's widening, and the integer form's three extrema, two slots each.
 _FLOAT_STEP_OPS = {"arith.maximumf": 6, "arith.minimumf": 3}
 _WIDEN_OPS = 1
-_INTEGER_STEP_OPS = 3
+_INTEGER_STEP_OPS = 6
 # Recovering the float after the loop: two compares, two selects, the max or min with the
 # loop's initial value.
 _RECOVER_OPS = 5
@@ -41,7 +42,7 @@ _NARROW = (ir.BF16Type, ir.F16Type)
 
 def carry_extrema_as_integers(module: ir.Module, options: Options) -> bool:
     """Rewrite each loop-carried f32 max/min reduction (``_carried``) where the integer form
-    saves instructions over the loop's steps; whether one was rewritten."""
+    saves issue slots over the loop's steps; whether one was rewritten."""
     rewritten = False
     for loop in [op for op in walk(module.operation) if op.name == "scf.for"]:
         carried = _carried(loop)
@@ -55,7 +56,7 @@ def _carried(loop: ir.Operation) -> dict[int, tuple[bool, ir.Value, list[ir.Oper
     """Per iter_arg index: (whether a max or a min, the value whose bits it reduces, the
     ops of its form) for each f32 vector accumulator that the loop's body uses only in a max
     or min with one other value, which it yields; only for a loop of constant bounds of at
-    least one step, whose steps save more instructions than recovering the float costs."""
+    least one step, whose steps save more issue slots than recovering the float costs."""
     bounds = [constant_index(v) for v in loop.operands[:3]]
     if None in bounds or bounds[1] <= bounds[0] or bounds[2] <= 0:
         return {}
@@ -86,20 +87,12 @@ def _carried(loop: ir.Operation) -> dict[int, tuple[bool, ir.Value, list[ir.Oper
 
 
 def _saved_per_step(maximum: bool, narrow: bool) -> float:
-    """Instructions the integer form saves a step of one f32 vector of accumulators; on a
+    """Issue slots the integer form saves a step of one f32 vector of accumulators; on a
     16-bit element's lanes its extrema take half as many vectors and no widening."""
     float_ops = _FLOAT_STEP_OPS["arith.maximumf" if maximum else "arith.minimumf"]
     if narrow:
         return float_ops + _WIDEN_OPS - _INTEGER_STEP_OPS / 2
     return float_ops - _INTEGER_STEP_OPS
-
-
-def step_registers(maximum: bool, narrow: bool) -> int:
-    """Vector registers a step of one f32 vector of a long loop's max or min accumulators
-    holds (vectorize.LoopNest): six for the integer form on f32 lanes (three accumulators,
-    the operand and two temporaries), else four (the float form's accumulator and three
-    temporaries; the integer form's on 16-bit lanes, in half as many vectors)."""
-    return 6 if not narrow and _saved_per_step(maximum, narrow) > 0 else 4
 
 
 def _splat(itype: ir.VectorType, value: int) -> ir.Value:

@@ -27,7 +27,7 @@ import dataclasses
 from mlir import ir
 
 from polyblocks_jax.contexts import pass_manager
-from polyblocks_jax.cpu import carried_extrema, signed_zeros, vector_math
+from polyblocks_jax.cpu import signed_zeros, vector_math
 from polyblocks_jax.cpu.collapsed_dims import merge_trailing_dims, merged_dims
 from polyblocks_jax.cpu.lane_reversals import read_lane_reversals, split_lane_reversals
 from polyblocks_jax.cpu.parallel import CHUNKS_PER_THREAD, MIN_PARALLEL_WORK
@@ -76,8 +76,8 @@ class LoopNest:
     reductions: frozenset[int]
     inputs: tuple[tuple[int | None, ...], ...]
     result: tuple[int | None, ...]
-    # Vector registers one accumulator's step holds: itself and its operand; a float max or
-    # min more (cpu/carried_extrema.step_registers).
+    # Vector registers one accumulator's step holds: itself and its operand; an exact float
+    # max or min (cpu/signed_zeros.py) three temporaries beside the accumulator.
     step_registers: int = 2
 
 
@@ -121,8 +121,6 @@ def choose_vector_tiles(nest: LoopNest, elem_bytes: int, hw: Hardware,
     if len(nest.result) > 1 and nest.result[-2] is not None and nest.result[-2] not in nest.reductions:
         rows = nest.ranges[nest.result[-2]]
     tile_rows, columns = register_tile(rows, elem_bytes, hw)
-    # A column max's integer accumulators (three a vector) within the registers, as a row's.
-    columns = min(columns, lanes * max(1, hw.vector_registers // nest.step_registers))
     if rows > 1:
         tiles[nest.result[-2]] = tile_rows
     return _with(tiles, inner, _vector_block(nest.ranges[inner], elem_bytes, hw, columns // lanes))
@@ -605,11 +603,8 @@ def loop_nest(op: ir.Operation) -> LoopNest | None:
     if any(r is None or r < 0 for r in ranges):
         return None
     n_inputs = len(op.operands) - len(op.results)
-    extrema = [o.name for o in op.regions[0].blocks[0].operations if o.name in FLOAT_EXTREMA] if reduced else []
-    narrow = any(isinstance(ir.RankedTensorType(v.type).element_type, (ir.F16Type, ir.BF16Type))
-                 for v in op.operands[:n_inputs])
-    registers = carried_extrema.step_registers("arith.maximumf" in extrema, narrow) if extrema else 2
-    return LoopNest(tuple(ranges), reduced, tuple(dims[:n_inputs]), dims[n_inputs], registers)
+    extrema = reduced and any(o.name in FLOAT_EXTREMA for o in op.regions[0].blocks[0].operations)
+    return LoopNest(tuple(ranges), reduced, tuple(dims[:n_inputs]), dims[n_inputs], 4 if extrema else 2)
 
 
 @dataclasses.dataclass(frozen=True)
