@@ -8,6 +8,7 @@ from mlir.dialects import func, scf
 
 from polyblocks_jax.cpu.avx512_bf16 import round_computed_vectors
 from polyblocks_jax.cpu.denormals import flush_denormals
+from polyblocks_jax.cpu.carried_extrema import carry_extrema_as_integers
 from polyblocks_jax.cpu.bf16 import (bf16_vectors_as_bits, bits_for_bf16_moves, define_truncsfbf2,
                                      emulate_bf16_arithmetic)
 from polyblocks_jax.cpu.heap import check_heap_buffers
@@ -87,6 +88,9 @@ def cpu_stages(options: Options, small: bool = False) -> list[Stage]:
         # let a product reach an add unrounded).
         Stage("bf16-arithmetic", emulate_bf16_arithmetic),
         *roundings,
+        # A loop's max/min reduction as integer extrema of the elements' bits, the float
+        # recovered after the loop (see cpu/carried_extrema.py).
+        Stage("carried-extrema", carry_extrema_as_integers),
         # Float max and min as single MAXPS/MINPS selects (see cpu/signed_zeros.py).
         Stage("x86-extrema", extrema_as_x86_selects),
         # Denormals are zero while main runs (as on XLA CPU; arithmetic on them is slow).

@@ -82,7 +82,7 @@ def _minimum(a: ir.Value, b: ir.Value) -> ir.Value:
     | (b < a ? b : a): each select is one x86 MINPS, which returns its second operand for a
     NaN or equal zeros, so the OR holds the NaN of either operand, and -0 for +-0. Three
     instructions, where arith-expand's maximumf and the zero signs' wrap take seven."""
-    itype = _bits_type(a.type)
+    itype = bits_type(a.type)
     less = arith.CmpFPredicate.OLT
     first = arith.select(arith.cmpf(less, a, b), a, b)
     second = arith.select(arith.cmpf(less, b, a), b, a)
@@ -104,15 +104,19 @@ def extrema_as_x86_selects(module: ir.Module, options: Options) -> bool:
     bare = [op for op in walk(module.operation) if op.name in MERGES and _rewritable(op) and op not in replaced]
     for op in bare:
         _replace(op, op)
-    dead = replaced + bare
+    erase_unused(replaced + bare)  # the forms' ops
+    return bool(replaced or bare)
+
+
+def erase_unused(ops: list[ir.Operation | None]) -> None:
+    """Erase those of ``ops`` whose results have no uses left, users before what they use."""
     erased = True
-    while erased:  # the forms' ops, users before what they use
+    while erased:
         erased = False
-        for i, op in enumerate(dead):
+        for i, op in enumerate(ops):
             if op is not None and all(not list(r.uses) for r in op.results):
                 op.erase()
-                dead[i], erased = None, True
-    return bool(replaced or bare)
+                ops[i], erased = None, True
 
 
 def _rewritable(extremum: ir.Operation) -> bool:
@@ -148,16 +152,16 @@ def _x86_maximum(a: ir.Value, b: ir.Value) -> ir.Value:
     greater = arith.CmpFPredicate.OGT
     first = arith.select(arith.cmpf(greater, a, b), a, b)
     second = arith.select(arith.cmpf(greater, b, a), b, a)
-    itype = _bits_type(a.type)
+    itype = bits_type(a.type)
     # The unordered mask shifted right one bit: a NaN of all ones but the sign (the sign of
     # both operands' AND, positive for a positive NaN, as XLA returns it).
     unordered = arith.shrui(arith.extsi(itype, arith.cmpf(arith.CmpFPredicate.UNO, a, b)),
-                            arith.constant(itype, _splat_attr(itype, 1)))
+                            arith.constant(itype, splat_attr(itype, 1)))
     both = arith.andi(arith.bitcast(itype, first), arith.bitcast(itype, second))
     return arith.bitcast(a.type, arith.ori(both, unordered))
 
 
-def _splat_attr(itype: ir.Type, value: int) -> ir.Attribute:
+def splat_attr(itype: ir.Type, value: int) -> ir.Attribute:
     if isinstance(itype, ir.VectorType):
         elem = ir.VectorType(itype).element_type
         return ir.DenseElementsAttr.get_splat(itype, ir.IntegerAttr.get(elem, value))
@@ -173,7 +177,7 @@ def _x86_minimum(a: ir.Value, b: ir.Value) -> ir.Value:
     return _minimum(a, b)
 
 
-def _bits_type(float_type: ir.Type) -> ir.Type:
+def bits_type(float_type: ir.Type) -> ir.Type:
     """The integer type of ``float_type``'s width, of the same shape."""
     if isinstance(float_type, ir.VectorType):
         vtype = ir.VectorType(float_type)
