@@ -1,7 +1,7 @@
-"""The supported-ops section of the README, generated from the importer's converter table.
+"""The supported-ops section of docs/ops.md, generated from the importer's converter table.
 
-``python -m polyblocks_jax.op_table --write README.md`` rewrites the section between the
-markers; tests/test_readme.py fails when the README is out of date.
+``python -m polyblocks_jax.op_table --write docs/ops.md`` rewrites the section between the
+markers; tests/test_readme.py fails when it is out of date.
 """
 from __future__ import annotations
 
