@@ -489,17 +489,20 @@ class X86CodeTest(parameterized.TestCase):
             self.assertNotIn("scf.for %kc", kernel(4))
 
     def test_vpmaddwd_copies_panels_of_a_large_b(self):
-        # A B beyond L2 read by several blocks of rows: copied a (k, columns) panel at a time
-        # onto the stack, contiguous; one row of A reads B in place.
+        # A wide B beyond L2 read by several blocks of rows: copied a (k, columns) panel at a
+        # time onto the stack, contiguous; a few rows of A, or a B of 512 columns (read in
+        # chunks of 16 pairs of k), read B in place.
         from mlir import ir
         with ir.Context():
-            def kernel(rows):
-                types = (f"memref<{rows}x1024x2xi16>", "memref<1024x2x2048xi8>", f"memref<{rows}x2048xi32>")
+            def kernel(rows, columns=2048):
+                types = (f"memref<{rows}x1024x2xi16>", f"memref<1024x2x{columns}xi8>", f"memref<{rows}x{columns}xi32>")
                 return avx2_pmaddwd.rows_kernel(*map(ir.MemRefType.parse, types), avx2_pmaddwd.PMADDWD_ROWS.tile, 2,
                                                 (min(rows, 4), 1), True)
             self.assertIn("%panel = memref.alloca", kernel(32))
-            self.assertIn("%panel = memref.alloca", kernel(4))
+            self.assertIn("%panel = memref.alloca", kernel(16))
+            self.assertNotIn("%panel", kernel(4))
             self.assertNotIn("%panel", kernel(1))
+            self.assertNotIn("%panel", kernel(32, columns=512))
 
     def test_avx512_bf16_uses_vdpbf16ps(self):
         ir_text = _llvm_ir(_matmul, (_random((40, 64), BF16), _random((64, 48), BF16)), [DPBF16])
