@@ -24,10 +24,11 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, scf
 
-from polyblocks_jax.cpu.signed_zeros import bits_type, erase_unused, splat_attr
+from polyblocks_jax.cpu.signed_zeros import bits_type, erase_unused
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.signed_extrema import signed_zero_combiner
 from polyblocks_jax.passes.transform import constant_index, producer, walk
+from polyblocks_jax.tensor_ir import builders
 
 # Issue slots a step of one 32-bit vector takes: the exact float forms (signed_zeros._x86_maximum,
 # _minimum), a 16-bit element's widening, and the integer form's three extrema, two slots each.
@@ -95,10 +96,6 @@ def _saved_per_step(maximum: bool, narrow: bool) -> float:
     return float_ops - _INTEGER_STEP_OPS
 
 
-def _splat(itype: ir.VectorType, value: int) -> ir.Value:
-    return arith.constant(itype, splat_attr(itype, value))
-
-
 def _signed(value: int, width: int) -> int:
     return value - (1 << width) if value >= 1 << (width - 1) else value
 
@@ -125,13 +122,13 @@ def _recover(maximum: bool, accumulators: list[ir.Value], float_type: ir.VectorT
     if maximum:
         signed_max, signed_min, unsigned_max = accumulators
         nan = arith.cmpi(pred.ugt, unsigned_max,
-                         _splat(itype, _infinity_bits(float_type.element_type, width, True)))
-        positive = arith.cmpi(pred.sge, signed_max, _splat(itype, 0))
+                         builders.splat(_infinity_bits(float_type.element_type, width, True), itype))
+        positive = arith.cmpi(pred.sge, signed_max, builders.splat(0, itype))
         bits = arith.select(nan, unsigned_max, arith.select(positive, signed_max, signed_min))
     else:
         signed_max, unsigned_max, unsigned_min = accumulators
-        nan = arith.cmpi(pred.sgt, signed_max, _splat(itype, _infinity_bits(float_type.element_type, width, False)))
-        negative = arith.cmpi(pred.slt, unsigned_max, _splat(itype, 0))
+        nan = arith.cmpi(pred.sgt, signed_max, builders.splat(_infinity_bits(float_type.element_type, width, False), itype))
+        negative = arith.cmpi(pred.slt, unsigned_max, builders.splat(0, itype))
         bits = arith.select(nan, signed_max, arith.select(negative, unsigned_max, unsigned_min))
     value = arith.bitcast(float_type, bits)
     if not isinstance(float_type.element_type, ir.F32Type):
@@ -156,7 +153,7 @@ def _rewrite(loop: ir.Operation, carried: dict[int, tuple[bool, ir.Value, list[i
             itype = ir.VectorType(bits_type(source.type))
             width = ir.IntegerType(itype.element_type).width
             table = _MAX_ACCUMULATORS if maximum else _MIN_ACCUMULATORS
-            new_inits += [_splat(itype, identity(width)) for _, identity in table]
+            new_inits += [builders.splat(identity(width), itype) for _, identity in table]
         new_loop = scf.ForOp(loop.operands[0], loop.operands[1], loop.operands[2], new_inits)
     for attribute in loop.attributes:  # marks of other stages
         if attribute.name not in new_loop.operation.attributes:

@@ -23,6 +23,7 @@ from mlir.dialects import arith, vector
 from polyblocks_jax.options import Options
 from polyblocks_jax.passes.signed_extrema import MERGES, signed_zero_combiner
 from polyblocks_jax.passes.transform import float_constant, walk
+from polyblocks_jax.tensor_ir import builders
 
 
 def plain_combiners(op: ir.Operation) -> None:
@@ -156,16 +157,9 @@ def _x86_maximum(a: ir.Value, b: ir.Value) -> ir.Value:
     # The unordered mask shifted right one bit: a NaN of all ones but the sign (the sign of
     # both operands' AND, positive for a positive NaN, as XLA returns it).
     unordered = arith.shrui(arith.extsi(itype, arith.cmpf(arith.CmpFPredicate.UNO, a, b)),
-                            arith.constant(itype, splat_attr(itype, 1)))
+                            builders.splat(1, itype))
     both = arith.andi(arith.bitcast(itype, first), arith.bitcast(itype, second))
     return arith.bitcast(a.type, arith.ori(both, unordered))
-
-
-def splat_attr(itype: ir.Type, value: int) -> ir.Attribute:
-    if isinstance(itype, ir.VectorType):
-        elem = ir.VectorType(itype).element_type
-        return ir.DenseElementsAttr.get_splat(itype, ir.IntegerAttr.get(elem, value))
-    return ir.IntegerAttr.get(itype, value)
 
 
 def _x86_minimum(a: ir.Value, b: ir.Value) -> ir.Value:

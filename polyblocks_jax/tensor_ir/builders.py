@@ -71,10 +71,10 @@ def constant_like(value, like: ir.Value, elem: ir.Type | None = None) -> ir.Valu
 
 
 def splat(value, type_: ir.Type) -> ir.Value:
-    """A constant of ``type_`` (scalar or tensor) holding ``value`` everywhere."""
-    if isinstance(type_, ir.RankedTensorType):
-        t = ir.RankedTensorType(type_)
-        attr = ir.DenseElementsAttr.get_splat(t, scalar_attr(value, t.element_type))
+    """A constant of ``type_`` (scalar, tensor or vector) holding ``value`` everywhere."""
+    if isinstance(type_, (ir.RankedTensorType, ir.VectorType)):
+        t = ir.ShapedType(type_)
+        attr = ir.DenseElementsAttr.get_splat(type_, scalar_attr(value, t.element_type))
     else:
         attr = scalar_attr(value, type_)
     return arith.ConstantOp(type_, attr).result
